@@ -1,0 +1,102 @@
+"""Paged attention in plain torch: write K/V through a slot mapping, read it back through block tables.
+
+KV cache layout, one tensor per layer:  [2, num_blocks, block_size, num_kv_heads, head_dim]
+(index 0 = keys, 1 = values). A token at logical position `pos` of a sequence lives in
+block `block_table[pos // block_size]` at offset `pos % block_size`; its flat slot is
+`block * block_size + offset`.
+
+Block 0 is the *null block*: the block manager never hands it out. Slot -1 ("skip this token")
+is redirected to it, and short block-table rows are padded with it, so neither the write nor
+the read needs a data-dependent branch (nothing here syncs with the host).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+NULL_BLOCK = 0
+PAD_SLOT_ID = -1
+
+
+@dataclass
+class AttentionMetadata:
+    """What one forward needs to find each token's K/V. All tensors live on the model's device.
+
+    Tokens of all sequences are flattened into one batch of T tokens; sequence s owns tokens
+    query_start_loc[s] : query_start_loc[s+1]. For attention the queries are scattered into a
+    padded [num_seqs, max_query_len] grid and gathered back.
+    """
+
+    slot_mapping: torch.Tensor        # [T] int64, -1 = do not write this token's K/V
+    block_tables: torch.Tensor        # [num_seqs, max_blocks] int32, padded with NULL_BLOCK
+    seq_lens: torch.Tensor            # [num_seqs] int32, context length after this forward
+    query_start_loc: torch.Tensor     # [num_seqs + 1] int32
+    padded_token_index: torch.Tensor  # [num_seqs, max_query_len] int64, flat token per grid cell (pads -> 0)
+    token_grid_index: torch.Tensor    # [T] int64, grid cell (s * max_query_len + i) of each flat token
+    logits_indices: torch.Tensor      # [num_logits] int64, flat tokens whose logits the caller wants
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.block_tables.shape[0]
+
+    @property
+    def max_query_len(self) -> int:
+        return self.padded_token_index.shape[1]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+
+def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store K/V of T tokens at their slots. key/value: [T, num_kv_heads, head_dim]."""
+    num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
+    flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])  # [2, slots, kvh, d]
+    # Skipped tokens (slot -1) land in the null block instead of being filtered: a boolean
+    # filter would make the tensor's size data-dependent and force a host sync.
+    safe_slots = torch.where(slot_mapping >= 0, slot_mapping, NULL_BLOCK * block_size)
+    flat[0].index_copy_(0, safe_slots, key.to(kv_cache.dtype))
+    flat[1].index_copy_(0, safe_slots, value.to(kv_cache.dtype))
+
+
+def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read each sequence's K/V in logical order: two [num_seqs, max_blocks * block_size, kvh, d]."""
+    blocks = kv_cache[:, block_tables.long()]  # [2, num_seqs, max_blocks, block_size, kvh, d]
+    num_seqs, max_blocks, block_size = blocks.shape[1:4]
+    blocks = blocks.reshape(2, num_seqs, max_blocks * block_size, *blocks.shape[4:])
+    return blocks[0], blocks[1]
+
+
+def paged_attention(
+    query: torch.Tensor,      # [T, num_heads, head_dim]
+    key: torch.Tensor,        # [T, num_kv_heads, head_dim]
+    value: torch.Tensor,      # [T, num_kv_heads, head_dim]
+    positions: torch.Tensor,  # [T] int64, logical position of each query token
+    kv_cache: torch.Tensor,   # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:            # [T, num_heads, head_dim]
+    write_kv(kv_cache, key, value, meta.slot_mapping)
+    keys, values = gather_kv(kv_cache, meta.block_tables)  # [S, K, kvh, d] each
+
+    num_seqs, max_q = meta.padded_token_index.shape
+    q_grid = query[meta.padded_token_index]         # [S, Q, h, d]
+    q_pos = positions[meta.padded_token_index]      # [S, Q]
+    key_pos = torch.arange(keys.shape[1], device=query.device)  # [K]
+    # A query sees every key at or before its own position. This is causal inside a verify
+    # window, hides stale slots past the sequence's end, and hides null-block padding,
+    # because block tables list blocks in logical order.
+    mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [S, Q, K] bool
+
+    out = F.scaled_dot_product_attention(
+        q_grid.transpose(1, 2),          # [S, h, Q, d]
+        keys.transpose(1, 2).to(query.dtype),   # [S, kvh, K, d]
+        values.transpose(1, 2).to(query.dtype),
+        attn_mask=mask[:, None],         # [S, 1, Q, K]
+        scale=scale,
+        enable_gqa=keys.shape[2] != query.shape[1],
+    )  # [S, h, Q, d]
+    out = out.transpose(1, 2).reshape(num_seqs * max_q, *query.shape[1:])  # [S*Q, h, d]
+    return out[meta.token_grid_index]

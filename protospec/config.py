@@ -1,0 +1,87 @@
+"""Engine and sampling settings, validated where they are made."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from protospec.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":  # fp16 where kernels are fast, fp32 on the CPU where fp16 matmuls crawl
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    speculative_model: str | None = None
+    num_speculative_tokens: int = 5
+    load_format: str = "auto"
+    dtype: str = "auto"
+    device: str | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None     # None: sized from kv_cache_gib
+    kv_cache_gib: float | None = None    # None: 2 GiB on CUDA, 0.25 GiB on CPU
+    max_num_seqs: int = 64
+    max_model_len: int | None = None     # None: the target's max_position_embeddings
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        k = self.num_speculative_tokens
+        if self.speculative_model is not None and (not isinstance(k, int) or k < 1):
+            raise ConfigError(f"num_speculative_tokens (k) must be an integer >= 1, got {k!r}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two >= 1, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ConfigError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
+
+    @property
+    def k(self) -> int:
+        """Draft tokens per spec step; 0 means target-only decoding."""
+        return self.num_speculative_tokens if self.speculative_model else 0
+
+
+@dataclass
+class SamplingParams:
+    """temperature 0 = greedy. top_k 0 = off, top_p 1.0 = off. seed: per request, None = engine rng."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,152 @@
+"""The engine: loads target (and draft), sizes the KV pool, admits requests, runs steps.
+
+Scheduling is deliberately simple: a waiting queue, and a request is admitted only when the
+pool can hold its whole life (prompt + max_tokens + k lookahead slots) on top of what running
+requests may still grow into. So a running request never runs out of blocks mid-flight, and a
+request that can never fit is refused up front with OutOfKVBlocksError.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from protospec.block_manager import BlockManager, blocks_for
+from protospec.config import EngineConfig, resolve_device, resolve_dtype
+from protospec.errors import OutOfKVBlocksError, VocabMismatchError
+from protospec.loader import load_model
+from protospec.runner import ModelRunner
+from protospec.sampler import SamplingTensors, sample
+from protospec.sequence import Sequence
+from protospec.speculative import SpeculativeStep
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.k = config.k
+        # Lookahead slots may run up to k positions past the last kept token: RoPE needs room for them.
+        load = dict(load_format=config.load_format, dtype=self.dtype, device=self.device, extra_positions=self.k + 1)
+        target = load_model(config.model, seed=config.seed, **load)
+        draft = None
+        if config.speculative_model:
+            # Same seed: with dummy weights, a draft named like its target IS the target (a test fixture).
+            draft = load_model(config.speculative_model, seed=config.seed, **load)
+            if draft.config.vocab_size != target.config.vocab_size:
+                raise VocabMismatchError(
+                    f"draft vocab_size={draft.config.vocab_size} != target vocab_size={target.config.vocab_size}: "
+                    "draft token ids would mean different tokens to the target"
+                )
+        model_limits = [m.config.max_position_embeddings for m in (target, draft) if m is not None]
+        self.max_model_len = min([config.max_model_len or min(model_limits)] + model_limits)
+        self.num_blocks = self._size_pool(target, draft)
+        self.block_manager = BlockManager(self.num_blocks, config.block_size)
+        self.target = ModelRunner(target, self.num_blocks, config.block_size)
+        self.draft = ModelRunner(draft, self.num_blocks, config.block_size) if draft is not None else None
+        self.spec_step = SpeculativeStep(self.target, self.draft, self.block_manager, self.k) if draft is not None else None
+        self.vocab_size = target.config.vocab_size
+        self.eos_token_id = target.config.eos_token_id
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def _size_pool(self, target, draft) -> int:
+        cfg = self.config
+        per_seq = blocks_for(self.max_model_len + self.k + 1, cfg.block_size)
+        enough = cfg.max_num_seqs * per_seq + 1  # + the null block
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else (2.0 if self.device.type == "cuda" else 0.25)
+        per_block = sum(ModelRunner.kv_bytes_per_block(m, cfg.block_size, self.dtype) for m in (target, draft) if m is not None)
+        return max(2, min(enough, int(gib * 2**30) // per_block))
+
+    # ---- admission -------------------------------------------------------------------------
+    def blocks_for_request(self, num_prompt_tokens: int, max_tokens: int) -> int:
+        return blocks_for(num_prompt_tokens + max_tokens + self.k, self.config.block_size)
+
+    def check_fits_pool(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        need = self.blocks_for_request(num_prompt_tokens, max_tokens)
+        if need > self.block_manager.num_usable_blocks:
+            raise OutOfKVBlocksError(
+                f"out of KV blocks: a request of {num_prompt_tokens} prompt + {max_tokens} new tokens "
+                f"(+ {self.k} lookahead) needs {need} blocks of {self.config.block_size}, the pool has "
+                f"{self.block_manager.num_usable_blocks}; raise num_kv_blocks / kv_cache_gib or shorten the request"
+            )
+
+    def _promised_blocks(self) -> int:
+        return sum(self.blocks_for_request(len(s.prompt_token_ids), s.params.max_tokens) - len(s.block_table) for s in self.running)
+
+    def _admit(self) -> list[Sequence]:
+        admitted = []
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            need = self.blocks_for_request(len(seq.prompt_token_ids), seq.params.max_tokens)
+            if need > self.block_manager.num_free_blocks - self._promised_blocks():
+                break
+            self.waiting.popleft()
+            self.block_manager.ensure_capacity(seq.block_table, len(seq.prompt_token_ids))
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    # ---- steps -----------------------------------------------------------------------------
+    def _sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
+        return SamplingTensors.build([s.params for s in seqs], [s.generator for s in seqs], self.vocab_size, self.device)
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        prompts = [s.prompt_token_ids for s in seqs]
+        tables = [s.block_table for s in seqs]
+        starts = [0] * len(seqs)
+        if self.draft is not None:
+            self.draft.execute(self.draft.prepare(prompts, starts, tables, num_logits=0))
+        logits = self.target.execute(self.target.prepare(prompts, starts, tables, num_logits=1))
+        ids, _ = sample(logits, self._sampling_tensors(seqs))
+        for seq, tok in zip(seqs, ids.tolist()):
+            seq.num_cached_target = seq.num_cached_draft = len(seq.prompt_token_ids)
+            seq.append_tokens([tok])
+
+    def _decode(self, seqs: list[Sequence]) -> None:
+        """Target-only decoding: one token per sequence per forward."""
+        for seq in seqs:
+            self.block_manager.ensure_capacity(seq.block_table, seq.num_tokens)
+        chunks = [s.token_ids[s.num_cached_target:] for s in seqs]
+        starts = [s.num_cached_target for s in seqs]
+        logits = self.target.execute(self.target.prepare(chunks, starts, [s.block_table for s in seqs], num_logits=1))
+        ids, _ = sample(logits, self._sampling_tensors(seqs))
+        for seq, tok in zip(seqs, ids.tolist()):
+            seq.num_cached_target = seq.num_tokens
+            seq.append_tokens([tok])
+
+    def _retire_finished(self) -> None:
+        for seq in [s for s in self.running if s.finished]:
+            self.block_manager.free(seq.block_table)
+            self.running.remove(seq)
+
+    def step(self) -> None:
+        """Admit what fits and prefill it; then one spec (or decode) step for the running batch."""
+        admitted = self._admit()
+        if admitted:
+            self._prefill(admitted)
+            self._retire_finished()
+        if not self.running:
+            if self.waiting:  # cannot happen after check_fits_pool; guard against a silent hang
+                raise OutOfKVBlocksError("no running request and the next waiting one does not fit the pool")
+            return
+        if self.spec_step is not None:
+            self.spec_step(self.running, self._sampling_tensors(self.running))
+        else:
+            self._decode(self.running)
+        self._retire_finished()
+
+    def abort_all(self) -> None:
+        """Drop every request and return its blocks (used when a generate() call fails midway)."""
+        for seq in self.running + list(self.waiting):
+            self.block_manager.free(seq.block_table)
+        self.running.clear()
+        self.waiting.clear()
+
+    def new_generator(self, seed: int | None, fallback: torch.Generator) -> torch.Generator:
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,), generator=fallback)))
+        return gen

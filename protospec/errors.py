@@ -1,0 +1,29 @@
+"""Errors that name the problem. Each is raised before any engine state changes."""
+
+
+class ProtospecError(Exception):
+    """Base class: every error the engine raises on bad input derives from it."""
+
+
+class ConfigError(ProtospecError, ValueError):
+    """An engine or sampling setting is out of range (bad k, bad temperature, ...)."""
+
+
+class ModelLoadError(ProtospecError):
+    """A model could not be resolved, read or matched with its partner model."""
+
+
+class VocabMismatchError(ModelLoadError):
+    """Draft and target disagree on the vocabulary, so draft token ids mean nothing to the target."""
+
+
+class PromptError(ProtospecError, ValueError):
+    """A prompt is empty, too long for the model, or holds token ids outside the vocabulary."""
+
+
+class OutOfKVBlocksError(ProtospecError):
+    """The KV block pool cannot hold what was asked of it."""
+
+
+class KernelArgumentError(ProtospecError, ValueError):
+    """A tensor handed to a Numba kernel launcher has the wrong dtype, device, shape or layout."""

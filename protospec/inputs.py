@@ -1,0 +1,91 @@
+"""CPU prepare_inputs: the reference path (and the "main" baseline) that builds a forward's inputs
+from Python lists every time, then copies them to the device.
+
+One function serves every kind of forward, because each is "feed these new tokens of each
+sequence, starting at this position, and give me logits for the last n of them":
+  prefill  chunk = the prompt,               start = 0,      logits for 1
+  decode   chunk = [last token],             start = L - 1,  logits for 1
+  draft 1  chunk = tokens the draft lacks,   start = cached, logits for 1   (1 or 2 tokens)
+  verify   chunk = [last token, d_1..d_k],   start = L - 1,  logits for k + 1
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from protospec.attention import NULL_BLOCK, AttentionMetadata
+
+
+@dataclass
+class ForwardInputs:
+    input_ids: torch.Tensor   # [T] int64
+    positions: torch.Tensor   # [T] int64
+    meta: AttentionMetadata
+
+
+def prepare_inputs(
+    token_chunks: list[list[int]],    # new tokens per sequence
+    start_positions: list[int],       # logical position of each chunk's first token
+    block_tables: list[list[int]],    # each must already cover start + len(chunk) slots
+    block_size: int,
+    num_logits: list[int] | int,      # logits wanted per sequence, from the chunk's end
+    device: torch.device,
+    max_blocks: int | None = None,    # block-table width; None = the widest table in the batch
+) -> ForwardInputs:
+    num_seqs = len(token_chunks)
+    if isinstance(num_logits, int):
+        num_logits = [num_logits] * num_seqs
+    query_lens = [len(c) for c in token_chunks]
+    max_q = max(query_lens)
+    width = max(len(bt) for bt in block_tables)
+    if max_blocks is not None:
+        if width > max_blocks:
+            raise ValueError(f"a block table has {width} blocks, more than max_blocks={max_blocks}")
+        width = max_blocks
+
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    padded_index = [[0] * max_q for _ in range(num_seqs)]
+    grid_index: list[int] = []
+    logits_indices: list[int] = []
+    query_start = [0]
+    seq_lens: list[int] = []
+    for s, (chunk, start, table) in enumerate(zip(token_chunks, start_positions, block_tables)):
+        end = start + len(chunk)
+        if len(table) * block_size < end:
+            raise ValueError(f"sequence {s}: block table of {len(table)} blocks cannot hold {end} tokens")
+        base = len(input_ids)
+        for i, tok in enumerate(chunk):
+            pos = start + i
+            input_ids.append(tok)
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+            padded_index[s][i] = base + i
+            grid_index.append(s * max_q + i)
+        logits_indices.extend(range(base + len(chunk) - num_logits[s], base + len(chunk)))
+        query_start.append(len(input_ids))
+        seq_lens.append(end)
+
+    # Short rows are padded with the null block; attention masks those keys by position.
+    tables = [table + [NULL_BLOCK] * (width - len(table)) for table in block_tables]
+
+    def to_device(values, dtype):
+        host = torch.tensor(values, dtype=dtype)
+        if device.type == "cuda":  # pinned memory makes the copy asynchronous
+            return host.pin_memory().to(device, non_blocking=True)
+        return host.to(device)
+
+    meta = AttentionMetadata(
+        slot_mapping=to_device(slots, torch.int64),
+        block_tables=to_device(tables, torch.int32),
+        seq_lens=to_device(seq_lens, torch.int32),
+        query_start_loc=to_device(query_start, torch.int32),
+        padded_token_index=to_device(padded_index, torch.int64),
+        token_grid_index=to_device(grid_index, torch.int64),
+        logits_indices=to_device(logits_indices, torch.int64),
+        block_size=block_size,
+    )
+    return ForwardInputs(to_device(input_ids, torch.int64), to_device(positions, torch.int64), meta)
+

@@ -1,0 +1,119 @@
+"""The public API: LLM(model, speculative_model, num_speculative_tokens).generate(prompts, params).
+
+Every prompt is checked before any engine state changes, so a bad request raises an error that
+names the problem and the engine serves the next request as if nothing happened.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from protospec.config import EngineConfig, SamplingParams
+from protospec.engine import Engine
+from protospec.errors import PromptError
+from protospec.loader import load_tokenizer
+from protospec.metrics import RequestMetrics
+from protospec.sequence import FinishReason, Sequence
+
+Prompt = str | list[int]
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    finish_reason: FinishReason
+    metrics: RequestMetrics
+
+
+class LLM:
+    def __init__(self, model: str, speculative_model: str | None = None, num_speculative_tokens: int = 5, **engine_kwargs):
+        self.config = EngineConfig(model=model, speculative_model=speculative_model,
+                                   num_speculative_tokens=num_speculative_tokens, **engine_kwargs)
+        self.engine = Engine(self.config)
+        self.tokenizer = load_tokenizer(self.engine.target.model.checkpoint_dir)
+        self._rng = torch.Generator().manual_seed(self.config.seed)
+        self._next_id = 0
+        self.metrics = RequestMetrics()  # totals of the last generate() call
+
+    # ---- input checks ------------------------------------------------------------------------
+    def _to_token_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise PromptError("a text prompt needs a tokenizer, and this model has none: pass token ids")
+            return self.tokenizer(prompt)["input_ids"]
+        return [int(t) for t in prompt]
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        eng = self.engine
+        if not ids:
+            raise PromptError("empty prompt: give at least one token")
+        bad = [t for t in ids if not 0 <= t < eng.vocab_size]
+        if bad:
+            raise PromptError(f"token ids {bad[:5]} are outside the vocabulary [0, {eng.vocab_size})")
+        if len(ids) + params.max_tokens > eng.max_model_len:
+            raise PromptError(
+                f"prompt of {len(ids)} tokens + max_tokens={params.max_tokens} exceeds the model's "
+                f"max length {eng.max_model_len}"
+            )
+        eng.check_fits_pool(len(ids), params.max_tokens)
+
+    @staticmethod
+    def _as_list(prompts) -> list[Prompt]:
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+            return [prompts]
+        if isinstance(prompts, torch.Tensor):
+            return prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
+        return list(prompts)
+
+    # ---- generation --------------------------------------------------------------------------
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        prompt_list = self._as_list(prompts)
+        if not prompt_list:
+            raise PromptError("no prompts given")
+        params = sampling_params or SamplingParams()
+        params_list = params if isinstance(params, list) else [params] * len(prompt_list)
+        if len(params_list) != len(prompt_list):
+            raise PromptError(f"{len(params_list)} sampling params for {len(prompt_list)} prompts")
+        token_ids = [self._to_token_ids(p) for p in prompt_list]
+        for ids, p in zip(token_ids, params_list):
+            self._check_prompt(ids, p)
+
+        eng = self.engine
+        seqs = []
+        for ids, p in zip(token_ids, params_list):
+            seqs.append(Sequence(self._next_id, ids, p, eng.new_generator(p.seed, self._rng), eng.eos_token_id))
+            self._next_id += 1
+        eng.waiting.extend(seqs)
+        start = time.perf_counter()
+        try:
+            while eng.waiting or eng.running:
+                eng.step()
+        except BaseException:
+            eng.abort_all()  # return every block so the engine stays usable
+            raise
+        if eng.device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+
+        self.metrics = RequestMetrics()
+        outputs = []
+        for seq in seqs:
+            seq.metrics.elapsed_s = elapsed
+            seq.metrics.num_output_tokens = len(seq.output_token_ids)
+            self.metrics.merge(seq.metrics)
+            text = self.tokenizer.decode(seq.output_token_ids) if self.tokenizer is not None else None
+            outputs.append(RequestOutput(seq.seq_id, seq.prompt_token_ids, list(seq.output_token_ids), text, seq.finish_reason, seq.metrics))
+        return outputs
+
+    @property
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Which input path ran how often, per model (see ModelRunner.counters)."""
+        out = {"target": dict(self.engine.target.counters)}
+        if self.engine.draft is not None:
+            out["draft"] = dict(self.engine.draft.counters)
+        return out

@@ -1,0 +1,122 @@
+"""Resolve a model name to an architecture config and weights.
+
+A name is, in order of preference:
+  1. a local directory holding a Hugging Face checkpoint (config.json + *.safetensors or *.bin);
+  2. a hub id with a config bundled in data/configs/ (resolves offline with load_format="dummy");
+  3. a hub id fetched through huggingface_hub (needs the network, or the local HF cache).
+
+load_format="dummy" builds seeded random weights from the config alone, as vLLM's
+`--load-format dummy` does, so benchmarks of shapes and latency run with no download.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from protospec.errors import ModelLoadError
+from protospec.model import LlamaForCausalLM
+from protospec.model_config import LlamaArchConfig
+
+LOAD_FORMATS = ("auto", "dummy")
+BUNDLED_CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
+
+
+def bundled_config_path(name: str) -> Path | None:
+    path = BUNDLED_CONFIGS / name.replace("/", "--") / "config.json"
+    return path if path.is_file() else None
+
+
+def _download(name: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]))
+    except Exception as exc:  # network, auth, missing repo: all end the same way for the user
+        raise ModelLoadError(
+            f"could not fetch {name!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
+            "With no network, pass a local checkpoint directory, or load_format='dummy' "
+            "(CLI: --load-format dummy) to use random weights from a bundled or local config."
+        ) from exc
+
+
+def resolve_checkpoint(name: str, load_format: str) -> tuple[LlamaArchConfig, Path | None]:
+    """Return the architecture and the checkpoint directory (None for a bundled config)."""
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(f"{local} is a directory but has no config.json")
+        return LlamaArchConfig.from_json(local / "config.json"), local
+    bundled = bundled_config_path(name)
+    if load_format == "dummy" and bundled is not None:
+        return LlamaArchConfig.from_json(bundled), None
+    directory = _download(name)
+    return LlamaArchConfig.from_json(directory / "config.json"), directory
+
+
+def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    bins = sorted(directory.glob("pytorch_model*.bin"))
+    if bins:
+        state = {}
+        for f in bins:
+            state.update(torch.load(f, map_location="cpu", weights_only=True))
+        return state
+    raise ModelLoadError(f"no *.safetensors or pytorch_model*.bin weights in {directory}")
+
+
+def init_dummy_weights(model: LlamaForCausalLM, seed: int) -> None:
+    """Seeded random weights: normal(0, initializer_range) for matrices, ones for norms (as HF inits)."""
+    gen = torch.Generator().manual_seed(seed)
+    std = model.config.initializer_range
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+
+
+def load_model(
+    name: str,
+    load_format: str = "auto",
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    extra_positions: int = 0,
+) -> LlamaForCausalLM:
+    """extra_positions: RoPE table entries past max_position_embeddings (speculative lookahead)."""
+    cfg, directory = resolve_checkpoint(name, load_format)
+    model = LlamaForCausalLM(cfg, max_positions=cfg.max_position_embeddings + extra_positions)
+    model.checkpoint_dir = directory
+    if directory is None or load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        state = read_state_dict(directory)
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+        unexpected = [u for u in unexpected if "rotary_emb" not in u]
+        if missing or unexpected:
+            raise ModelLoadError(f"checkpoint {name!r} does not match a Llama: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model.place(device, dtype)
+
+
+def load_tokenizer(checkpoint_dir: Path | None):
+    """A transformers tokenizer when the checkpoint has one on disk; None otherwise (ids in, ids out)."""
+    if checkpoint_dir is None or not any((checkpoint_dir / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(checkpoint_dir))
+

@@ -1,0 +1,88 @@
+"""Speculative decoding metrics, per request and summed over requests.
+
+Definitions (as vLLM reports them):
+- acceptance_rate     = accepted draft tokens / proposed draft tokens
+- system_efficiency   = emitted tokens / (spec steps * (k + 1)); 1.0 means every step emitted k+1
+- mean_accepted_len   = 1 + accepted / spec steps: tokens a spec step yields on average,
+                        counting the recovered or bonus token every step emits
+- per_position_acceptance[i] = P(draft token i accepted) over all spec steps
+Accepted counts what the rejection sampler accepted; emitted counts what reached the output
+(the last step of a request may emit fewer because max_tokens or EOS cut it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    num_spec_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0       # tokens from spec/decode steps (not the prefill's first token)
+    accepted_per_position: list[int] = field(default_factory=list)
+    elapsed_s: float = 0.0            # wall time of the generate() call that served the request
+    num_output_tokens: int = 0
+
+    def record_step(self, k: int, num_accepted: int, num_emitted: int) -> None:
+        if len(self.accepted_per_position) < k:
+            self.accepted_per_position.extend([0] * (k - len(self.accepted_per_position)))
+        self.num_spec_steps += 1
+        self.num_draft_tokens += k
+        self.num_accepted_tokens += num_accepted
+        self.num_emitted_tokens += num_emitted
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    def merge(self, other: "RequestMetrics") -> None:
+        n = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        mine = self.accepted_per_position + [0] * (n - len(self.accepted_per_position))
+        theirs = other.accepted_per_position + [0] * (n - len(other.accepted_per_position))
+        self.accepted_per_position = [a + b for a, b in zip(mine, theirs)]
+        self.num_spec_steps += other.num_spec_steps
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        self.num_emitted_tokens += other.num_emitted_tokens
+        self.num_output_tokens += other.num_output_tokens
+        self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
+
+    @property
+    def k(self) -> int:
+        return len(self.accepted_per_position)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def system_efficiency(self) -> float | None:
+        steps = self.num_spec_steps
+        return self.num_emitted_tokens / (steps * (self.k + 1)) if steps and self.k else None
+
+    @property
+    def mean_accepted_len(self) -> float | None:
+        return 1 + self.num_accepted_tokens / self.num_spec_steps if self.num_spec_steps and self.k else None
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        steps = self.num_spec_steps
+        return [a / steps for a in self.accepted_per_position] if steps else []
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.num_output_tokens / self.elapsed_s if self.elapsed_s > 0 else None
+
+    def summary(self) -> dict:
+        return {
+            "num_spec_steps": self.num_spec_steps,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_emitted_tokens": self.num_emitted_tokens,
+            "num_output_tokens": self.num_output_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "system_efficiency": self.system_efficiency,
+            "mean_accepted_len": self.mean_accepted_len,
+            "per_position_acceptance": self.per_position_acceptance,
+            "tokens_per_second": self.tokens_per_second,
+            "elapsed_s": self.elapsed_s,
+        }

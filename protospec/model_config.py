@@ -1,0 +1,81 @@
+"""The architecture numbers our Llama forward reads, parsed from a Hugging Face `config.json`."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from protospec.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class LlamaArchConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ModelLoadError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "LlamaArchConfig":
+        model_type = cfg.get("model_type", "llama")
+        if model_type != "llama":
+            raise ModelLoadError(f"protospec runs Llama models only, got model_type={model_type!r}")
+        heads = cfg["num_attention_heads"]
+        # transformers 5.x moved rope_theta into rope_parameters; 4.x keeps it at the top level.
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise ModelLoadError(f"rope scaling {rope_type!r} is not supported (only plain RoPE)")
+        rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        eos = cfg.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0]
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            vocab_size=cfg["vocab_size"],
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=eos,
+            pad_token_id=cfg.get("pad_token_id"),
+            initializer_range=cfg.get("initializer_range", 0.02),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "LlamaArchConfig":
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    @property
+    def num_parameters(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        kv = self.num_key_value_heads * self.head_dim
+        q = self.num_attention_heads * self.head_dim
+        per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+        lm_head = 0 if self.tie_word_embeddings else v * h
+        return v * h + self.num_hidden_layers * per_layer + h + lm_head

@@ -1,0 +1,71 @@
+"""Lossless rejection sampling (Leviathan et al. 2023; Chen et al. 2023), batched, on the device.
+
+Glossary, per sequence and spec step with k draft tokens:
+- draft token:     d_i, proposed by the draft, sampled from draft_probs[i] (= q_i)
+- accepted token:  a draft token kept; d_i is kept with probability min(1, p_i(d_i) / q_i(d_i)),
+                   p_i = target_probs[i], and only if d_1..d_{i-1} were all kept
+- recovered token: at the first rejected position i, a token sampled from
+                   normalise(max(0, p_i - q_i)) instead of d_i; it makes the output exactly p_i
+- bonus token:     when all k are accepted, one more token sampled from p_{k+1} (free: the
+                   target computed that distribution in the same verify forward)
+- output tokens:   [B, k + 1]: accepted tokens, then one recovered or bonus token, then
+                   PLACEHOLDER_TOKEN_ID for the empty rest
+
+Random numbers come in as arguments (uniforms and Exp(1) noise), made outside by the caller
+from per-request generators, so seeded runs repeat and tests can drive the sampler in bulk.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from protospec.sampler import sample_from_probs
+
+PLACEHOLDER_TOKEN_ID = -1
+
+
+@dataclass
+class RejectionOutput:
+    output_token_ids: torch.Tensor  # [B, k + 1] int64, PLACEHOLDER_TOKEN_ID after the last emitted
+    num_accepted: torch.Tensor      # [B] int64, accepted draft tokens (0..k)
+    accepted_mask: torch.Tensor     # [B, k] bool, per position (False after the first rejection)
+
+
+def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """normalise(max(0, p - q)) over the last dim; where p == q exactly (no mass left), p itself.
+
+    That fallback never changes the output distribution: with p == q every draft token is accepted.
+    """
+    residual = (target_probs - draft_probs).clamp_min(0)
+    total = residual.sum(-1, keepdim=True)
+    return torch.where(total > 0, residual / total.clamp_min(1e-30), target_probs)
+
+
+def rejection_sample(
+    draft_token_ids: torch.Tensor,  # [B, k] int64
+    draft_probs: torch.Tensor,      # [B, k, V] float32
+    target_probs: torch.Tensor,     # [B, k + 1, V] float32
+    uniforms: torch.Tensor,         # [B, k] float32 in [0, 1)
+    recovered_noise: torch.Tensor,  # [B, k, V] Exp(1)
+    bonus_noise: torch.Tensor,      # [B, V] Exp(1)
+) -> RejectionOutput:
+    batch, k = draft_token_ids.shape
+    ids = draft_token_ids.unsqueeze(-1)
+    p_of_draft = target_probs[:, :k].gather(-1, ids).squeeze(-1)  # [B, k]
+    q_of_draft = draft_probs.gather(-1, ids).squeeze(-1)           # [B, k]
+    # u < p/q, written without the division; q > 0 for a token the draft sampled.
+    accepted = uniforms * q_of_draft < p_of_draft                  # [B, k]
+    accepted_prefix = accepted.long().cumprod(dim=-1).bool()       # False from the first rejection on
+    num_accepted = accepted_prefix.sum(-1)                         # [B]
+
+    recovered = sample_from_probs(residual_probs(target_probs[:, :k], draft_probs), recovered_noise)  # [B, k]
+    bonus = sample_from_probs(target_probs[:, k], bonus_noise)     # [B]
+    # The token emitted after the accepted prefix: recovered at a rejection, bonus after k accepts.
+    last_choices = torch.cat([recovered, bonus[:, None]], dim=1)   # [B, k + 1]
+
+    position = torch.arange(k + 1, device=draft_token_ids.device)[None, :]  # [1, k + 1]
+    padded_drafts = torch.cat([draft_token_ids, draft_token_ids.new_zeros(batch, 1)], dim=1)
+    n = num_accepted[:, None]
+    out = torch.where(position < n, padded_drafts, torch.where(position == n, last_choices, PLACEHOLDER_TOKEN_ID))
+    return RejectionOutput(out, num_accepted, accepted_prefix)

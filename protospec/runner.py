@@ -1,0 +1,41 @@
+"""ModelRunner: one model, its paged KV cache, and the counters of which input path ran."""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from protospec.inputs import ForwardInputs, prepare_inputs
+from protospec.model import LlamaForCausalLM
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int):
+        cfg = model.config
+        param = next(model.parameters())
+        self.model = model
+        self.block_size = block_size
+        self.device, self.dtype = param.device, param.dtype
+        self.vocab_size = cfg.vocab_size
+        # One cache tensor per layer: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim].
+        self.kv_caches = [
+            torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=self.dtype, device=self.device)
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        self.counters: Counter[str] = Counter()
+
+    @staticmethod
+    def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+        cfg = model.config
+        per_token = 2 * cfg.num_key_value_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
+        return cfg.num_hidden_layers * block_size * per_token
+
+    def prepare(self, token_chunks, start_positions, block_tables, num_logits, max_blocks=None) -> ForwardInputs:
+        """The CPU reference path: build every input from Python lists, copy to the device."""
+        self.counters["cpu_prepare"] += 1
+        return prepare_inputs(token_chunks, start_positions, block_tables, self.block_size, num_logits, self.device, max_blocks)
+
+    def execute(self, inputs: ForwardInputs) -> torch.Tensor:
+        """Forward; returns logits [num_logits, vocab] float32 on the device."""
+        self.counters["forward"] += 1
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)

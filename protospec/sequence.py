@@ -1,0 +1,67 @@
+"""Python-side state of one request.
+
+Between spec steps a sequence of L tokens has K/V for tokens [0, num_cached) in each cache.
+The target is always exactly one behind (num_cached_target == L - 1: the last token was just
+sampled). The draft is one behind too, except after a full accept with a bonus token, when it
+is two behind: it proposed d_k but never ran a forward on it. The next first draft step feeds
+both missing tokens, so every committed token gets its K/V in both caches (invariant 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from protospec.config import SamplingParams
+from protospec.metrics import RequestMetrics
+
+
+class FinishReason(str, Enum):
+    LENGTH = "length"
+    EOS = "stop"
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator           # per-request rng on the model's device
+    eos_token_id: int | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_cached_target: int = 0
+    num_cached_draft: int = 0
+    finish_reason: FinishReason | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_remaining(self) -> int:
+        return self.params.max_tokens - len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append_tokens(self, token_ids: list[int]) -> int:
+        """Append emitted tokens, stopping at max_tokens or EOS. Returns how many were kept."""
+        kept = 0
+        for tok in token_ids:
+            if self.finished:
+                break
+            self.output_token_ids.append(tok)
+            kept += 1
+            if tok == self.eos_token_id and not self.params.ignore_eos:
+                self.finish_reason = FinishReason.EOS
+            elif self.num_remaining == 0:
+                self.finish_reason = FinishReason.LENGTH
+        return kept

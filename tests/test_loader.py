@@ -1,0 +1,43 @@
+import pytest
+import torch
+
+from protospec.errors import ModelLoadError
+from protospec.loader import bundled_config_path, load_model, resolve_checkpoint
+from protospec.model_config import LlamaArchConfig
+
+
+@pytest.mark.parametrize("name, layers", [("JackFram/llama-160m", 12), ("JackFram/llama-68m", 2)])
+def test_bundled_seed_configs_resolve_offline(name, layers):
+    cfg, directory = resolve_checkpoint(name, "dummy")
+    assert directory is None and bundled_config_path(name) is not None
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (768, 3072, 12, 12)
+    assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.rms_norm_eps, cfg.rope_theta) == (32000, 2048, 1e-6, 10000.0)
+    assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id, cfg.tie_word_embeddings) == (0, 2, 1, False)
+    assert cfg.num_hidden_layers == layers
+
+
+def test_dummy_weights_are_seeded(tiny_target):
+    a, b, c = (load_model(tiny_target, "dummy", seed=s) for s in (0, 0, 1))
+    wa, wb, wc = (m.model.layers[0].mlp.up_proj.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+    assert torch.equal(a.model.norm.weight, torch.ones_like(a.model.norm.weight))
+
+
+def test_rope_parameters_of_transformers_5_and_4_are_both_read():
+    base = dict(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2, vocab_size=10)
+    assert LlamaArchConfig.from_dict(dict(base, rope_theta=123.0)).rope_theta == 123.0
+    assert LlamaArchConfig.from_dict(dict(base, rope_parameters={"rope_theta": 77.0, "rope_type": "default"})).rope_theta == 77.0
+    with pytest.raises(ModelLoadError, match="rope scaling"):
+        LlamaArchConfig.from_dict(dict(base, rope_scaling={"rope_type": "llama3", "factor": 8.0}))
+    with pytest.raises(ModelLoadError, match="Llama"):
+        LlamaArchConfig.from_dict(dict(base, model_type="mistral"))
+
+
+def test_bad_load_format_and_directory_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="load_format"):
+        resolve_checkpoint("JackFram/llama-68m", "pt")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        resolve_checkpoint(str(tmp_path), "auto")
+    (tmp_path / "config.json").write_text('{"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 10}')
+    with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
+        load_model(str(tmp_path), "auto")
