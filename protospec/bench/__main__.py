@@ -1,0 +1,3 @@
+from protospec.bench.cli import main
+
+main()

@@ -1,0 +1,55 @@
+"""Time whole generate() calls, as vLLM's benchmark_latency.py does: warm-up, then timed iterations."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from protospec.config import SamplingParams
+from protospec.llm import LLM
+from protospec.metrics import RequestMetrics
+
+PERCENTILES = (10, 25, 50, 75, 90, 99)
+
+
+@dataclass
+class LatencyResult:
+    latencies_s: list[float]
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+    def percentile(self, p: float) -> float:
+        return float(np.percentile(self.latencies_s, p))
+
+    def summary(self) -> dict:
+        out = {"latencies_s": self.latencies_s, "avg_s": float(np.mean(self.latencies_s))}
+        out.update({f"p{p}_s": self.percentile(p) for p in PERCENTILES})
+        m = self.metrics
+        out.update(acceptance_rate=m.acceptance_rate, system_efficiency=m.system_efficiency,
+                   mean_accepted_len=m.mean_accepted_len, per_position_acceptance=m.per_position_acceptance)
+        return out
+
+
+def random_prompts(batch_size: int, input_len: int, seed: int) -> list[list[int]]:
+    """Seeded random token ids below 10000, as the original benchmark's dummy prompts."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 10000, (batch_size, input_len), generator=gen).tolist()
+
+
+def time_generate(llm: LLM, prompts, params: SamplingParams, warmup: int, iters: int, progress=None) -> LatencyResult:
+    def one() -> float:
+        if llm.engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        llm.generate(prompts, params)  # generate() synchronises before it returns
+        return time.perf_counter() - start
+
+    wrap = progress or (lambda it: it)
+    for _ in wrap(range(warmup)):
+        one()
+    result = LatencyResult([])
+    for _ in wrap(range(iters)):
+        result.latencies_s.append(one())
+        result.metrics.merge(llm.metrics)
+    return result
