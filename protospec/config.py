@@ -7,6 +7,7 @@ import torch
 
 from protospec.errors import ConfigError
 
+DRAFT_LOOPS = ("auto", "main", "sampler", "gpu")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -43,6 +44,11 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_model_len: int | None = None     # None: the target's max_position_embeddings
     seed: int = 0
+    # The draft loop's input path: "main" (CPU prepare + host sync per step), "sampler" (CPU
+    # prepare, no per-step sync), "gpu" (advance_step kernel, no sync); "auto" = gpu on CUDA,
+    # main on a CPU (where the kernel would only run in Numba's simulator).
+    draft_loop: str = "auto"
+    check_no_sync: bool = False          # trip on any host sync inside the draft loop (debugging)
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -52,6 +58,10 @@ class EngineConfig:
             raise ConfigError(f"block_size must be a power of two >= 1, got {self.block_size}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.draft_loop not in DRAFT_LOOPS:
+            raise ConfigError(f"draft_loop must be one of {DRAFT_LOOPS}, got {self.draft_loop!r}")
+        if self.check_no_sync and self.draft_loop == "main":
+            raise ConfigError("check_no_sync cannot hold with draft_loop='main', which syncs every draft step")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
 

@@ -13,12 +13,14 @@ import torch
 
 from protospec.block_manager import BlockManager, blocks_for
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
-from protospec.errors import OutOfKVBlocksError, VocabMismatchError
+from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.loader import load_model
 from protospec.runner import ModelRunner
 from protospec.sampler import SamplingTensors, sample
 from protospec.sequence import Sequence
 from protospec.speculative import SpeculativeStep
+from protospec.sync_guard import forbid_host_sync
 
 
 class Engine:
@@ -45,11 +47,29 @@ class Engine:
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
         self.target = ModelRunner(target, self.num_blocks, config.block_size)
         self.draft = ModelRunner(draft, self.num_blocks, config.block_size) if draft is not None else None
-        self.spec_step = SpeculativeStep(self.target, self.draft, self.block_manager, self.k) if draft is not None else None
+        self.spec_step = self._build_spec_step() if draft is not None else None
         self.vocab_size = target.config.vocab_size
         self.eos_token_id = target.config.eos_token_id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+
+    def _build_spec_step(self) -> SpeculativeStep:
+        cfg = self.config
+        mode, reason = cfg.draft_loop, "disabled_by_user"
+        if mode == "auto":
+            mode, reason = ("gpu", "") if self.device.type == "cuda" else ("main", "no_cuda_device")
+        if mode == "gpu" and self.device.type != KERNEL_DEVICE_TYPE:
+            raise ConfigError(f"draft_loop='gpu' on device {self.device}: the advance_step kernel runs on "
+                              f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
+        if mode == "gpu" and self.k > 1:
+            max_blocks = blocks_for(self.max_model_len + self.k + 1, cfg.block_size)
+            self.draft.enable_gpu_advance(cfg.max_num_seqs, max_blocks)
+        guard = forbid_host_sync if cfg.check_no_sync else None
+        return SpeculativeStep(self.target, self.draft, self.block_manager, self.k, mode, reason, guard)
+
+    @property
+    def draft_loop(self) -> str | None:
+        return self.spec_step.mode if self.spec_step is not None else None
 
     def _size_pool(self, target, draft) -> int:
         cfg = self.config
@@ -99,8 +119,8 @@ class Engine:
         tables = [s.block_table for s in seqs]
         starts = [0] * len(seqs)
         if self.draft is not None:
-            self.draft.execute(self.draft.prepare(prompts, starts, tables, num_logits=0))
-        logits = self.target.execute(self.target.prepare(prompts, starts, tables, num_logits=1))
+            self.draft.execute(self.draft.prepare("prefill", prompts, starts, tables, num_logits=0))
+        logits = self.target.execute(self.target.prepare("prefill", prompts, starts, tables, num_logits=1))
         ids, _ = sample(logits, self._sampling_tensors(seqs))
         for seq, tok in zip(seqs, ids.tolist()):
             seq.num_cached_target = seq.num_cached_draft = len(seq.prompt_token_ids)
@@ -112,7 +132,7 @@ class Engine:
             self.block_manager.ensure_capacity(seq.block_table, seq.num_tokens)
         chunks = [s.token_ids[s.num_cached_target:] for s in seqs]
         starts = [s.num_cached_target for s in seqs]
-        logits = self.target.execute(self.target.prepare(chunks, starts, [s.block_table for s in seqs], num_logits=1))
+        logits = self.target.execute(self.target.prepare("decode", chunks, starts, [s.block_table for s in seqs], num_logits=1))
         ids, _ = sample(logits, self._sampling_tensors(seqs))
         for seq, tok in zip(seqs, ids.tolist()):
             seq.num_cached_target = seq.num_tokens

@@ -27,3 +27,7 @@ class OutOfKVBlocksError(ProtospecError):
 
 class KernelArgumentError(ProtospecError, ValueError):
     """A tensor handed to a Numba kernel launcher has the wrong dtype, device, shape or layout."""
+
+
+class AdvanceStepError(ProtospecError):
+    """The advance_step kernel met a position its block table does not cover (no K/V was written)."""

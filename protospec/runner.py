@@ -5,11 +5,17 @@ from collections import Counter
 
 import torch
 
+from protospec.decode_state import DraftDecodeState
 from protospec.inputs import ForwardInputs, prepare_inputs
 from protospec.model import LlamaForCausalLM
 
 
 class ModelRunner:
+    """Counters (see `counters`): every CPU prepare is counted under `cpu_prepare` and under
+    `cpu_prepare:<why>` (prefill, first_draft_step, verify, decode); a draft step 2..k that could
+    have been advanced on the GPU but was CPU-prepared counts as `fallback:<reason>`; each
+    advance_step launch counts as `gpu_advance`."""
+
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int):
         cfg = model.config
         param = next(model.parameters())
@@ -23,6 +29,11 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self.counters: Counter[str] = Counter()
+        self.decode_state: DraftDecodeState | None = None
+
+    def enable_gpu_advance(self, max_num_seqs: int, max_blocks: int) -> None:
+        """Allocate the persistent decode buffers and bind the advance_step kernel to them."""
+        self.decode_state = DraftDecodeState(max_num_seqs, max_blocks, self.block_size, self.device)
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -30,10 +41,18 @@ class ModelRunner:
         per_token = 2 * cfg.num_key_value_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
         return cfg.num_hidden_layers * block_size * per_token
 
-    def prepare(self, token_chunks, start_positions, block_tables, num_logits, max_blocks=None) -> ForwardInputs:
-        """The CPU reference path: build every input from Python lists, copy to the device."""
+    def prepare(self, why: str, token_chunks, start_positions, block_tables, num_logits, max_blocks=None) -> ForwardInputs:
+        """The CPU reference path: build every input from Python lists, copy to the device.
+        why: a counter label (prefill, first_draft_step, verify, decode, or fallback:<reason>)."""
         self.counters["cpu_prepare"] += 1
+        self.counters[why if why.startswith("fallback:") else f"cpu_prepare:{why}"] += 1
         return prepare_inputs(token_chunks, start_positions, block_tables, self.block_size, num_logits, self.device, max_blocks)
+
+    def advance(self) -> ForwardInputs:
+        """The GPU path: advance the decode buffers in place with the advance_step kernel."""
+        self.counters["gpu_advance"] += 1
+        self.decode_state.advance()
+        return self.decode_state.inputs()
 
     def execute(self, inputs: ForwardInputs) -> torch.Tensor:
         """Forward; returns logits [num_logits, vocab] float32 on the device."""

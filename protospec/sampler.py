@@ -79,15 +79,18 @@ def exponential_noise(shape_per_seq: tuple[int, ...], generators: list[torch.Gen
     return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
 
 
-def sample_from_probs(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def sample_from_probs(probs: torch.Tensor, noise: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """probs [..., V], noise [..., V] Exp(1) -> ids [...] int64. No host sync."""
-    return (probs / noise).argmax(dim=-1)
+    return torch.argmax(probs / noise, dim=-1, out=out)
 
 
-def sample(logits: torch.Tensor, st: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row per sequence: logits [B, V] -> (ids [B] int64, probs [B, V] float32), on the device."""
+def sample(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row per sequence: logits [B, V] -> (ids [B] int64, probs [B, V] float32), on the device.
+
+    out: an int64 [B] tensor to write the ids into (a persistent buffer that a kernel reads).
+    """
     probs = compute_probs(logits, st)
     if st.all_greedy:
-        return probs.argmax(-1), probs
+        return torch.argmax(probs, dim=-1, out=out), probs
     noise = exponential_noise((probs.shape[-1],), st.generators, probs.device)  # [B, V]
-    return sample_from_probs(probs, noise), probs
+    return sample_from_probs(probs, noise, out), probs

@@ -8,9 +8,12 @@ So the target writes k+1 lookahead slots, reserved up front; the draft writes k 
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from protospec.block_manager import BlockManager
+from protospec.errors import AdvanceStepError
 from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
 from protospec.runner import ModelRunner
 from protospec.sampler import SamplingTensors, compute_probs, exponential_noise, sample
@@ -26,49 +29,94 @@ def rejection_randoms(st: SamplingTensors, k: int, vocab: int, device) -> tuple[
     return uniforms, exponential_noise((k, vocab), st.generators, device), exponential_noise((vocab,), st.generators, device)
 
 
+DRAFT_LOOP_MODES = ("main", "sampler", "gpu")
+
+
 class SpeculativeStep:
-    def __init__(self, target: ModelRunner, draft: ModelRunner, block_manager: BlockManager, k: int):
+    """mode (the three arms of the original ablation):
+      main     CPU prepare every draft step, draft ids copied to the host every step (a sync)
+      sampler  CPU prepare every draft step, draft ids stay on the device (no per-step sync)
+      gpu      CPU prepare for draft step 1, advance_step kernel for steps 2..k, no sync
+    fallback_reason labels the CPU-prepared steps 2..k of the CPU modes in the counters.
+    loop_guard(device) wraps the draft loop (sync_guard.forbid_host_sync to check invariant 2).
+    """
+
+    def __init__(self, target: ModelRunner, draft: ModelRunner, block_manager: BlockManager, k: int,
+                 mode: str = "main", fallback_reason: str = "disabled_by_user", loop_guard=None):
+        if mode not in DRAFT_LOOP_MODES:
+            raise ValueError(f"draft loop mode must be one of {DRAFT_LOOP_MODES}, got {mode!r}")
         self.target, self.draft, self.block_manager, self.k = target, draft, block_manager, k
+        self.mode, self.fallback_reason = mode, fallback_reason
+        self.advances_on_gpu = mode == "gpu" and k > 1  # k = 1 has no step 2 to advance
+        self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.device = target.device
 
     def reserve_lookahead(self, seqs: list[Sequence]) -> None:
         for seq in seqs:  # positions up to L-1+k must have a slot
             self.block_manager.ensure_capacity(seq.block_table, seq.num_tokens + self.k)
 
-    def propose(self, seqs: list[Sequence], st: SamplingTensors, max_blocks: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
-        """k draft steps. Returns draft ids [B, k] int64, draft probs [B, k, V], and host copies of the ids."""
-        k, batch = self.k, len(seqs)
+    def propose(self, seqs: list[Sequence], st: SamplingTensors, max_blocks: int):
+        """k draft steps -> draft ids [B, k] int64, draft probs [B, k, V] float32, and (main mode
+        only) host copies of the ids."""
+        k, batch, mode = self.k, len(seqs), self.mode
         draft_ids = torch.empty(batch, k, dtype=torch.int64, device=self.device)
         draft_probs = torch.empty(batch, k, self.draft.vocab_size, dtype=torch.float32, device=self.device)
-        proposals: list[list[int]] = [[] for _ in seqs]
+        proposals: list[list[int]] | None = [[] for _ in seqs] if mode == "main" else None
         tables = [seq.block_table for seq in seqs]
-        for step in range(k):
-            if step == 0:
-                chunks = [seq.token_ids[seq.num_cached_draft:] for seq in seqs]
-                starts = [seq.num_cached_draft for seq in seqs]
-            else:
-                chunks = [[p[-1]] for p in proposals]
-                starts = [seq.num_tokens - 1 + step for seq in seqs]
-            inputs = self.draft.prepare(chunks, starts, tables, num_logits=1, max_blocks=max_blocks)
-            ids, probs = sample(self.draft.execute(inputs), st)  # [B], [B, V]
-            draft_ids[:, step] = ids
-            draft_probs[:, step] = probs
-            for p, tok in zip(proposals, ids.tolist()):  # the "main" baseline: a host sync every step
-                p.append(tok)
+        decode = self.draft.decode_state
+        with self.loop_guard(self.device):
+            for step in range(k):
+                sampled_into = None
+                if step == 0:  # feed what the draft lacks: 1 token, or 2 after a full accept
+                    chunks = [seq.token_ids[seq.num_cached_draft:] for seq in seqs]
+                    starts = [seq.num_cached_draft for seq in seqs]
+                    inputs = self.draft.prepare("first_draft_step", chunks, starts, tables, 1, max_blocks)
+                    if self.advances_on_gpu:
+                        decode.seed(inputs.meta)
+                elif mode == "gpu":
+                    inputs = self.draft.advance()
+                else:
+                    # The CPU rebuilds every tensor; the token comes from the host (main) or is
+                    # copied device to device from the last sample (sampler).
+                    chunks = [[p[-1]] for p in proposals] if mode == "main" else [[0]] * batch
+                    starts = [seq.num_tokens - 1 + step for seq in seqs]
+                    inputs = self.draft.prepare(f"fallback:{self.fallback_reason}", chunks, starts, tables, 1, max_blocks)
+                    if mode == "sampler":
+                        inputs.input_ids.copy_(draft_ids[:, step - 1])
+                if self.advances_on_gpu:
+                    sampled_into = decode.sampled_ids[:batch]  # where the next advance_step reads
+                ids, probs = sample(self.draft.execute(inputs), st, out=sampled_into)  # [B], [B, V]
+                draft_ids[:, step] = ids
+                draft_probs[:, step] = probs
+                if proposals is not None:  # the "main" baseline: a host sync every draft step
+                    for p, tok in zip(proposals, ids.tolist()):
+                        p.append(tok)
         return draft_ids, draft_probs, proposals
 
-    def verify(self, seqs, st, proposals, max_blocks) -> torch.Tensor:
+    def verify(self, seqs, st, draft_ids, proposals, max_blocks) -> torch.Tensor:
         """Target forward over k+1 positions per sequence -> target probs [B, k+1, V]."""
-        chunks = [seq.token_ids[seq.num_cached_target:] + p for seq, p in zip(seqs, proposals)]
+        k, batch = self.k, len(seqs)
+        heads = [seq.token_ids[seq.num_cached_target:] for seq in seqs]
+        if proposals is None:  # draft ids are on the device: placeholders, then a device copy
+            assert all(len(h) == 1 for h in heads), "the target must lag by exactly one token"
+            chunks = [h + [0] * k for h in heads]
+        else:
+            chunks = [h + p for h, p in zip(heads, proposals)]
         starts = [seq.num_cached_target for seq in seqs]
-        tables = [seq.block_table for seq in seqs]
-        inputs = self.target.prepare(chunks, starts, tables, num_logits=self.k + 1, max_blocks=max_blocks)
+        inputs = self.target.prepare("verify", chunks, starts, [seq.block_table for seq in seqs], k + 1, max_blocks)
+        if proposals is None:
+            inputs.input_ids.view(batch, k + 1)[:, 1:].copy_(draft_ids)
         logits = self.target.execute(inputs)  # [B * (k+1), V]
-        return compute_probs(logits, st, rows_per_seq=self.k + 1).view(len(seqs), self.k + 1, -1)
+        return compute_probs(logits, st, rows_per_seq=k + 1).view(batch, k + 1, -1)
 
     def commit(self, seqs: list[Sequence], result: RejectionOutput) -> None:
-        out_ids = result.output_token_ids.tolist()  # the step's first host sync on the no-sync path
+        out_ids = result.output_token_ids.tolist()  # the spec step's first host sync on the no-sync paths
         num_accepted = result.num_accepted.tolist()
+        decode = self.draft.decode_state
+        if self.advances_on_gpu and (bad_row := int(decode.error_row.item())):
+            decode.error_row.zero_()
+            raise AdvanceStepError(f"advance_step: row {bad_row - 1} reached a position its block table does not "
+                                   "cover; its K/V write was skipped (the lookahead reservation is broken)")
         for seq, row, accepted in zip(seqs, out_ids, num_accepted):
             length = seq.num_tokens
             emitted = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
@@ -83,7 +131,7 @@ class SpeculativeStep:
         self.reserve_lookahead(seqs)
         max_blocks = max(len(seq.block_table) for seq in seqs)
         draft_ids, draft_probs, proposals = self.propose(seqs, st, max_blocks)
-        target_probs = self.verify(seqs, st, proposals, max_blocks)
+        target_probs = self.verify(seqs, st, draft_ids, proposals, max_blocks)
         randoms = rejection_randoms(st, self.k, target_probs.shape[-1], self.device)
         result = rejection_sample(draft_ids, draft_probs, target_probs, *randoms)
         self.commit(seqs, result)

@@ -48,14 +48,14 @@ def test_prefill_then_decode_steps_match_hf(hf_pair):
     for table, seq in zip(tables, full):
         blocks.ensure_capacity(table, len(seq))
     prompts = [seq[:n].tolist() for seq, n in zip(full, prompt_lens)]
-    logits = runner.execute(runner.prepare(prompts, [0] * 3, tables, num_logits=[n for n in prompt_lens]))
+    logits = runner.execute(runner.prepare("prefill", prompts, [0] * 3, tables, num_logits=[n for n in prompt_lens]))
     expected = torch.cat([r[:n] for r, n in zip(ref, prompt_lens)])
     assert relative_error(logits, expected) < 1e-4
 
     for step in range(6):
         chunks = [[seq[n + step].item()] for seq, n in zip(full, prompt_lens)]
         starts = [n + step for n in prompt_lens]
-        logits = runner.execute(runner.prepare(chunks, starts, tables, num_logits=1))
+        logits = runner.execute(runner.prepare("decode", chunks, starts, tables, num_logits=1))
         expected = torch.stack([r[n + step] for r, n in zip(ref, prompt_lens)])
         assert relative_error(logits, expected) < 1e-4, f"decode step {step}"
 
@@ -73,7 +73,7 @@ def test_verify_window_is_causal_and_matches_hf(hf_pair):
     for t, s in zip(tables, seqs):
         blocks.ensure_capacity(t, len(s))
     window = 6  # k = 5
-    runner.execute(runner.prepare([s[:-window].tolist() for s in seqs], [0, 0], tables, num_logits=0))
-    logits = runner.execute(runner.prepare([s[-window:].tolist() for s in seqs],
+    runner.execute(runner.prepare("prefill", [s[:-window].tolist() for s in seqs], [0, 0], tables, num_logits=0))
+    logits = runner.execute(runner.prepare("prefill", [s[-window:].tolist() for s in seqs],
                                            [len(s) - window for s in seqs], tables, num_logits=window))
     assert relative_error(logits, torch.cat([r[-window:] for r in ref])) < 1e-4

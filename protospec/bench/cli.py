@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=1.0, help="1.0, as the original script sampled")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--draft-loop", default="auto", choices=["auto", "main", "sampler", "gpu"],
+                   help="draft input path: main (CPU prepare + sync per step), sampler (CPU prepare, no sync), "
+                        "gpu (advance_step kernel, no sync); auto = gpu on CUDA, main on CPU")
     p.add_argument("--output-json", default=None)
     p.add_argument("--use-v2-block-manager", action="store_true", help="accepted for compatibility; a no-op here")
     return p
@@ -66,8 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"load_format={args.load_format} dtype={args.dtype} iters={args.num_iters_warmup}+{args.num_iters}", flush=True)
     llm = LLM(args.model, speculative_model=args.speculative_model, num_speculative_tokens=k or 1,
               load_format=args.load_format, dtype=args.dtype, device=args.device, block_size=args.block_size,
-              seed=args.seed, max_num_seqs=max(args.batch_size, 1))
-    print(f"device={llm.engine.device} dtype={llm.engine.dtype} kv_blocks={llm.engine.num_blocks}", flush=True)
+              seed=args.seed, max_num_seqs=max(args.batch_size, 1), draft_loop=args.draft_loop)
+    print(f"device={llm.engine.device} dtype={llm.engine.dtype} kv_blocks={llm.engine.num_blocks} "
+          f"draft_loop={llm.engine.draft_loop}", flush=True)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=True, seed=args.seed)
     prompts = random_prompts(args.batch_size, args.input_len, args.seed)
     result = time_generate(llm, prompts, params, args.num_iters_warmup, args.num_iters, progress=_progress)

@@ -1,0 +1,97 @@
+"""The three draft-loop modes (main, sampler, gpu): which path ran, same outputs, no host sync."""
+import contextlib
+
+import pytest
+import torch
+from tiny import random_prompts, tiny_llm
+
+from protospec import ConfigError, SamplingParams
+from protospec.sync_guard import HostSyncError, forbid_host_sync
+
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE  # noqa: E402
+
+KERNEL_DEVICES = [KERNEL_DEVICE_TYPE]  # "gpu" mode: cuda on a GPU machine, cpu in the simulator
+GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+
+
+def _llm(target, draft, device, mode, k=4, **kw):
+    # On CPU the "gpu" mode runs the Numba kernel in the CUDA simulator.
+    return tiny_llm(target, draft, k=k, device=device, draft_loop=mode, **kw)
+
+
+def _device_param(device):
+    return pytest.param(device, marks=[pytest.mark.gpu] if device == "cuda" else [])
+
+
+@pytest.mark.parametrize("device", [_device_param(d) for d in KERNEL_DEVICES])
+def test_gpu_path_advances_k_minus_1_times_per_spec_step(tiny_target, tiny_draft, device):
+    llm = _llm(tiny_target, tiny_draft, device, "gpu", k=4, check_no_sync=True)
+    llm.generate(random_prompts(4), GREEDY)
+    steps = llm.metrics.num_spec_steps  # summed over the batch; spec steps of the engine:
+    engine_steps = llm.counters["target"]["cpu_prepare:verify"]
+    draft = llm.counters["draft"]
+    assert engine_steps > 0 and steps >= engine_steps
+    assert draft["gpu_advance"] == 3 * engine_steps
+    assert draft["cpu_prepare:first_draft_step"] == engine_steps
+    assert draft["cpu_prepare"] == engine_steps + draft["cpu_prepare:prefill"]
+    assert not any(key.startswith("fallback:") for key in draft)
+
+
+@pytest.mark.parametrize("device", [_device_param(d) for d in KERNEL_DEVICES])
+@pytest.mark.parametrize("mode", ["main", "sampler"])
+def test_gpu_path_off_never_runs_the_kernel_and_gives_the_same_greedy_output(tiny_target, tiny_draft, device, mode):
+    gpu = _llm(tiny_target, tiny_draft, device, "gpu")
+    off = _llm(tiny_target, tiny_draft, device, mode)
+    prompts = random_prompts(4)
+    assert [o.token_ids for o in off.generate(prompts, GREEDY)] == [o.token_ids for o in gpu.generate(prompts, GREEDY)]
+    assert off.engine.draft.decode_state is None  # no buffers, no bound kernel: it cannot run
+    draft = off.counters["draft"]
+    steps = off.counters["target"]["cpu_prepare:verify"]
+    assert "gpu_advance" not in draft and draft["fallback:disabled_by_user"] == 3 * steps
+
+
+@pytest.mark.parametrize("device", [_device_param(d) for d in KERNEL_DEVICES])
+@pytest.mark.parametrize("mode", ["main", "sampler", "gpu"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_equal_to_target_accepts_everything_on_every_path(tiny_target, device, mode, temperature):
+    llm = _llm(tiny_target, tiny_target, device, mode, k=5)
+    params = SamplingParams(temperature=temperature, max_tokens=64, ignore_eos=True, seed=1)
+    llm.generate(random_prompts(4, seed=9), params)
+    assert llm.metrics.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("device", [_device_param(d) for d in KERNEL_DEVICES])
+def test_seeded_sampling_is_identical_across_the_three_paths(tiny_target, tiny_draft, device):
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=40, ignore_eos=True, seed=123)
+    outs = {m: [o.token_ids for o in _llm(tiny_target, tiny_draft, device, m).generate(random_prompts(3), params)]
+            for m in ("main", "sampler", "gpu")}
+    assert outs["main"] == outs["sampler"] == outs["gpu"]
+
+
+@pytest.mark.parametrize("device", [_device_param(d) for d in KERNEL_DEVICES])
+@pytest.mark.parametrize("mode", ["sampler", "gpu"])
+def test_no_sync_paths_pass_the_guard_and_the_guard_can_trip(tiny_target, tiny_draft, mode, device):
+    llm = _llm(tiny_target, tiny_draft, device, mode, check_no_sync=True)
+    llm.generate(random_prompts(2), SamplingParams(temperature=1.0, max_tokens=20, seed=0))
+    with pytest.raises(HostSyncError):
+        with forbid_host_sync(torch.device("cpu")):
+            torch.ones(2).sum().item()
+    # and the main path, which syncs every draft step, trips it
+    main = _llm(tiny_target, tiny_draft, "cpu", "main")
+    main.engine.spec_step.loop_guard = forbid_host_sync
+    with pytest.raises(HostSyncError, match="tolist"):
+        main.generate(random_prompts(1), GREEDY)
+    main.engine.spec_step.loop_guard = lambda device: contextlib.nullcontext()
+    assert main.generate(random_prompts(1), GREEDY)  # and the engine is still usable
+
+
+def test_check_no_sync_with_the_main_path_is_refused(tiny_target, tiny_draft):
+    with pytest.raises(ConfigError, match="check_no_sync"):
+        _llm(tiny_target, tiny_draft, "cpu", "main", check_no_sync=True)
+
+
+def test_auto_picks_main_on_a_cpu_and_names_the_reason(tiny_target, tiny_draft):
+    llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cpu")
+    llm.generate(random_prompts(1), GREEDY)
+    assert llm.engine.draft_loop == "main"
+    assert llm.counters["draft"]["fallback:no_cuda_device"] > 0
