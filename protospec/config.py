@@ -49,6 +49,7 @@ class EngineConfig:
     # main on a CPU (where the kernel would only run in Numba's simulator).
     draft_loop: str = "auto"
     check_no_sync: bool = False          # trip on any host sync inside the draft loop (debugging)
+    cuda_graphs: bool | None = None      # replay fixed-shape forwards as CUDA graphs; None = on CUDA
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

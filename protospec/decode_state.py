@@ -54,9 +54,10 @@ class DraftDecodeState:
         self.num_queries.fill_(num_seqs)
         self.num_seqs, self.width = num_seqs, width
 
-    def inputs(self) -> ForwardInputs:
-        """Views of the buffers for the current batch, in the layout the model reads."""
-        b, w = self.num_seqs, self.width
+    def inputs(self, rows: int | None = None, width: int | None = None) -> ForwardInputs:
+        """Views of the buffers in the layout the model reads: the current batch, or `rows` x
+        `width` for a CUDA graph (rows past the batch are padding rows the kernel keeps inert)."""
+        b, w = rows or self.num_seqs, width or self.width
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:b],
             block_tables=self.block_tables[:b, :w],
@@ -67,4 +68,4 @@ class DraftDecodeState:
             logits_indices=self._grid_index[:b],
             block_size=self.block_size,
         )
-        return ForwardInputs(self.input_ids[:b], self.positions[:b], meta)
+        return ForwardInputs(self.input_ids[:b], self.positions[:b], meta, query_len=1, logits_per_seq=1, decode_state=self)

@@ -47,11 +47,30 @@ class Engine:
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
         self.target = ModelRunner(target, self.num_blocks, config.block_size)
         self.draft = ModelRunner(draft, self.num_blocks, config.block_size) if draft is not None else None
+        self.max_blocks_per_seq = blocks_for(self.max_model_len + self.k + 1, config.block_size)
+        self.use_cuda_graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
+        if self.use_cuda_graphs:
+            if self.device.type != "cuda":
+                raise ConfigError("cuda_graphs=True needs a CUDA device")
+            for runner in (self.target, self.draft):
+                if runner is not None:
+                    runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.k + 1))
         self.spec_step = self._build_spec_step() if draft is not None else None
         self.vocab_size = target.config.vocab_size
         self.eos_token_id = target.config.eos_token_id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+
+    def set_draft_loop(self, mode: str) -> None:
+        """Switch the draft loop's input path (main / sampler / gpu / auto) between generate()
+        calls, keeping weights, KV pool and captured graphs: the ablation compares like with like."""
+        if self.spec_step is None:
+            raise ConfigError("set_draft_loop needs a speculative model")
+        if self.running or self.waiting:
+            raise ConfigError("set_draft_loop between generate() calls only")
+        self.config.draft_loop = mode
+        self.config.__post_init__()
+        self.spec_step = self._build_spec_step()
 
     def _build_spec_step(self) -> SpeculativeStep:
         cfg = self.config
@@ -61,9 +80,8 @@ class Engine:
         if mode == "gpu" and self.device.type != KERNEL_DEVICE_TYPE:
             raise ConfigError(f"draft_loop='gpu' on device {self.device}: the advance_step kernel runs on "
                               f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
-        if mode == "gpu" and self.k > 1:
-            max_blocks = blocks_for(self.max_model_len + self.k + 1, cfg.block_size)
-            self.draft.enable_gpu_advance(cfg.max_num_seqs, max_blocks)
+        if mode == "gpu" and self.k > 1 and self.draft.decode_state is None:
+            self.draft.enable_gpu_advance(cfg.max_num_seqs, self.max_blocks_per_seq)
         guard = forbid_host_sync if cfg.check_no_sync else None
         return SpeculativeStep(self.target, self.draft, self.block_manager, self.k, mode, reason, guard)
 

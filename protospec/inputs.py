@@ -22,6 +22,15 @@ class ForwardInputs:
     input_ids: torch.Tensor   # [T] int64
     positions: torch.Tensor   # [T] int64
     meta: AttentionMetadata
+    # Host-side layout facts (no device read needed), used to pick a captured CUDA graph:
+    # every sequence feeds `query_len` tokens and wants `logits_per_seq` logits; None = ragged.
+    query_len: int | None = None
+    logits_per_seq: int | None = None
+    decode_state: object | None = None  # set when these are views of the persistent decode buffers
+
+    @property
+    def num_seqs(self) -> int:
+        return self.meta.block_tables.shape[0]
 
 
 def prepare_inputs(
@@ -87,5 +96,7 @@ def prepare_inputs(
         logits_indices=to_device(logits_indices, torch.int64),
         block_size=block_size,
     )
-    return ForwardInputs(to_device(input_ids, torch.int64), to_device(positions, torch.int64), meta)
+    uniform = len(set(query_lens)) == 1 and len(set(num_logits)) == 1
+    return ForwardInputs(to_device(input_ids, torch.int64), to_device(positions, torch.int64), meta,
+                         query_len=max_q if uniform else None, logits_per_seq=num_logits[0] if uniform else None)
 

@@ -5,6 +5,7 @@ from collections import Counter
 
 import torch
 
+from protospec.cuda_graphs import GraphCache
 from protospec.decode_state import DraftDecodeState
 from protospec.inputs import ForwardInputs, prepare_inputs
 from protospec.model import LlamaForCausalLM
@@ -30,6 +31,13 @@ class ModelRunner:
         ]
         self.counters: Counter[str] = Counter()
         self.decode_state: DraftDecodeState | None = None
+        self.graphs: GraphCache | None = None
+        self.max_graph_query_len = 0
+
+    def enable_cuda_graphs(self, max_rows: int, max_blocks: int, max_query_len: int) -> None:
+        """Replay forwards of up to max_query_len tokens per sequence as CUDA graphs (never prefill)."""
+        self.graphs = GraphCache(self.model, self.kv_caches, self.block_size, max_rows, max_blocks)
+        self.max_graph_query_len = max_query_len
 
     def enable_gpu_advance(self, max_num_seqs: int, max_blocks: int) -> None:
         """Allocate the persistent decode buffers and bind the advance_step kernel to them."""
@@ -56,5 +64,8 @@ class ModelRunner:
 
     def execute(self, inputs: ForwardInputs) -> torch.Tensor:
         """Forward; returns logits [num_logits, vocab] float32 on the device."""
-        self.counters["forward"] += 1
+        if self.graphs is not None and inputs.query_len is not None and inputs.query_len <= self.max_graph_query_len:
+            self.counters["forward:graph"] += 1
+            return self.graphs.run(inputs)
+        self.counters["forward:eager"] += 1
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)

@@ -28,6 +28,7 @@ class SamplingTensors:
     top_p: torch.Tensor        # [B] float32, 1.0 where off
     generators: list[torch.Generator]
     all_greedy: bool           # host-side facts, known without reading the device
+    any_greedy: bool
     needs_filter: bool
 
     @classmethod
@@ -42,6 +43,7 @@ class SamplingTensors:
             top_p=dev([p.top_p for p in params], torch.float32),
             generators=generators,
             all_greedy=all(p.greedy for p in params),
+            any_greedy=any(p.greedy for p in params),
             needs_filter=any((0 < p.top_k < vocab_size or p.top_p < 1.0) and not p.greedy for p in params),
         )
 
@@ -63,13 +65,16 @@ def compute_probs(logits: torch.Tensor, st: SamplingTensors, rows_per_seq: int =
     def per_row(t):
         return t if rows_per_seq == 1 else t.repeat_interleave(rows_per_seq)
 
-    greedy_probs = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    if st.all_greedy:
-        return greedy_probs
+    if st.any_greedy:
+        greedy_probs = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        if st.all_greedy:
+            return greedy_probs
     probs = torch.softmax(logits / per_row(st.temperature)[:, None], dim=-1)
     if st.needs_filter:
         probs = _filter_top_k_top_p(probs, per_row(st.top_k), per_row(st.top_p))
-    return torch.where(per_row(st.is_greedy)[:, None], greedy_probs, probs)
+    if st.any_greedy:
+        probs = torch.where(per_row(st.is_greedy)[:, None], greedy_probs, probs)
+    return probs
 
 
 def exponential_noise(shape_per_seq: tuple[int, ...], generators: list[torch.Generator], device) -> torch.Tensor:
@@ -84,13 +89,16 @@ def sample_from_probs(probs: torch.Tensor, noise: torch.Tensor, out: torch.Tenso
     return torch.argmax(probs / noise, dim=-1, out=out)
 
 
-def sample(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(logits: torch.Tensor, st: SamplingTensors, noise: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One row per sequence: logits [B, V] -> (ids [B] int64, probs [B, V] float32), on the device.
 
+    noise: Exp(1) [B, V] drawn beforehand (SpecStepRandoms); None draws it here, per request.
     out: an int64 [B] tensor to write the ids into (a persistent buffer that a kernel reads).
     """
     probs = compute_probs(logits, st)
     if st.all_greedy:
         return torch.argmax(probs, dim=-1, out=out), probs
-    noise = exponential_noise((probs.shape[-1],), st.generators, probs.device)  # [B, V]
+    if noise is None:
+        noise = exponential_noise((probs.shape[-1],), st.generators, probs.device)  # [B, V]
     return sample_from_probs(probs, noise, out), probs

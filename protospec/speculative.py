@@ -1,7 +1,8 @@
 """One speculative step for a batch: propose k draft tokens -> verify -> rejection-sample -> commit.
 
 Positions for a sequence of L tokens (t_0 .. t_{L-1}, the last one not yet in either cache):
-  draft step 1  feeds the tokens the draft lacks (t_{L-1}, or d_k and t_{L-1} after a full accept)
+  draft step 1  feeds t_{L-2}, t_{L-1}: what the draft lacks (t_{L-1}, and d_k = t_{L-2} after a
+                full accept), always two tokens so the layout is fixed
   draft step j  feeds d_{j-1} at position L - 2 + j, samples d_j               (j = 2..k)
   verify        feeds t_{L-1}, d_1..d_k at positions L-1 .. L-1+k: k+1 target distributions
 So the target writes k+1 lookahead slots, reserved up front; the draft writes k of them.
@@ -16,17 +17,10 @@ from protospec.block_manager import BlockManager
 from protospec.errors import AdvanceStepError
 from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
 from protospec.runner import ModelRunner
-from protospec.sampler import SamplingTensors, compute_probs, exponential_noise, sample
+from protospec.phase_timer import NULL_TIMER
+from protospec.randoms import SpecStepRandoms
+from protospec.sampler import SamplingTensors, compute_probs, sample
 from protospec.sequence import Sequence
-
-
-def rejection_randoms(st: SamplingTensors, k: int, vocab: int, device) -> tuple[torch.Tensor, ...]:
-    """uniforms [B, k], recovered noise [B, k, V], bonus noise [B, V] from each request's generator."""
-    batch = len(st.generators)
-    if st.all_greedy:  # one-hot probabilities make every random draw irrelevant: skip the work
-        return (torch.zeros(batch, k, device=device), torch.ones(batch, k, vocab, device=device), torch.ones(batch, vocab, device=device))
-    uniforms = torch.stack([torch.rand(k, device=device, generator=g) for g in st.generators])
-    return uniforms, exponential_noise((k, vocab), st.generators, device), exponential_noise((vocab,), st.generators, device)
 
 
 DRAFT_LOOP_MODES = ("main", "sampler", "gpu")
@@ -49,13 +43,14 @@ class SpeculativeStep:
         self.mode, self.fallback_reason = mode, fallback_reason
         self.advances_on_gpu = mode == "gpu" and k > 1  # k = 1 has no step 2 to advance
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
+        self.timer = NULL_TIMER  # a PhaseTimer for the bench's --breakdown
         self.device = target.device
 
     def reserve_lookahead(self, seqs: list[Sequence]) -> None:
         for seq in seqs:  # positions up to L-1+k must have a slot
             self.block_manager.ensure_capacity(seq.block_table, seq.num_tokens + self.k)
 
-    def propose(self, seqs: list[Sequence], st: SamplingTensors, max_blocks: int):
+    def propose(self, seqs: list[Sequence], st: SamplingTensors, draft_noise, max_blocks: int):
         """k draft steps -> draft ids [B, k] int64, draft probs [B, k, V] float32, and (main mode
         only) host copies of the ids."""
         k, batch, mode = self.k, len(seqs), self.mode
@@ -64,33 +59,42 @@ class SpeculativeStep:
         proposals: list[list[int]] | None = [[] for _ in seqs] if mode == "main" else None
         tables = [seq.block_table for seq in seqs]
         decode = self.draft.decode_state
+        timer = self.timer
         with self.loop_guard(self.device):
             for step in range(k):
                 sampled_into = None
-                if step == 0:  # feed what the draft lacks: 1 token, or 2 after a full accept
-                    chunks = [seq.token_ids[seq.num_cached_draft:] for seq in seqs]
-                    starts = [seq.num_cached_draft for seq in seqs]
-                    inputs = self.draft.prepare("first_draft_step", chunks, starts, tables, 1, max_blocks)
+                with timer.phase("prepare"):
+                    if step == 0:
+                        # The draft lacks t_{L-1}, and after a full accept d_k (at L-2) too. Feed the
+                        # last two tokens always: one fixed layout (a CUDA graph can replay it), and
+                        # rewriting the K/V of L-2 stores the same values again.
+                        chunks = [seq.token_ids[-2:] for seq in seqs]
+                        starts = [seq.num_tokens - 2 for seq in seqs]
+                        inputs = self.draft.prepare("first_draft_step", chunks, starts, tables, 1, max_blocks)
+                        if self.advances_on_gpu:
+                            decode.seed(inputs.meta)
+                    elif mode == "gpu":
+                        inputs = self.draft.advance()
+                    else:
+                        # The CPU rebuilds every tensor; the token comes from the host (main) or is
+                        # copied device to device from the last sample (sampler).
+                        chunks = [[p[-1]] for p in proposals] if mode == "main" else [[0]] * batch
+                        starts = [seq.num_tokens - 1 + step for seq in seqs]
+                        inputs = self.draft.prepare(f"fallback:{self.fallback_reason}", chunks, starts, tables, 1, max_blocks)
+                        if mode == "sampler":
+                            inputs.input_ids.copy_(draft_ids[:, step - 1])
+                with timer.phase("draft_forward"):
+                    logits = self.draft.execute(inputs)
+                with timer.phase("sampling"):
                     if self.advances_on_gpu:
-                        decode.seed(inputs.meta)
-                elif mode == "gpu":
-                    inputs = self.draft.advance()
-                else:
-                    # The CPU rebuilds every tensor; the token comes from the host (main) or is
-                    # copied device to device from the last sample (sampler).
-                    chunks = [[p[-1]] for p in proposals] if mode == "main" else [[0]] * batch
-                    starts = [seq.num_tokens - 1 + step for seq in seqs]
-                    inputs = self.draft.prepare(f"fallback:{self.fallback_reason}", chunks, starts, tables, 1, max_blocks)
-                    if mode == "sampler":
-                        inputs.input_ids.copy_(draft_ids[:, step - 1])
-                if self.advances_on_gpu:
-                    sampled_into = decode.sampled_ids[:batch]  # where the next advance_step reads
-                ids, probs = sample(self.draft.execute(inputs), st, out=sampled_into)  # [B], [B, V]
-                draft_ids[:, step] = ids
-                draft_probs[:, step] = probs
-                if proposals is not None:  # the "main" baseline: a host sync every draft step
-                    for p, tok in zip(proposals, ids.tolist()):
-                        p.append(tok)
+                        sampled_into = decode.sampled_ids[:batch]  # where the next advance_step reads
+                    noise = draft_noise[:, step] if draft_noise is not None else None
+                    ids, probs = sample(logits, st, noise, out=sampled_into)  # [B], [B, V]
+                    draft_ids[:, step] = ids
+                    draft_probs[:, step] = probs
+                    if proposals is not None:  # the "main" baseline: a host sync every draft step
+                        for p, tok in zip(proposals, ids.tolist()):
+                            p.append(tok)
         return draft_ids, draft_probs, proposals
 
     def verify(self, seqs, st, draft_ids, proposals, max_blocks) -> torch.Tensor:
@@ -130,9 +134,14 @@ class SpeculativeStep:
     def __call__(self, seqs: list[Sequence], st: SamplingTensors) -> RejectionOutput:
         self.reserve_lookahead(seqs)
         max_blocks = max(len(seq.block_table) for seq in seqs)
-        draft_ids, draft_probs, proposals = self.propose(seqs, st, max_blocks)
-        target_probs = self.verify(seqs, st, draft_ids, proposals, max_blocks)
-        randoms = rejection_randoms(st, self.k, target_probs.shape[-1], self.device)
-        result = rejection_sample(draft_ids, draft_probs, target_probs, *randoms)
-        self.commit(seqs, result)
+        timer = self.timer
+        with timer.phase("sampling"):
+            rnd = SpecStepRandoms.draw(st, self.k, self.draft.vocab_size, self.device)
+        draft_ids, draft_probs, proposals = self.propose(seqs, st, rnd.draft_noise, max_blocks)
+        with timer.phase("verify"):
+            target_probs = self.verify(seqs, st, draft_ids, proposals, max_blocks)
+        with timer.phase("rejection"):
+            result = rejection_sample(draft_ids, draft_probs, target_probs, rnd.uniforms, rnd.recovered_noise, rnd.bonus_noise)
+        with timer.phase("commit"):
+            self.commit(seqs, result)
         return result

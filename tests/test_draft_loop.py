@@ -95,3 +95,19 @@ def test_auto_picks_main_on_a_cpu_and_names_the_reason(tiny_target, tiny_draft):
     llm.generate(random_prompts(1), GREEDY)
     assert llm.engine.draft_loop == "main"
     assert llm.counters["draft"]["fallback:no_cuda_device"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["main", "gpu"])
+def test_cuda_graph_replays_give_the_eager_tokens(tiny_target, tiny_draft, mode):
+    prompts = random_prompts(3)
+    params = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=5)
+    outs = {}
+    for graphs in (False, True):
+        llm = _llm(tiny_target, tiny_draft, "cuda", mode, cuda_graphs=graphs)
+        outs[graphs] = [o.token_ids for o in llm.generate(prompts, params)]
+        counters = llm.counters
+    assert outs[True] == outs[False]
+    assert counters["draft"]["forward:graph"] > 0 and counters["target"]["forward:graph"] > 0
+    assert counters["target"]["forward:eager"] == 1  # the prefill only

@@ -31,18 +31,21 @@ class LatencyResult:
         return out
 
 
-def random_prompts(batch_size: int, input_len: int, seed: int) -> list[list[int]]:
-    """Seeded random token ids below 10000, as the original benchmark's dummy prompts."""
+def random_prompts(batch_size: int, input_len: int, seed: int, vocab_size: int = 10000) -> list[list[int]]:
+    """Seeded random token ids below 10000 (as the original benchmark's dummy prompts) or the vocab size."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 10000, (batch_size, input_len), generator=gen).tolist()
+    return torch.randint(0, min(10000, vocab_size), (batch_size, input_len), generator=gen).tolist()
 
 
-def time_generate(llm: LLM, prompts, params: SamplingParams, warmup: int, iters: int, progress=None) -> LatencyResult:
+def time_calls(fn, warmup: int, iters: int, on_cuda: bool, progress=None, after_each=None) -> LatencyResult:
+    """Wall time of whole calls of fn, synchronised before and after each one."""
     def one() -> float:
-        if llm.engine.device.type == "cuda":
+        if on_cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        llm.generate(prompts, params)  # generate() synchronises before it returns
+        fn()
+        if on_cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     wrap = progress or (lambda it: it)
@@ -51,5 +54,11 @@ def time_generate(llm: LLM, prompts, params: SamplingParams, warmup: int, iters:
     result = LatencyResult([])
     for _ in wrap(range(iters)):
         result.latencies_s.append(one())
-        result.metrics.merge(llm.metrics)
+        if after_each is not None:
+            after_each(result)
     return result
+
+
+def time_generate(llm: LLM, prompts, params: SamplingParams, warmup: int, iters: int, progress=None) -> LatencyResult:
+    return time_calls(lambda: llm.generate(prompts, params), warmup, iters, llm.engine.device.type == "cuda",
+                      progress, after_each=lambda result: result.metrics.merge(llm.metrics))

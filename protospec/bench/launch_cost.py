@@ -8,16 +8,14 @@ absorbs the kernels; this is what the draft loop pays on the CPU per step). Medi
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
+from protospec.bench.provenance import provenance
 from protospec.decode_state import DraftDecodeState
 from protospec.inputs import prepare_inputs
 from protospec.kernels import interop
@@ -110,16 +108,6 @@ def measure(batch: int, block_size: int, calls: int, repeats: int) -> dict:
     return result
 
 
-def git_commit() -> str:
-    """HEAD, or PROTOSPEC_GIT_COMMIT where the tree was copied without .git (the device machine)."""
-    if os.environ.get("PROTOSPEC_GIT_COMMIT"):
-        return os.environ["PROTOSPEC_GIT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m protospec.bench.launch_cost", description=__doc__)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
@@ -130,14 +118,8 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("launch_cost measures a real GPU launch; no CUDA device here")
-    report = {
-        "device": torch.cuda.get_device_name(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "command": "python -m protospec.bench.launch_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "torch": torch.__version__,
-        "results": [measure(b, args.block_size, args.calls, args.repeats) for b in args.batch_sizes],
-    }
+    report = provenance(torch.device("cuda"), argv, "protospec.bench.launch_cost")
+    report["results"] = [measure(b, args.block_size, args.calls, args.repeats) for b in args.batch_sizes]
     for r in report["results"]:
         cells = "  ".join(f"{k}={v:.1f}" for k, v in r["host_us"].items() if v is not None)
         print(f"batch {r['batch_size']:>3}: host us/launch  {cells}  graph(5 adv)={r.get('graph_replay_us_5_advances')}")

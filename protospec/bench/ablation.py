@@ -1,0 +1,134 @@
+"""The ablation: the draft-loop modes and the peers, in one process, on the same prompts and seeds.
+
+modes   main, sampler, gpu: one engine (same weights, KV pool and CUDA graphs), switched between
+        generate() calls with Engine.set_draft_loop
+peers   target_only     protospec without a draft
+        hf_assisted     transformers generate(assistant_model=draft), constant k, same weights
+        hf_target_only  transformers generate() of the target alone
+"""
+from __future__ import annotations
+
+import gc
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from protospec.bench.hf_peer import HFGenerate, to_hf
+from protospec.bench.latency import random_prompts, time_calls, time_generate
+from protospec.config import SamplingParams
+from protospec.llm import LLM
+from protospec.phase_timer import NULL_TIMER, PhaseTimer
+
+MODES = ("main", "sampler", "gpu")
+PEERS = ("target_only", "hf_assisted", "hf_target_only")
+
+
+@dataclass
+class BenchSetup:
+    model: str
+    speculative_model: str | None
+    num_speculative_tokens: int
+    input_len: int
+    output_len: int
+    batch_size: int
+    num_iters_warmup: int
+    num_iters: int
+    dtype: str = "auto"
+    block_size: int = 16
+    load_format: str = "auto"
+    seed: int = 0
+    temperature: float = 1.0
+    device: str | None = None
+
+    def prompts(self, vocab_size: int) -> list[list[int]]:
+        return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, max_tokens=self.output_len, ignore_eos=True, seed=self.seed)
+
+    def llm(self, speculative: bool = True, draft_loop: str = "auto") -> LLM:
+        draft = self.speculative_model if speculative else None
+        return LLM(self.model, speculative_model=draft, num_speculative_tokens=self.num_speculative_tokens,
+                   load_format=self.load_format, dtype=self.dtype, device=self.device, block_size=self.block_size,
+                   seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop)
+
+
+def _release_memory() -> None:
+    """Run after `del`-ing an engine, so the next one gets its GPU memory back."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_mode(llm: LLM, setup: BenchSetup, mode: str, breakdown: bool, progress=None) -> dict:
+    llm.engine.set_draft_loop(mode)
+    for runner in (llm.engine.target, llm.engine.draft):
+        runner.counters.clear()
+    result = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup, setup.num_iters, progress)
+    entry = result.summary()
+    entry["counters"] = llm.counters
+    if breakdown:  # extra iterations with CUDA events, so the headline numbers above carry none
+        timer = PhaseTimer(llm.engine.device)
+        llm.engine.spec_step.timer = timer
+        for _ in range(setup.num_iters):
+            llm.generate(setup.prompts(llm.engine.vocab_size), setup.params())
+        llm.engine.spec_step.timer = NULL_TIMER
+        entry["breakdown_ms_per_call"] = {
+            phase: {key: (v / setup.num_iters if isinstance(v, float) else v) for key, v in stats.items()}
+            for phase, stats in timer.summary().items()
+        }
+    return entry
+
+
+def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None) -> dict:
+    on_cuda = spec_llm.engine.device.type == "cuda"
+    if peer == "target_only":
+        llm = setup.llm(speculative=False)
+        entry = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup, setup.num_iters, progress).summary()
+        del llm
+        _release_memory()
+        return entry
+    if peer == "hf_assisted" and setup.batch_size != 1:
+        return {"skipped": "transformers' assisted generation supports batch size 1 only"}
+    target = to_hf(spec_llm.engine.target.model)
+    assistant = to_hf(spec_llm.engine.draft.model) if peer == "hf_assisted" else None
+    fn = HFGenerate(target, setup.prompts(spec_llm.engine.vocab_size), setup.output_len, setup.temperature, assistant,
+                    setup.num_speculative_tokens, setup.seed)
+    entry = time_calls(fn, setup.num_iters_warmup, setup.num_iters, on_cuda, progress).summary()
+    del target, assistant, fn
+    _release_memory()
+    return entry
+
+
+def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = False, progress=None, log=print) -> dict:
+    llm = setup.llm()
+    results = {}
+    for mode in modes:
+        log(f"  mode {mode} ...")
+        results[mode] = run_mode(llm, setup, mode, breakdown, progress)
+    for peer in peers:
+        log(f"  peer {peer} ...")
+        results[peer] = run_peer(peer, setup, llm, progress)
+    device = llm.engine.device
+    config = asdict(setup) | {"resolved_device": str(device), "resolved_dtype": str(llm.engine.dtype),
+                              "cuda_graphs": llm.engine.use_cuda_graphs, "kv_blocks": llm.engine.num_blocks}
+    del llm
+    _release_memory()
+    return {"config": config, "modes": results, "device_type": device.type}
+
+
+def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), modes=MODES, log=print) -> dict:
+    """p50 per mode over batch sizes and k (peers left out: the sweep is about the draft loop)."""
+    points = []
+    for k in ks:
+        for batch in batch_sizes:
+            point_setup = replace(setup, batch_size=batch, num_speculative_tokens=k)
+            llm = point_setup.llm()
+            log(f"  sweep k={k} batch={batch}")
+            for mode in modes:
+                entry = run_mode(llm, point_setup, mode, breakdown=False)
+                points.append({"k": k, "batch_size": batch, "mode": mode, "p50_s": entry["p50_s"],
+                               "p10_s": entry["p10_s"], "p90_s": entry["p90_s"], "acceptance_rate": entry["acceptance_rate"]})
+            del llm
+            _release_memory()
+    return {"batch_sizes": list(batch_sizes), "ks": list(ks), "points": points}

@@ -1,0 +1,55 @@
+"""The same-run peers from Hugging Face transformers: assisted generation (speculative decoding with
+an assistant model and a constant k) and plain target-only generate(), on protospec's own weights."""
+from __future__ import annotations
+
+import torch
+
+from protospec.model import LlamaForCausalLM
+
+
+def to_hf(model: LlamaForCausalLM):
+    """A transformers LlamaForCausalLM holding exactly our weights (same names, same dtype/device)."""
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HFLlama
+
+    cfg = model.config
+    hf_cfg = LlamaConfig(
+        hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, bos_token_id=cfg.bos_token_id,
+        eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
+    )
+    param = next(model.parameters())
+    with torch.device(param.device):
+        hf = HFLlama(hf_cfg).to(param.dtype)
+    missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
+    if [m for m in missing if m != "lm_head.weight" or not cfg.tie_word_embeddings] or unexpected:
+        raise RuntimeError(f"weights did not map onto transformers' Llama: missing {missing}, unexpected {unexpected}")
+    return hf.eval()
+
+
+class HFGenerate:
+    """A callable that runs one transformers generate() over a batch of prompts, exactly
+    `output_len` new tokens, sampling like protospec's bench (temperature, no top-k/top-p)."""
+
+    def __init__(self, target, prompts: list[list[int]], output_len: int, temperature: float,
+                 assistant=None, num_assistant_tokens: int = 5, seed: int = 0):
+        if assistant is not None and len(prompts) != 1:
+            raise ValueError("transformers' assisted generation supports batch size 1 only")
+        device = next(target.parameters()).device
+        self.target, self.seed = target, seed
+        self.input_ids = torch.tensor(prompts, device=device)
+        self.kwargs = dict(attention_mask=torch.ones_like(self.input_ids), max_new_tokens=output_len,
+                           min_new_tokens=output_len, do_sample=temperature > 0, pad_token_id=target.config.pad_token_id)
+        if temperature > 0:
+            self.kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+        if assistant is not None:
+            # A constant k, as protospec uses: no schedule, no early stop on low draft confidence.
+            self.kwargs.update(assistant_model=assistant, num_assistant_tokens=num_assistant_tokens,
+                               num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+
+    @torch.inference_mode()
+    def __call__(self) -> torch.Tensor:
+        torch.manual_seed(self.seed)
+        return self.target.generate(self.input_ids, **self.kwargs)

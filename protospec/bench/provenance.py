@@ -1,0 +1,38 @@
+"""Who, where, when: the fields every result file carries (device, date, git commit, command)."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import sys
+
+import torch
+
+
+def git_commit() -> str:
+    """HEAD, or PROTOSPEC_GIT_COMMIT where the tree was copied without .git (the device machine)."""
+    if os.environ.get("PROTOSPEC_GIT_COMMIT"):
+        return os.environ["PROTOSPEC_GIT_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return "unknown"
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def provenance(device: torch.device, argv: list[str] | None = None, module: str = "protospec.bench") -> dict:
+    args = sys.argv[1:] if argv is None else argv
+    return {
+        "device": describe_device(device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "command": shlex.join(["python", "-m", module, *args]),
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+    }

@@ -1,0 +1,154 @@
+"""Write an ablation report: JSON (everything), a markdown table, and PNG plots (matplotlib, Agg)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+PLOT_ORDER = ("main", "sampler", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only")
+
+
+def timed_entries(modes: dict) -> list[tuple[str, dict]]:
+    ordered = [m for m in PLOT_ORDER if m in modes] + [m for m in modes if m not in PLOT_ORDER]
+    return [(m, modes[m]) for m in ordered if "p50_s" in modes[m]]
+
+
+def ratio_to_main(modes: dict, name: str) -> float | None:
+    if "main" not in modes or "p50_s" not in modes.get(name, {}):
+        return None
+    return modes["main"]["p50_s"] / modes[name]["p50_s"]
+
+
+def _fmt(value, spec=".3f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def markdown_table(report: dict) -> str:
+    modes = report["modes"]
+    cfg = report["config"]
+    lines = [
+        f"Device: {report['device']} · date {report['date']} · commit `{report['git_commit'][:10]}`",
+        f"Command: `{report['command']}`",
+        f"Config: {cfg['model']} + {cfg['speculative_model']}, k={cfg['num_speculative_tokens']}, input {cfg['input_len']}, "
+        f"output {cfg['output_len']}, batch {cfg['batch_size']}, {cfg['resolved_dtype']}, temperature {cfg['temperature']}, "
+        f"{cfg['num_iters_warmup']}+{cfg['num_iters']} iterations, CUDA graphs {cfg['cuda_graphs']}",
+        "",
+        "| mode | p50 (s) | p10 (s) | p90 (s) | avg (s) | p50 main / mode | acceptance | system eff. | mean acc. len |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, e in timed_entries(modes):
+        lines.append(f"| {name} | {e['p50_s']:.4f} | {e['p10_s']:.4f} | {e['p90_s']:.4f} | {e['avg_s']:.4f} | "
+                     f"{_fmt(ratio_to_main(modes, name), '.2f')} | {_fmt(e.get('acceptance_rate'))} | "
+                     f"{_fmt(e.get('system_efficiency'))} | {_fmt(e.get('mean_accepted_len'), '.2f')} |")
+    for name, e in modes.items():
+        if "skipped" in e:
+            lines.append(f"| {name} | skipped: {e['skipped']} | | | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_latency(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = timed_entries(report["modes"])
+    names = [n for n, _ in entries]
+    p50 = [e["p50_s"] * 1e3 for _, e in entries]
+    low = [(e["p50_s"] - e["p10_s"]) * 1e3 for _, e in entries]
+    high = [(e["p90_s"] - e["p50_s"]) * 1e3 for _, e in entries]
+    colors = ["tab:red" if n == "main" else "tab:blue" if n in ("sampler", "gpu", "graph") else "tab:gray" for n in names]
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    bars = ax.bar(names, p50, yerr=[low, high], capsize=4, color=colors)
+    for bar, name in zip(bars, names):
+        ratio = ratio_to_main(report["modes"], name)
+        if ratio is not None:
+            ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        xytext=(0, 14), textcoords="offset points", ha="center", fontsize=9)
+    cfg = report["config"]
+    ax.set_ylabel("latency per generate() call, p50 (ms)")
+    ax.set_xlabel("mode (bars: p50; whiskers: p10-p90; label: p50(main) / p50(mode))")
+    ax.set_title(f"{cfg['model']} + {cfg['speculative_model']}, k={cfg['num_speculative_tokens']}, "
+                 f"batch {cfg['batch_size']}, in {cfg['input_len']} / out {cfg['output_len']}\n{report['device']}, "
+                 f"{report['date'][:10]}, {report['git_commit'][:8]}", fontsize=10)
+    ax.margins(y=0.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_breakdown(report: dict, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from protospec.phase_timer import PHASES
+
+    rows = [(n, e["breakdown_ms_per_call"]) for n, e in report["modes"].items() if "breakdown_ms_per_call" in e]
+    if not rows:
+        return False
+    key = "gpu_ms" if report.get("device_type") == "cuda" else "cpu_ms"
+    fig, axes = plt.subplots(1, 2 if key == "gpu_ms" else 1, figsize=(11, 4.5), squeeze=False)
+    for ax, which in zip(axes[0], ["cpu_ms", "gpu_ms"][: axes.shape[1]]):
+        bottom = [0.0] * len(rows)
+        for phase in PHASES:
+            values = [(b.get(phase, {}).get(which) or 0.0) for _, b in rows]
+            ax.bar([n for n, _ in rows], values, bottom=bottom, label=phase)
+            bottom = [a + v for a, v in zip(bottom, values)]
+        ax.set_ylabel(f"{'CPU wall' if which == 'cpu_ms' else 'GPU (CUDA events)'} time per generate() (ms)")
+        ax.set_xlabel("mode")
+        ax.set_title(f"per-phase {'CPU' if which == 'cpu_ms' else 'GPU'} time")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"spec-step breakdown · {report['device']} · {report['git_commit'][:8]}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_sweep(sweep: dict, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = sweep["ks"]
+    fig, axes = plt.subplots(1, len(ks), figsize=(4 * len(ks), 4), sharey=False, squeeze=False)
+    for ax, k in zip(axes[0], ks):
+        for mode in sorted({p["mode"] for p in sweep["points"]}, key=PLOT_ORDER.index):
+            pts = sorted((p["batch_size"], p["p50_s"] * 1e3) for p in sweep["points"] if p["k"] == k and p["mode"] == mode)
+            ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("p50 latency per generate() (ms)")
+        ax.set_title(f"k = {k}")
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report_stem(report: dict, tag: str) -> str:
+    device = re.sub(r"[^A-Za-z0-9]+", "-", report["device"]).strip("-").lower()
+    return f"{report['date'][:10]}_{device}_{tag}"
+
+
+def write_report(report: dict, out_dir: str | Path, tag: str = "ablation") -> dict[str, str]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / report_stem(report, tag)
+    paths = {"json": f"{stem}.json"}
+    with open(paths["json"], "w") as f:
+        json.dump(report, f, indent=2)
+    if report.get("modes"):
+        paths.update(md=f"{stem}.md", png=f"{stem}.png")
+        Path(paths["md"]).write_text(markdown_table(report))
+        plot_latency(report, Path(paths["png"]))
+        if plot_breakdown(report, Path(f"{stem}_breakdown.png")):
+            paths["breakdown_png"] = f"{stem}_breakdown.png"
+    if report.get("sweep"):
+        plot_sweep(report["sweep"], f"p50 per mode · {report['device']} · {report['git_commit'][:8]}", Path(f"{stem}_sweep.png"))
+        paths["sweep_png"] = f"{stem}_sweep.png"
+    return paths

@@ -1,0 +1,33 @@
+"""Every random number a spec step needs, drawn up front from each request's own generator.
+
+Drawing them before the draft loop keeps the loop free of RNG calls (so it could be captured as
+one CUDA graph), makes seeded runs repeat, and gives the three draft-loop modes the very same
+random numbers, so their outputs can be compared token for token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from protospec.sampler import SamplingTensors
+
+
+@dataclass
+class SpecStepRandoms:
+    draft_noise: torch.Tensor | None  # [B, k, V] Exp(1) for the draft's samples; None if all greedy
+    uniforms: torch.Tensor            # [B, k] U[0, 1) for the accept tests
+    recovered_noise: torch.Tensor     # [B, k, V] Exp(1) for recovered tokens
+    bonus_noise: torch.Tensor         # [B, V] Exp(1) for the bonus token
+
+    @classmethod
+    def draw(cls, st: SamplingTensors, k: int, vocab: int, device) -> "SpecStepRandoms":
+        batch = len(st.generators)
+        if st.all_greedy:  # one-hot probabilities make every draw irrelevant: skip the work
+            ones = torch.ones(batch, k + 1, vocab, device=device)
+            return cls(None, torch.zeros(batch, k, device=device), ones[:, :k], ones[:, k])
+        # One Exp(1) block and one uniform block per request: [2k + 1, V] and [k].
+        noise = torch.stack([torch.empty(2 * k + 1, vocab, device=device).exponential_(generator=g) for g in st.generators])
+        noise.clamp_min_(torch.finfo(noise.dtype).tiny)  # an exact 0 would make probs / noise inf or nan
+        uniforms = torch.stack([torch.rand(k, device=device, generator=g) for g in st.generators])
+        return cls(noise[:, :k], uniforms, noise[:, k : 2 * k], noise[:, 2 * k])

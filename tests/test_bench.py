@@ -1,0 +1,72 @@
+"""Smoke tests of python -m protospec.bench on a tiny dummy config (CPU; the gpu mode in the simulator)."""
+import json
+import re
+
+import pytest
+
+from protospec.bench.cli import main
+
+TINY = ["--num-speculative-tokens", "3", "--input-len", "8", "--output-len", "10", "--batch-size", "1",
+        "--num-iters-warmup", "1", "--num-iters", "2", "--load-format", "dummy", "--use-v2-block-manager"]
+
+
+def test_latency_run_prints_the_benchmark_latency_lines(tiny_target, tiny_draft, capsys, tmp_path):
+    out_json = tmp_path / "run.json"
+    main(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, "--output-json", str(out_json)])
+    out = capsys.readouterr().out
+    assert re.search(r"^Avg latency: [0-9.e-]+ seconds$", out, re.M)
+    for p in (10, 25, 50, 75, 90, 99):
+        assert re.search(rf"^{p}% percentile latency: [0-9.e-]+ seconds$", out, re.M), p
+    assert "acceptance rate:" in out and "path counters:" in out
+    saved = json.loads(out_json.read_text())
+    assert {"device", "date", "git_commit", "command", "config", "result"} <= saved.keys()
+    assert len(saved["result"]["latencies_s"]) == 2
+
+
+def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_path, capsys):
+    main(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, "--ablation", "--breakdown",
+          "--output-dir", str(tmp_path)])
+    files = {p.suffix: p for p in tmp_path.iterdir() if "breakdown" not in p.name}
+    report = json.loads(files[".json"].read_text())
+    assert {"device", "date", "git_commit", "command", "config", "modes"} <= report.keys()
+    assert set(report["modes"]) == {"main", "sampler", "gpu", "target_only", "hf_assisted", "hf_target_only"}
+    for name, entry in report["modes"].items():
+        assert len(entry["latencies_s"]) == 2
+        for key in ("p10_s", "p25_s", "p50_s", "p75_s", "p90_s", "p99_s", "avg_s"):
+            assert entry[key] > 0, (name, key)
+    for mode in ("main", "sampler", "gpu"):
+        entry = report["modes"][mode]
+        assert 0 <= entry["acceptance_rate"] <= 1 and entry["system_efficiency"] > 0 and entry["mean_accepted_len"] >= 1
+        assert "draft" in entry["counters"] and "breakdown_ms_per_call" in entry
+    assert report["modes"]["gpu"]["counters"]["draft"]["gpu_advance"] > 0
+    assert "gpu_advance" not in report["modes"]["main"]["counters"]["draft"]
+    assert files[".png"].stat().st_size > 10_000
+    assert any("breakdown" in p.name for p in tmp_path.iterdir())
+    table = files[".md"].read_text()
+    assert "| main |" in table and "| hf_assisted |" in table
+
+
+def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
+    main(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, "--sweep", "--sweep-batch-sizes", "1", "2",
+          "--sweep-ks", "1", "2", "--modes", "main", "gpu", "--output-dir", str(tmp_path)])
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert len(report["sweep"]["points"]) == 2 * 2 * 2
+    assert next(tmp_path.glob("*_sweep.png")).stat().st_size > 10_000
+
+
+def test_cpu_default_is_small(monkeypatch):
+    from protospec.bench.cli import build_parser, resolve_args
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    args = resolve_args(build_parser().parse_args([]))
+    assert (args.model, args.speculative_model, args.input_len, args.output_len) == (
+        "JackFram/llama-160m", "JackFram/llama-68m", 32, 32)
+    assert args.load_format == "dummy"
+
+
+@pytest.mark.parametrize("flag", ["--draft-equals-target"])
+def test_draft_equals_target_flag(flag):
+    from protospec.bench.cli import build_parser, resolve_args
+
+    args = resolve_args(build_parser().parse_args(["--model", "x", "--speculative-model", "y", flag]))
+    assert args.speculative_model == "x"
