@@ -50,20 +50,40 @@ class AttentionMetadata:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
 
 
-def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+@dataclass
+class AttentionPlan:
+    """What every layer's attention shares in one forward, computed once (not once per layer)."""
+
+    safe_slots: torch.Tensor  # [T] int64, slot -1 redirected to the null block
+    block_ids: torch.Tensor   # [num_seqs, max_blocks] int64
+    mask: torch.Tensor        # [num_seqs, 1, max_query_len, max_blocks * block_size] bool
+
+
+def plan_attention(positions: torch.Tensor, meta: AttentionMetadata) -> AttentionPlan:
+    # Skipped tokens (slot -1) land in the null block instead of being filtered: a boolean
+    # filter would make the tensor's size data-dependent and force a host sync.
+    safe_slots = torch.where(meta.slot_mapping >= 0, meta.slot_mapping, NULL_BLOCK * meta.block_size)
+    q_pos = positions[meta.padded_token_index]  # [S, Q]
+    num_keys = meta.block_tables.shape[1] * meta.block_size
+    key_pos = torch.arange(num_keys, device=positions.device)
+    # A query sees every key at or before its own position. This is causal inside a verify
+    # window, hides stale slots past the sequence's end, and hides null-block padding,
+    # because block tables list blocks in logical order.
+    mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [S, Q, K]
+    return AttentionPlan(safe_slots, meta.block_tables.long(), mask[:, None])
+
+
+def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, safe_slots: torch.Tensor) -> None:
     """Store K/V of T tokens at their slots. key/value: [T, num_kv_heads, head_dim]."""
     num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
     flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])  # [2, slots, kvh, d]
-    # Skipped tokens (slot -1) land in the null block instead of being filtered: a boolean
-    # filter would make the tensor's size data-dependent and force a host sync.
-    safe_slots = torch.where(slot_mapping >= 0, slot_mapping, NULL_BLOCK * block_size)
     flat[0].index_copy_(0, safe_slots, key.to(kv_cache.dtype))
     flat[1].index_copy_(0, safe_slots, value.to(kv_cache.dtype))
 
 
-def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Read each sequence's K/V in logical order: two [num_seqs, max_blocks * block_size, kvh, d]."""
-    blocks = kv_cache[:, block_tables.long()]  # [2, num_seqs, max_blocks, block_size, kvh, d]
+    blocks = kv_cache[:, block_ids.long()]  # [2, num_seqs, max_blocks, block_size, kvh, d]
     num_seqs, max_blocks, block_size = blocks.shape[1:4]
     blocks = blocks.reshape(2, num_seqs, max_blocks * block_size, *blocks.shape[4:])
     return blocks[0], blocks[1]
@@ -73,28 +93,20 @@ def paged_attention(
     query: torch.Tensor,      # [T, num_heads, head_dim]
     key: torch.Tensor,        # [T, num_kv_heads, head_dim]
     value: torch.Tensor,      # [T, num_kv_heads, head_dim]
-    positions: torch.Tensor,  # [T] int64, logical position of each query token
     kv_cache: torch.Tensor,   # [2, num_blocks, block_size, num_kv_heads, head_dim]
     meta: AttentionMetadata,
+    plan: AttentionPlan,
     scale: float,
 ) -> torch.Tensor:            # [T, num_heads, head_dim]
-    write_kv(kv_cache, key, value, meta.slot_mapping)
-    keys, values = gather_kv(kv_cache, meta.block_tables)  # [S, K, kvh, d] each
-
+    write_kv(kv_cache, key, value, plan.safe_slots)
+    keys, values = gather_kv(kv_cache, plan.block_ids)  # [S, K, kvh, d] each
     num_seqs, max_q = meta.padded_token_index.shape
-    q_grid = query[meta.padded_token_index]         # [S, Q, h, d]
-    q_pos = positions[meta.padded_token_index]      # [S, Q]
-    key_pos = torch.arange(keys.shape[1], device=query.device)  # [K]
-    # A query sees every key at or before its own position. This is causal inside a verify
-    # window, hides stale slots past the sequence's end, and hides null-block padding,
-    # because block tables list blocks in logical order.
-    mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [S, Q, K] bool
-
+    q_grid = query[meta.padded_token_index]  # [S, Q, h, d]
     out = F.scaled_dot_product_attention(
-        q_grid.transpose(1, 2),          # [S, h, Q, d]
-        keys.transpose(1, 2).to(query.dtype),   # [S, kvh, K, d]
+        q_grid.transpose(1, 2),                  # [S, h, Q, d]
+        keys.transpose(1, 2).to(query.dtype),    # [S, kvh, K, d]
         values.transpose(1, 2).to(query.dtype),
-        attn_mask=mask[:, None],         # [S, 1, Q, K]
+        attn_mask=plan.mask,                     # [S, 1, Q, K]
         scale=scale,
         enable_gqa=keys.shape[2] != query.shape[1],
     )  # [S, h, Q, d]

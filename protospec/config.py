@@ -7,7 +7,7 @@ import torch
 
 from protospec.errors import ConfigError
 
-DRAFT_LOOPS = ("auto", "main", "sampler", "gpu")
+DRAFT_LOOPS = ("auto", "main", "sampler", "gpu", "graph")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -45,11 +45,13 @@ class EngineConfig:
     max_model_len: int | None = None     # None: the target's max_position_embeddings
     seed: int = 0
     # The draft loop's input path: "main" (CPU prepare + host sync per step), "sampler" (CPU
-    # prepare, no per-step sync), "gpu" (advance_step kernel, no sync); "auto" = gpu on CUDA,
-    # main on a CPU (where the kernel would only run in Numba's simulator).
+    # prepare, no per-step sync), "gpu" (advance_step kernel, no sync), "graph" (steps 2..k,
+    # advance + forward + sampling, replayed as one CUDA graph); "auto" = gpu on CUDA, main on a
+    # CPU (where the kernel would only run in Numba's simulator).
     draft_loop: str = "auto"
     check_no_sync: bool = False          # trip on any host sync inside the draft loop (debugging)
     cuda_graphs: bool | None = None      # replay fixed-shape forwards as CUDA graphs; None = on CUDA
+    compile: bool = False                # torch.compile the per-layer op chains (fewer, fused kernels)
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

@@ -35,6 +35,7 @@ class DraftDecodeState:
         self._grid_index = rows[:n]
         self._query_start = rows.to(torch.int32)
         self.num_seqs = self.width = 0
+        self._views: dict[tuple[int, int], ForwardInputs] = {}  # the buffers never move: build views once
         self.advance = AdvanceStepLauncher(block_size, self.num_queries, self.sampled_ids, self.input_ids,
                                            self.positions, self.seq_lens, self.slot_mapping, self.block_tables,
                                            self.error_row)
@@ -58,6 +59,8 @@ class DraftDecodeState:
         """Views of the buffers in the layout the model reads: the current batch, or `rows` x
         `width` for a CUDA graph (rows past the batch are padding rows the kernel keeps inert)."""
         b, w = rows or self.num_seqs, width or self.width
+        if (b, w) in self._views:
+            return self._views[b, w]
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:b],
             block_tables=self.block_tables[:b, :w],
@@ -68,4 +71,6 @@ class DraftDecodeState:
             logits_indices=self._grid_index[:b],
             block_size=self.block_size,
         )
-        return ForwardInputs(self.input_ids[:b], self.positions[:b], meta, query_len=1, logits_per_seq=1, decode_state=self)
+        self._views[b, w] = ForwardInputs(self.input_ids[:b], self.positions[:b], meta, query_len=1, logits_per_seq=1,
+                                          decode_state=self)
+        return self._views[b, w]

@@ -43,6 +43,10 @@ class Engine:
                 )
         model_limits = [m.config.max_position_embeddings for m in (target, draft) if m is not None]
         self.max_model_len = min([config.max_model_len or min(model_limits)] + model_limits)
+        if config.compile:
+            for m in (target, draft):
+                if m is not None:
+                    m.enable_compile()
         self.num_blocks = self._size_pool(target, draft)
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
         self.target = ModelRunner(target, self.num_blocks, config.block_size)
@@ -77,10 +81,13 @@ class Engine:
         mode, reason = cfg.draft_loop, "disabled_by_user"
         if mode == "auto":
             mode, reason = ("gpu", "") if self.device.type == "cuda" else ("main", "no_cuda_device")
-        if mode == "gpu" and self.device.type != KERNEL_DEVICE_TYPE:
+        if mode == "graph" and not self.use_cuda_graphs:
+            raise ConfigError("draft_loop='graph' replays the draft loop as a CUDA graph: it needs a CUDA device "
+                              "with cuda_graphs on")
+        if mode in ("gpu", "graph") and self.device.type != KERNEL_DEVICE_TYPE:
             raise ConfigError(f"draft_loop='gpu' on device {self.device}: the advance_step kernel runs on "
                               f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
-        if mode == "gpu" and self.k > 1 and self.draft.decode_state is None:
+        if mode in ("gpu", "graph") and self.k > 1 and self.draft.decode_state is None:
             self.draft.enable_gpu_advance(cfg.max_num_seqs, self.max_blocks_per_seq)
         guard = forbid_host_sync if cfg.check_no_sync else None
         return SpeculativeStep(self.target, self.draft, self.block_manager, self.k, mode, reason, guard)

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-PHASES = ("prepare", "draft_forward", "sampling", "verify", "rejection", "commit")
+PHASES = ("prepare", "draft_forward", "sampling", "draft_loop_graph", "verify", "rejection", "commit")
 
 
 class PhaseTimer:

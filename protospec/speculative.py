@@ -14,6 +14,8 @@ import contextlib
 import torch
 
 from protospec.block_manager import BlockManager
+from protospec.cuda_graphs import bucket
+from protospec.draft_graph import DraftLoopGraph
 from protospec.errors import AdvanceStepError
 from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
 from protospec.runner import ModelRunner
@@ -23,7 +25,7 @@ from protospec.sampler import SamplingTensors, compute_probs, sample
 from protospec.sequence import Sequence
 
 
-DRAFT_LOOP_MODES = ("main", "sampler", "gpu")
+DRAFT_LOOP_MODES = ("main", "sampler", "gpu", "graph")
 
 
 class SpeculativeStep:
@@ -31,6 +33,7 @@ class SpeculativeStep:
       main     CPU prepare every draft step, draft ids copied to the host every step (a sync)
       sampler  CPU prepare every draft step, draft ids stay on the device (no per-step sync)
       gpu      CPU prepare for draft step 1, advance_step kernel for steps 2..k, no sync
+      graph    as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph
     fallback_reason labels the CPU-prepared steps 2..k of the CPU modes in the counters.
     loop_guard(device) wraps the draft loop (sync_guard.forbid_host_sync to check invariant 2).
     """
@@ -41,7 +44,8 @@ class SpeculativeStep:
             raise ValueError(f"draft loop mode must be one of {DRAFT_LOOP_MODES}, got {mode!r}")
         self.target, self.draft, self.block_manager, self.k = target, draft, block_manager, k
         self.mode, self.fallback_reason = mode, fallback_reason
-        self.advances_on_gpu = mode == "gpu" and k > 1  # k = 1 has no step 2 to advance
+        self.advances_on_gpu = mode in ("gpu", "graph") and k > 1  # k = 1 has no step 2 to advance
+        self.loop_graphs: dict[tuple, DraftLoopGraph] = {}
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.timer = NULL_TIMER  # a PhaseTimer for the bench's --breakdown
         self.device = target.device
@@ -50,18 +54,30 @@ class SpeculativeStep:
         for seq in seqs:  # positions up to L-1+k must have a slot
             self.block_manager.ensure_capacity(seq.block_table, seq.num_tokens + self.k)
 
+    def _loop_graph(self, batch: int, width: int, st: SamplingTensors) -> DraftLoopGraph:
+        rows = bucket(batch, self.draft.decode_state.max_num_seqs)
+        width = bucket(width, self.draft.decode_state.block_tables.shape[1], smallest=8)
+        key = DraftLoopGraph.key(rows, width, st)
+        if key not in self.loop_graphs:
+            self.loop_graphs[key] = DraftLoopGraph(self.draft, self.k, rows, width, st)
+        return self.loop_graphs[key]
+
     def propose(self, seqs: list[Sequence], st: SamplingTensors, draft_noise, max_blocks: int):
         """k draft steps -> draft ids [B, k] int64, draft probs [B, k, V] float32, and (main mode
         only) host copies of the ids."""
         k, batch, mode = self.k, len(seqs), self.mode
-        draft_ids = torch.empty(batch, k, dtype=torch.int64, device=self.device)
-        draft_probs = torch.empty(batch, k, self.draft.vocab_size, dtype=torch.float32, device=self.device)
+        loop_graph = self._loop_graph(batch, max_blocks, st) if mode == "graph" and self.advances_on_gpu else None
+        if loop_graph is not None:  # step 1 writes into the graph's output buffers too
+            draft_ids, draft_probs = loop_graph.draft_ids[:batch], loop_graph.draft_probs[:batch]
+        else:
+            draft_ids = torch.empty(batch, k, dtype=torch.int64, device=self.device)
+            draft_probs = torch.empty(batch, k, self.draft.vocab_size, dtype=torch.float32, device=self.device)
         proposals: list[list[int]] | None = [[] for _ in seqs] if mode == "main" else None
         tables = [seq.block_table for seq in seqs]
         decode = self.draft.decode_state
         timer = self.timer
         with self.loop_guard(self.device):
-            for step in range(k):
+            for step in range(1 if loop_graph is not None else k):
                 sampled_into = None
                 with timer.phase("prepare"):
                     if step == 0:
@@ -95,6 +111,11 @@ class SpeculativeStep:
                     if proposals is not None:  # the "main" baseline: a host sync every draft step
                         for p, tok in zip(proposals, ids.tolist()):
                             p.append(tok)
+            if loop_graph is not None:
+                with timer.phase("draft_loop_graph"):
+                    loop_graph.run(st, draft_noise, batch)
+                self.draft.counters["gpu_advance"] += k - 1  # inside the replay
+                self.draft.counters["draft_loop_graph"] += 1
         return draft_ids, draft_probs, proposals
 
     def verify(self, seqs, st, draft_ids, proposals, max_blocks) -> torch.Tensor:

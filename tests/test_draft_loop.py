@@ -11,6 +11,8 @@ from protospec.sync_guard import HostSyncError, forbid_host_sync
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE  # noqa: E402
 
 KERNEL_DEVICES = [KERNEL_DEVICE_TYPE]  # "gpu" mode: cuda on a GPU machine, cpu in the simulator
+ON_GPU = KERNEL_DEVICE_TYPE == "cuda"
+NO_SYNC_MODES = ["sampler", "gpu"] + (["graph"] if ON_GPU else [])  # graph mode needs CUDA graphs
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
 
 
@@ -51,7 +53,7 @@ def test_gpu_path_off_never_runs_the_kernel_and_gives_the_same_greedy_output(tin
 
 
 @pytest.mark.parametrize("device", [_device_param(d) for d in KERNEL_DEVICES])
-@pytest.mark.parametrize("mode", ["main", "sampler", "gpu"])
+@pytest.mark.parametrize("mode", ["main", *NO_SYNC_MODES])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_draft_equal_to_target_accepts_everything_on_every_path(tiny_target, device, mode, temperature):
     llm = _llm(tiny_target, tiny_target, device, mode, k=5)
@@ -64,12 +66,12 @@ def test_draft_equal_to_target_accepts_everything_on_every_path(tiny_target, dev
 def test_seeded_sampling_is_identical_across_the_three_paths(tiny_target, tiny_draft, device):
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=40, ignore_eos=True, seed=123)
     outs = {m: [o.token_ids for o in _llm(tiny_target, tiny_draft, device, m).generate(random_prompts(3), params)]
-            for m in ("main", "sampler", "gpu")}
-    assert outs["main"] == outs["sampler"] == outs["gpu"]
+            for m in ("main", *NO_SYNC_MODES)}
+    assert all(outs[m] == outs["main"] for m in NO_SYNC_MODES)
 
 
 @pytest.mark.parametrize("device", [_device_param(d) for d in KERNEL_DEVICES])
-@pytest.mark.parametrize("mode", ["sampler", "gpu"])
+@pytest.mark.parametrize("mode", NO_SYNC_MODES)
 def test_no_sync_paths_pass_the_guard_and_the_guard_can_trip(tiny_target, tiny_draft, mode, device):
     llm = _llm(tiny_target, tiny_draft, device, mode, check_no_sync=True)
     llm.generate(random_prompts(2), SamplingParams(temperature=1.0, max_tokens=20, seed=0))
@@ -111,3 +113,23 @@ def test_cuda_graph_replays_give_the_eager_tokens(tiny_target, tiny_draft, mode)
     assert outs[True] == outs[False]
     assert counters["draft"]["forward:graph"] > 0 and counters["target"]["forward:graph"] > 0
     assert counters["target"]["forward:eager"] == 1  # the prefill only
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_mode_replays_the_whole_draft_tail(tiny_target, tiny_draft):
+    llm = _llm(tiny_target, tiny_draft, "cuda", "graph", k=4, check_no_sync=True)
+    llm.generate(random_prompts(4), SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True, seed=2))
+    steps = llm.counters["target"]["cpu_prepare:verify"]
+    draft = llm.counters["draft"]
+    assert draft["draft_loop_graph"] == steps and draft["gpu_advance"] == 3 * steps
+    assert draft["cpu_prepare:first_draft_step"] == steps and not any(key.startswith("fallback:") for key in draft)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_blocks_give_the_eager_tokens(tiny_target, tiny_draft):
+    prompts, params = random_prompts(2), SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain = _llm(tiny_target, tiny_draft, "cuda", "gpu").generate(prompts, params)
+    compiled = _llm(tiny_target, tiny_draft, "cuda", "gpu", compile=True).generate(prompts, params)
+    assert [o.token_ids for o in compiled] == [o.token_ids for o in plain]

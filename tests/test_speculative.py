@@ -48,7 +48,7 @@ def _reference_kv(model, token_ids, block_size):
     runner = ModelRunner(model, num_blocks=1 + -(-len(token_ids) // block_size), block_size=block_size)
     table = list(range(1, runner.kv_caches[0].shape[1]))
     runner.execute(prepare_inputs([token_ids], [0], [table], block_size, 0, torch.device("cpu")))
-    return [torch.stack(gather_kv(c, torch.tensor([table]))) [:, 0, : len(token_ids)] for c in runner.kv_caches]
+    return [torch.stack(gather_kv(c, torch.tensor([table])))[:, 0, : len(token_ids)] for c in runner.kv_caches]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

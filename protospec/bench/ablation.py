@@ -1,6 +1,6 @@
 """The ablation: the draft-loop modes and the peers, in one process, on the same prompts and seeds.
 
-modes   main, sampler, gpu: one engine (same weights, KV pool and CUDA graphs), switched between
+modes   main, sampler, gpu, graph (CUDA only): one engine (same weights, KV pool and CUDA graphs), switched between
         generate() calls with Engine.set_draft_loop
 peers   target_only     protospec without a draft
         hf_assisted     transformers generate(assistant_model=draft), constant k, same weights
@@ -16,10 +16,11 @@ import torch
 from protospec.bench.hf_peer import HFGenerate, to_hf
 from protospec.bench.latency import random_prompts, time_calls, time_generate
 from protospec.config import SamplingParams
+from protospec.errors import ConfigError
 from protospec.llm import LLM
 from protospec.phase_timer import NULL_TIMER, PhaseTimer
 
-MODES = ("main", "sampler", "gpu")
+MODES = ("main", "sampler", "gpu", "graph")
 PEERS = ("target_only", "hf_assisted", "hf_target_only")
 
 
@@ -39,6 +40,7 @@ class BenchSetup:
     seed: int = 0
     temperature: float = 1.0
     device: str | None = None
+    compile: bool = False
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -50,7 +52,7 @@ class BenchSetup:
         draft = self.speculative_model if speculative else None
         return LLM(self.model, speculative_model=draft, num_speculative_tokens=self.num_speculative_tokens,
                    load_format=self.load_format, dtype=self.dtype, device=self.device, block_size=self.block_size,
-                   seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop)
+                   seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop, compile=self.compile)
 
 
 def _release_memory() -> None:
@@ -61,7 +63,10 @@ def _release_memory() -> None:
 
 
 def run_mode(llm: LLM, setup: BenchSetup, mode: str, breakdown: bool, progress=None) -> dict:
-    llm.engine.set_draft_loop(mode)
+    try:
+        llm.engine.set_draft_loop(mode)
+    except ConfigError as exc:  # e.g. the graph mode on a machine without CUDA
+        return {"skipped": str(exc)}
     for runner in (llm.engine.target, llm.engine.draft):
         runner.counters.clear()
     result = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup, setup.num_iters, progress)
@@ -127,6 +132,8 @@ def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), mo
             log(f"  sweep k={k} batch={batch}")
             for mode in modes:
                 entry = run_mode(llm, point_setup, mode, breakdown=False)
+                if "skipped" in entry:
+                    continue
                 points.append({"k": k, "batch_size": batch, "mode": mode, "p50_s": entry["p50_s"],
                                "p10_s": entry["p10_s"], "p90_s": entry["p90_s"], "acceptance_rate": entry["acceptance_rate"]})
             del llm

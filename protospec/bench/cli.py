@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--draft-loop", default="auto", choices=["auto", *MODES],
                    help="draft input path: main (CPU prepare + sync per step), sampler (CPU prepare, no sync), "
-                        "gpu (advance_step kernel, no sync); auto = gpu on CUDA, main on CPU")
+                        "gpu (advance_step kernel, no sync), graph (steps 2..k as one CUDA graph); "
+                        "auto = gpu on CUDA, main on CPU")
+    p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
     p.add_argument("--output-json", default=None, help="write this run's numbers here (plain latency run)")
     p.add_argument("--use-v2-block-manager", action="store_true", help="accepted for compatibility; a no-op here")
     g = p.add_argument_group("ablation report")
@@ -81,7 +83,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
 def setup_from(args) -> BenchSetup:
     return BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                       args.batch_size, args.num_iters_warmup, args.num_iters, args.dtype, args.block_size,
-                      args.load_format, args.seed, args.temperature, args.device)
+                      args.load_format, args.seed, args.temperature, args.device, args.compile)
 
 
 def print_latency(entry: dict) -> None:
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"protospec.bench: model={setup.model} speculative_model={setup.speculative_model} "
           f"k={setup.num_speculative_tokens if setup.speculative_model else 0} input_len={setup.input_len} "
           f"output_len={setup.output_len} batch_size={setup.batch_size} load_format={setup.load_format} "
-          f"dtype={setup.dtype} temperature={setup.temperature} iters={setup.num_iters_warmup}+{setup.num_iters}", flush=True)
+          f"dtype={setup.dtype} temperature={setup.temperature} compile={setup.compile} "
+          f"iters={setup.num_iters_warmup}+{setup.num_iters}", flush=True)
     if args.ablation or args.sweep:
         return run_report(args, setup, argv)
     llm = setup.llm(speculative=setup.speculative_model is not None, draft_loop=args.draft_loop)
@@ -137,6 +140,7 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
     if args.sweep:
         report["sweep"] = run_sweep(setup, args.sweep_batch_sizes, args.sweep_ks, args.modes)
     tag = ("ablation" if args.ablation else "sweep") + ("_draft-equals-target" if args.draft_equals_target else "")
+    tag += "_compile" if args.compile else ""
     paths = write_report(report, args.output_dir, tag)
     print("wrote " + ", ".join(paths.values()))
     return report

@@ -31,7 +31,8 @@ def markdown_table(report: dict) -> str:
         f"Command: `{report['command']}`",
         f"Config: {cfg['model']} + {cfg['speculative_model']}, k={cfg['num_speculative_tokens']}, input {cfg['input_len']}, "
         f"output {cfg['output_len']}, batch {cfg['batch_size']}, {cfg['resolved_dtype']}, temperature {cfg['temperature']}, "
-        f"{cfg['num_iters_warmup']}+{cfg['num_iters']} iterations, CUDA graphs {cfg['cuda_graphs']}",
+        f"{cfg['num_iters_warmup']}+{cfg['num_iters']} iterations, CUDA graphs {cfg['cuda_graphs']}, "
+        f"torch.compile {cfg.get('compile', False)}",
         "",
         "| mode | p50 (s) | p10 (s) | p90 (s) | avg (s) | p50 main / mode | acceptance | system eff. | mean acc. len |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",

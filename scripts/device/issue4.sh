@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run for the ablation issue. PART=ablation: GPU tests + both ablation reports (with the
+# Device run for the ablation issue. PART=ablation: GPU tests + the ablation reports (with the
 # per-phase breakdown); PART=sweep: the batch x k sweep. Results land in $OUT/results.tgz.
 #   PROTOSPEC_GIT_COMMIT=<sha> PART=ablation bash scripts/device/issue4.sh
 set -uo pipefail
@@ -8,11 +8,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" res
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+bench() { python3 -m protospec.bench "$@" --output-dir res 2>&1 | grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode"; }
 if [ "${PART:-ablation}" = ablation ]; then
   python3 -m pytest -q -x -p no:cacheprovider tests 2>&1 | tail -4
-  python3 -m protospec.bench --ablation --breakdown --output-dir res 2>&1 | grep -v "it/s"
-  python3 -m protospec.bench --ablation --draft-equals-target --output-dir res 2>&1 | grep -v "it/s"
+  bench --ablation --compile --breakdown
+  bench --ablation --breakdown --peers
+  bench --ablation --compile --draft-equals-target
 else
-  python3 -m protospec.bench --sweep --num-iters-warmup 2 --num-iters 5 --output-dir res 2>&1 | grep -v "it/s"
+  bench --sweep --compile --num-iters-warmup 2 --num-iters 5
 fi
 tar czf "$OUT/results.tgz" res
