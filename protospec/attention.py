@@ -37,6 +37,9 @@ class AttentionMetadata:
     token_grid_index: torch.Tensor    # [T] int64, grid cell (s * max_query_len + i) of each flat token
     logits_indices: torch.Tensor      # [num_logits] int64, flat tokens whose logits the caller wants
     block_size: int
+    # Host-side fact: every sequence feeds exactly this many tokens, so the flat batch IS the
+    # [num_seqs, query_len] grid and attention can reshape instead of gathering. None = ragged.
+    uniform_query_len: int | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -56,20 +59,25 @@ class AttentionPlan:
 
     safe_slots: torch.Tensor  # [T] int64, slot -1 redirected to the null block
     block_ids: torch.Tensor   # [num_seqs, max_blocks] int64
-    mask: torch.Tensor        # [num_seqs, 1, max_query_len, max_blocks * block_size] bool
+    mask: torch.Tensor        # [num_seqs, 1, max_query_len, max_blocks * block_size] additive: 0 or -inf
 
 
-def plan_attention(positions: torch.Tensor, meta: AttentionMetadata) -> AttentionPlan:
+def plan_attention(positions: torch.Tensor, meta: AttentionMetadata, dtype: torch.dtype) -> AttentionPlan:
     # Skipped tokens (slot -1) land in the null block instead of being filtered: a boolean
     # filter would make the tensor's size data-dependent and force a host sync.
     safe_slots = torch.where(meta.slot_mapping >= 0, meta.slot_mapping, NULL_BLOCK * meta.block_size)
-    q_pos = positions[meta.padded_token_index]  # [S, Q]
+    if meta.uniform_query_len is not None:
+        q_pos = positions.view(-1, meta.uniform_query_len)  # [S, Q]
+    else:
+        q_pos = positions[meta.padded_token_index]  # [S, Q]
     num_keys = meta.block_tables.shape[1] * meta.block_size
     key_pos = torch.arange(num_keys, device=positions.device)
     # A query sees every key at or before its own position. This is causal inside a verify
     # window, hides stale slots past the sequence's end, and hides null-block padding,
     # because block tables list blocks in logical order.
-    mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [S, Q, K]
+    visible = key_pos[None, None, :] <= q_pos[:, :, None]  # [S, Q, K] bool
+    # Additive, in the model's dtype, made once: SDPA would convert a bool mask in every layer.
+    mask = torch.zeros(visible.shape, dtype=dtype, device=positions.device).masked_fill_(~visible, float("-inf"))
     return AttentionPlan(safe_slots, meta.block_tables.long(), mask[:, None])
 
 
@@ -101,7 +109,8 @@ def paged_attention(
     write_kv(kv_cache, key, value, plan.safe_slots)
     keys, values = gather_kv(kv_cache, plan.block_ids)  # [S, K, kvh, d] each
     num_seqs, max_q = meta.padded_token_index.shape
-    q_grid = query[meta.padded_token_index]  # [S, Q, h, d]
+    uniform = meta.uniform_query_len is not None
+    q_grid = query.view(num_seqs, max_q, *query.shape[1:]) if uniform else query[meta.padded_token_index]  # [S, Q, h, d]
     out = F.scaled_dot_product_attention(
         q_grid.transpose(1, 2),                  # [S, h, Q, d]
         keys.transpose(1, 2).to(query.dtype),    # [S, kvh, K, d]
@@ -111,4 +120,4 @@ def paged_attention(
         enable_gqa=keys.shape[2] != query.shape[1],
     )  # [S, h, Q, d]
     out = out.transpose(1, 2).reshape(num_seqs * max_q, *query.shape[1:])  # [S*Q, h, d]
-    return out[meta.token_grid_index]
+    return out if uniform else out[meta.token_grid_index]

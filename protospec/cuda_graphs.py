@@ -46,6 +46,7 @@ class StaticBatch:
             token_grid_index=grid.reshape(-1),
             logits_indices=grid[:, query_len - logits_per_seq:].reshape(-1),
             block_size=block_size,
+            uniform_query_len=query_len,
         ), query_len, logits_per_seq)
 
     def fill(self, src: ForwardInputs) -> None:

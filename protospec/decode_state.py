@@ -70,6 +70,7 @@ class DraftDecodeState:
             token_grid_index=self._grid_index[:b],
             logits_indices=self._grid_index[:b],
             block_size=self.block_size,
+            uniform_query_len=1,
         )
         self._views[b, w] = ForwardInputs(self.input_ids[:b], self.positions[:b], meta, query_len=1, logits_per_seq=1,
                                           decode_state=self)

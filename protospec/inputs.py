@@ -95,6 +95,7 @@ def prepare_inputs(
         token_grid_index=to_device(grid_index, torch.int64),
         logits_indices=to_device(logits_indices, torch.int64),
         block_size=block_size,
+        uniform_query_len=max_q if len(set(query_lens)) == 1 else None,
     )
     uniform = len(set(query_lens)) == 1 and len(set(num_logits)) == 1
     return ForwardInputs(to_device(input_ids, torch.int64), to_device(positions, torch.int64), meta,

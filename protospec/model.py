@@ -53,6 +53,13 @@ def post_attention(attn, residual, wo, norm_w, eps: float, w_gate, w_up, w_down)
     return F.linear(F.silu(F.linear(h, w_gate)) * F.linear(h, w_up), w_down), residual
 
 
+def lm_head_logits(x, residual, logits_indices, norm_w, eps: float, lm_w):
+    """Last residual add, final norm and LM head, only for the tokens whose logits are wanted
+    (the norm is per token). -> [num_logits, vocab] float32."""
+    h = (x + residual)[logits_indices]
+    return F.linear(rms_norm(h, norm_w, eps), lm_w).float()
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -141,6 +148,7 @@ class LlamaForCausalLM(nn.Module):
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.rope = RotaryEmbedding(cfg.head_dim, self.max_positions, cfg.rope_theta)
         self.blocks = (pre_attention, post_attention)
+        self.head = lm_head_logits
 
     def place(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaForCausalLM":
         """Move weights to device/dtype, keeping the RoPE tables in float32 (as HF computes them)."""
@@ -157,6 +165,7 @@ class LlamaForCausalLM(nn.Module):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
         self.blocks = (torch.compile(pre_attention, dynamic=False), torch.compile(post_attention, dynamic=False))
+        self.head = torch.compile(lm_head_logits, dynamic=False)
 
     @torch.inference_mode()
     def forward(
@@ -168,9 +177,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:                    # [num_logits, vocab] float32
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rope(positions)
-        plan = plan_attention(positions, meta)
+        plan = plan_attention(positions, meta, x.dtype)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x, residual = layer(x, residual, rope, kv_cache, meta, plan, self.blocks)
-        x = (x + residual)[meta.logits_indices]  # the norm is per token: only where logits are wanted
-        return self.lm_head(self.model.norm(x)).float()
+        norm = self.model.norm
+        return self.head(x, residual, meta.logits_indices, norm.weight, norm.eps, self.lm_head.weight)
