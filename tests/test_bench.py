@@ -56,7 +56,7 @@ def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
           "--sweep-ks", "1", "2", "--modes", "main", "gpu", "--output-dir", str(tmp_path)])
     report = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert len(report["sweep"]["points"]) == 2 * 2 * 2
-    assert next(tmp_path.glob("*_sweep.png")).stat().st_size > 10_000
+    assert next(tmp_path.glob("*_sweep.png")).stat().st_size > 10_000  # sweep-only report: <stem>_sweep.png
 
 
 def test_cpu_default_is_small(monkeypatch):

@@ -150,6 +150,6 @@ def write_report(report: dict, out_dir: str | Path, tag: str = "ablation") -> di
         if plot_breakdown(report, Path(f"{stem}_breakdown.png")):
             paths["breakdown_png"] = f"{stem}_breakdown.png"
     if report.get("sweep"):
-        plot_sweep(report["sweep"], f"p50 per mode · {report['device']} · {report['git_commit'][:8]}", Path(f"{stem}_sweep.png"))
-        paths["sweep_png"] = f"{stem}_sweep.png"
+        paths["sweep_png"] = f"{stem}_sweep.png" if report.get("modes") else f"{stem}.png"
+        plot_sweep(report["sweep"], f"p50 per mode · {report['device']} · {report['git_commit'][:8]}", Path(paths["sweep_png"]))
     return paths
