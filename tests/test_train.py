@@ -17,7 +17,7 @@ from protospec.train.trainer import DRAFT_SIZE, TARGET_SIZE, llama_config, macs_
 def pair(tmp_path_factory):
     out = tmp_path_factory.mktemp("pair")
     report = train_main(["--out", str(out), "--max-files", "30", "--steps", "25", "--batch-size", "4",
-                         "--context", "64", "--vocab-size", "512", "--device", "cpu"])
+                         "--context", "64", "--vocab-size", "512", "--eval-every", "10", "--device", "cpu"])
     return out, report
 
 
@@ -35,6 +35,7 @@ def test_report_and_sizes(pair):
     assert saved["models"].keys() == {"protospec-target", "protospec-draft"}
     for stats in saved["models"].values():
         assert stats["steps"] == 25 and stats["heldout_loss"] > 0
+        assert stats["best_step"] in (10, 20)  # early stopping keeps an evaluated checkpoint
     # The pair of record's sizes: two fp16 checkpoints within 16 MB, the draft >= 4x cheaper per token.
     params = [LlamaArchConfig.from_dict(llama_config(size, 4096).to_dict()).num_parameters for size in (TARGET_SIZE, DRAFT_SIZE)]
     assert 2 * sum(params) + 2 * 300_000 < 16e6  # fp16 weights + two tokenizer files

@@ -31,6 +31,7 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=TrainConfig.steps)
     p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     p.add_argument("--context", type=int, default=TrainConfig.context)
+    p.add_argument("--eval-every", type=int, default=TrainConfig.eval_every, help="held-out check; the best checkpoint is kept")
     p.add_argument("--max-minutes", type=float, default=9.0, help="wall-clock cap for both models (2/3 target, 1/3 draft)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
@@ -45,7 +46,8 @@ def main(argv=None) -> dict:
     print(f"corpus: {len(train_texts)} train / {len(heldout_texts)} held-out files, "
           f"{len(train_tokens):,} / {len(heldout_tokens):,} tokens, tokenizer {time.perf_counter() - start:.0f}s", flush=True)
 
-    base = TrainConfig(steps=args.steps, batch_size=args.batch_size, context=args.context, seed=args.seed)
+    base = TrainConfig(steps=args.steps, batch_size=args.batch_size, context=args.context, seed=args.seed,
+                       eval_every=args.eval_every)
     budget = args.max_minutes * 60
     report = provenance(device, argv, "protospec.train") | {"corpus": corpus.describe(), "vocab_size": tok.get_vocab_size(),
                                                            "train_tokens": int(len(train_tokens)),
