@@ -11,7 +11,7 @@ the read needs a data-dependent branch (nothing here syncs with the host).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,17 +40,6 @@ class AttentionMetadata:
     # Host-side fact: every sequence feeds exactly this many tokens, so the flat batch IS the
     # [num_seqs, query_len] grid and attention can reshape instead of gathering. None = ragged.
     uniform_query_len: int | None = None
-
-    @property
-    def num_seqs(self) -> int:
-        return self.block_tables.shape[0]
-
-    @property
-    def max_query_len(self) -> int:
-        return self.padded_token_index.shape[1]
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
 
 
 @dataclass

@@ -28,10 +28,6 @@ class ForwardInputs:
     logits_per_seq: int | None = None
     decode_state: object | None = None  # set when these are views of the persistent decode buffers
 
-    @property
-    def num_seqs(self) -> int:
-        return self.meta.block_tables.shape[0]
-
 
 def prepare_inputs(
     token_chunks: list[list[int]],    # new tokens per sequence

@@ -48,6 +48,7 @@ class SpeculativeStep:
         self.loop_graphs: dict[tuple, DraftLoopGraph] = {}
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.timer = NULL_TIMER  # a PhaseTimer for the bench's --breakdown
+        self.on_draft_step = None  # debug hook(step, inputs, ids, probs) after each sampled draft step
         self.device = target.device
 
     def reserve_lookahead(self, seqs: list[Sequence]) -> None:
@@ -108,6 +109,8 @@ class SpeculativeStep:
                     ids, probs = sample(logits, st, noise, out=sampled_into)  # [B], [B, V]
                     draft_ids[:, step] = ids
                     draft_probs[:, step] = probs
+                    if self.on_draft_step is not None:
+                        self.on_draft_step(step, inputs, ids, probs)
                     if proposals is not None:  # the "main" baseline: a host sync every draft step
                         for p, tok in zip(proposals, ids.tolist()):
                             p.append(tok)

@@ -106,3 +106,14 @@ def test_residual_falls_back_to_target_when_no_mass_left():
     assert torch.equal(residual_probs(p, p.clone()), p)
     r = residual_probs(torch.tensor([[0.6, 0.4, 0.0]]), torch.tensor([[0.2, 0.4, 0.4]]))
     assert torch.allclose(r, torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+def test_analysis_helpers_agree_with_theory():
+    from protospec.analysis import empirical_distribution, simulate, tv_distance, without_recovery_distribution
+
+    gen = torch.Generator().manual_seed(11)
+    p, q = _dists(gen, 1)[0], _dists(gen, 1)[0]
+    accepted, first = simulate(p, q, N, seed=1)
+    assert abs(accepted.double().mean().item() - (1 - tv_distance(p, q))) < 0.01
+    assert tv_distance(empirical_distribution(first, VOCAB), p) < _tv_bound(p, N)
+    assert tv_distance(without_recovery_distribution(p, q), p) > 5 * _tv_bound(p, N)

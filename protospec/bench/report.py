@@ -5,6 +5,8 @@ import json
 import re
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 PLOT_ORDER = ("main", "sampler", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only")
 
 
@@ -47,19 +49,17 @@ def markdown_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_latency(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_latency(report: dict):
+    """p50 per mode with p10-p90 whiskers and p50(main)/p50(mode) labels. Returns a Figure
+    (matplotlib.figure.Figure: no pyplot, so it works headless and displays inline in Jupyter)."""
     entries = timed_entries(report["modes"])
     names = [n for n, _ in entries]
     p50 = [e["p50_s"] * 1e3 for _, e in entries]
     low = [(e["p50_s"] - e["p10_s"]) * 1e3 for _, e in entries]
     high = [(e["p90_s"] - e["p50_s"]) * 1e3 for _, e in entries]
     colors = ["tab:red" if n == "main" else "tab:blue" if n in ("sampler", "gpu", "graph") else "tab:gray" for n in names]
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig = Figure(figsize=(9, 4.8))
+    ax = fig.subplots()
     bars = ax.bar(names, p50, yerr=[low, high], capsize=4, color=colors)
     for bar, name in zip(bars, names):
         ratio = ratio_to_main(report["modes"], name)
@@ -74,23 +74,20 @@ def plot_latency(report: dict, path: Path) -> None:
                  f"{report['date'][:10]}, {report['git_commit'][:8]}", fontsize=10)
     ax.margins(y=0.15)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def plot_breakdown(report: dict, path: Path) -> bool:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_breakdown(report: dict):
+    """Stacked per-phase time per mode (CPU wall time, and GPU time from CUDA events on a GPU);
+    None when the report has no breakdown."""
     from protospec.phase_timer import PHASES
 
     rows = [(n, e["breakdown_ms_per_call"]) for n, e in report["modes"].items() if "breakdown_ms_per_call" in e]
     if not rows:
-        return False
+        return None
     key = "gpu_ms" if report.get("device_type") == "cuda" else "cpu_ms"
-    fig, axes = plt.subplots(1, 2 if key == "gpu_ms" else 1, figsize=(11, 4.5), squeeze=False)
+    fig = Figure(figsize=(11, 4.5))
+    axes = fig.subplots(1, 2 if key == "gpu_ms" else 1, squeeze=False)
     for ax, which in zip(axes[0], ["cpu_ms", "gpu_ms"][: axes.shape[1]]):
         bottom = [0.0] * len(rows)
         for phase in PHASES:
@@ -103,19 +100,14 @@ def plot_breakdown(report: dict, path: Path) -> bool:
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"spec-step breakdown · {report['device']} · {report['git_commit'][:8]}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig
 
 
-def plot_sweep(sweep: dict, title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_sweep(sweep: dict, title: str):
+    """p50 per mode against batch size, one panel per k."""
     ks = sweep["ks"]
-    fig, axes = plt.subplots(1, len(ks), figsize=(4 * len(ks), 4), sharey=False, squeeze=False)
+    fig = Figure(figsize=(4 * len(ks), 4))
+    axes = fig.subplots(1, len(ks), squeeze=False)
     for ax, k in zip(axes[0], ks):
         for mode in sorted({p["mode"] for p in sweep["points"]}, key=PLOT_ORDER.index):
             pts = sorted((p["batch_size"], p["p50_s"] * 1e3) for p in sweep["points"] if p["k"] == k and p["mode"] == mode)
@@ -127,8 +119,7 @@ def plot_sweep(sweep: dict, title: str, path: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def report_stem(report: dict, tag: str) -> str:
@@ -146,10 +137,13 @@ def write_report(report: dict, out_dir: str | Path, tag: str = "ablation") -> di
     if report.get("modes"):
         paths.update(md=f"{stem}.md", png=f"{stem}.png")
         Path(paths["md"]).write_text(markdown_table(report))
-        plot_latency(report, Path(paths["png"]))
-        if plot_breakdown(report, Path(f"{stem}_breakdown.png")):
+        plot_latency(report).savefig(paths["png"], dpi=110)
+        breakdown = plot_breakdown(report)
+        if breakdown is not None:
             paths["breakdown_png"] = f"{stem}_breakdown.png"
+            breakdown.savefig(paths["breakdown_png"], dpi=110)
     if report.get("sweep"):
         paths["sweep_png"] = f"{stem}_sweep.png" if report.get("modes") else f"{stem}.png"
-        plot_sweep(report["sweep"], f"p50 per mode · {report['device']} · {report['git_commit'][:8]}", Path(paths["sweep_png"]))
+        title = f"p50 per mode · {report['device']} · {report['git_commit'][:8]}"
+        plot_sweep(report["sweep"], title).savefig(paths["sweep_png"], dpi=110)
     return paths

@@ -1,0 +1,28 @@
+"""The step debugger the notebooks use: GPU-advance inputs equal their CPU prepare twin at every
+draft step, verdicts match what was emitted, and the engine goes on correctly afterwards."""
+from tiny import random_prompts, tiny_llm
+
+from protospec import SamplingParams
+from protospec.debug import DraftLoopDebugger
+from protospec.viz import plot_block_pool
+
+
+def test_debugger_records_every_draft_step_and_its_cpu_twin(tiny_target, tiny_draft):
+    llm = tiny_llm(tiny_target, tiny_draft, k=4, draft_loop="gpu", block_size=4)
+    dbg = DraftLoopDebugger(llm)
+    seqs = dbg.add(random_prompts(2), SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True, seed=3))
+    for _ in range(3):
+        lengths = [s.num_tokens for s in seqs]
+        trace = dbg.spec_step()
+        assert [d.path for d in trace.draft_steps] == ["cpu_prepare"] + ["gpu_advance"] * 3
+        for d in trace.draft_steps:
+            assert d.differences == {"input_ids": 0, "positions": 0, "seq_lens": 0, "slot_mapping": 0}, d.step
+        assert trace.counters["draft"]["gpu_advance"] == 3
+        for seq, before, row in zip(seqs, lengths, trace.verdicts):
+            emitted = [v["emitted"] for v in row if v["emitted"] != -1]
+            assert seq.output_token_ids[before - len(seq.prompt_token_ids):] == emitted
+            accepted = sum(v["verdict"] == "accepted" for v in row)
+            assert row[accepted]["kind"] in ("recovered", "bonus")
+        assert len(trace.written_slots["target"]) == 2 * 5 and len(trace.written_slots["draft"]) >= 2 * 4
+    fig = plot_block_pool(llm.engine.num_blocks, 4, trace.block_tables, trace.written_slots, max_blocks=24)
+    assert fig.axes[0].get_title().startswith("KV block pool")
