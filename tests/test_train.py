@@ -70,3 +70,12 @@ def test_speculative_greedy_equals_target_only_on_heldout_prompts(pair):
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     spec = LLM(target, speculative_model=draft, num_speculative_tokens=5, dtype="float32", device="cpu")
     assert [o.token_ids for o in spec.generate(prompts, params)] == [o.token_ids for o in alone.generate(prompts, params)]
+
+
+def test_distillation_loss_is_zero_only_for_the_teachers_distribution():
+    from protospec.train.trainer import distillation_loss
+
+    teacher = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(0))
+    assert distillation_loss(teacher.clone(), teacher).abs().item() < 1e-6
+    assert distillation_loss(teacher + 3.0, teacher).abs().item() < 1e-5  # a constant shift: same softmax
+    assert distillation_loss(torch.zeros_like(teacher), teacher).item() > 0.05

@@ -32,6 +32,10 @@ def main(argv=None) -> dict:
     p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     p.add_argument("--context", type=int, default=TrainConfig.context)
     p.add_argument("--eval-every", type=int, default=TrainConfig.eval_every, help="held-out check; the best checkpoint is kept")
+    p.add_argument("--distill-weight", type=float, default=0.9,
+                   help="draft loss = (1-w) next-token CE + w KL(target || draft); 0 trains the draft alone")
+    p.add_argument("--target-from", default=None,
+                   help="reuse this trained target checkpoint (and its tokenizer); train only the draft")
     p.add_argument("--max-minutes", type=float, default=9.0, help="wall-clock cap for both models (2/3 target, 1/3 draft)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
@@ -41,7 +45,12 @@ def main(argv=None) -> dict:
 
     corpus = Corpus.from_stdlib(args.max_files)
     train_texts, heldout_texts = corpus.read(corpus.train_files), corpus.read(corpus.heldout_files)
-    tok = train_tokenizer(train_texts, args.vocab_size)
+    if args.target_from:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(Path(args.target_from) / "tokenizer.json"))
+    else:
+        tok = train_tokenizer(train_texts, args.vocab_size)
     train_tokens, heldout_tokens = encode_files(tok, train_texts), encode_files(tok, heldout_texts)
     print(f"corpus: {len(train_texts)} train / {len(heldout_texts)} held-out files, "
           f"{len(train_tokens):,} / {len(heldout_tokens):,} tokens, tokenizer {time.perf_counter() - start:.0f}s", flush=True)
@@ -53,12 +62,24 @@ def main(argv=None) -> dict:
                                                            "train_tokens": int(len(train_tokens)),
                                                            "heldout_tokens": int(len(heldout_tokens)), "models": {}}
     hf_tok = as_transformers(tok)
-    for name, size, share in (("protospec-target", TARGET_SIZE, 2 / 3), ("protospec-draft", DRAFT_SIZE, 1 / 3)):
+    jobs = [("protospec-target", TARGET_SIZE, 2 / 3), ("protospec-draft", DRAFT_SIZE, 1 / 3)]
+    teacher = None
+    if args.target_from:
+        from transformers import LlamaForCausalLM
+
+        teacher = LlamaForCausalLM.from_pretrained(args.target_from, dtype=torch.float32).to(device).eval()
+        jobs = [("protospec-draft", DRAFT_SIZE, 1.0)]
+    for name, size, share in jobs:
         print(f"training {name} ({size})", flush=True)
-        cfg = replace(base, max_seconds=budget * share)
-        model, stats = train_model(size, tok.get_vocab_size(), train_tokens, heldout_tokens, cfg, device)
+        is_draft = name == "protospec-draft"
+        cfg = replace(base, max_seconds=budget * share, distill_weight=args.distill_weight if is_draft else 0.0)
+        model, stats = train_model(size, tok.get_vocab_size(), train_tokens, heldout_tokens, cfg, device,
+                                   teacher=teacher if is_draft else None)
+        if not is_draft:
+            teacher = model.eval()  # the draft learns from the target just trained
         out = Path(args.out) / name
         model.to(torch.float16).save_pretrained(out, safe_serialization=True)
+        model.float()  # as the draft's teacher: exactly the fp16 weights saved, i.e. the target as deployed
         hf_tok.save_pretrained(out)
         stats["train_config"] = asdict(cfg)
         stats["bytes_on_disk"] = sum(f.stat().st_size for f in out.iterdir())

@@ -39,6 +39,7 @@ class TrainConfig:
     max_seconds: float = 300.0
     eval_windows: int = 256
     eval_every: int = 200      # held-out check; the best checkpoint is kept (the corpus is small: 3-9M tokens)
+    distill_weight: float = 0.0  # with a teacher: loss = (1 - w) * next-token CE + w * KL(teacher || student)
     seed: int = 0
 
 
@@ -86,8 +87,18 @@ def heldout_loss(model, tokens: np.ndarray, cfg: TrainConfig, device, num_window
     return total / count
 
 
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per token, averaged: the draft learns the target's whole next-token
+    distribution, which is what decides acceptance (DistillSpec, Zhou et al. 2023), not just the
+    corpus' next token."""
+    student = torch.log_softmax(student_logits.float(), dim=-1).flatten(0, -2)
+    teacher = torch.log_softmax(teacher_logits.float(), dim=-1).flatten(0, -2)
+    return torch.nn.functional.kl_div(student, teacher, log_target=True, reduction="batchmean")
+
+
 def train_model(size: ModelSize, vocab_size: int, train_tokens: np.ndarray, heldout_tokens: np.ndarray,
-                cfg: TrainConfig, device: torch.device, log=print):
+                cfg: TrainConfig, device: torch.device, log=print, teacher=None):
+    """Train from scratch; with `teacher` (a trained target) and cfg.distill_weight > 0, distil it."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(cfg.seed)
@@ -105,7 +116,12 @@ def train_model(size: ModelSize, vocab_size: int, train_tokens: np.ndarray, held
         batch = windows(train_tokens, rng.integers(0, len(train_tokens) - cfg.context - 1, cfg.batch_size),
                         cfg.context + 1).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = model(input_ids=batch, labels=batch).loss  # transformers shifts the labels itself
+            out = model(input_ids=batch, labels=batch)  # transformers shifts the labels itself
+            loss = out.loss
+            if teacher is not None and cfg.distill_weight > 0:
+                with torch.no_grad():
+                    teacher_logits = teacher(input_ids=batch).logits
+                loss = (1 - cfg.distill_weight) * loss + cfg.distill_weight * distillation_loss(out.logits, teacher_logits)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
