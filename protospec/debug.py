@@ -2,14 +2,16 @@
 
     dbg = DraftLoopDebugger(llm)              # an LLM with a speculative model
     dbg.add(prompts, SamplingParams(...))     # admit and prefill
-    trace = dbg.spec_step()                   # one spec step; call again for the next
-    trace.draft_steps[2].device_inputs        # what the model read at draft step 3
-    trace.draft_steps[2].cpu_twin             # what CPU prepare_inputs builds for the same step
+    trace = dbg.spec_step()                   # one whole spec step; call again for the next
+    # or stage by stage, stopping anywhere:
+    dbg.begin(); d = dbg.draft_step()         # d.device_inputs, d.cpu_twin, d.differences
+    dbg.draft_step(); ...; dbg.verify(); dbg.reject(); dbg.commit()
     trace.verdicts                            # per sequence and position: accepted / rejected / ...
 
 For every draft step the debugger copies the device inputs to the host (a sync: debugging only) and
 builds the CPU prepare_inputs twin from the host-side sequence state, so the GPU advance path and the
-CPU reference path can be compared element by element after any step.
+CPU reference path can be compared element by element after any step. `dbg.state` is the spec step's
+live state (draft ids and probabilities so far, target probabilities after verify, the result).
 """
 from __future__ import annotations
 
@@ -114,47 +116,77 @@ class DraftLoopDebugger:
         twin = prepare_inputs(chunks, starts, tables, block_size, 1, torch.device("cpu"))
         return _host_inputs(twin)
 
-    def spec_step(self) -> SpecStepTrace:
-        """Run one spec step for every running sequence and return what happened inside it."""
-        eng, spec = self.engine, self.engine.spec_step
+    # ---- stepping: begin -> draft_step (k times) -> verify -> reject -> commit --------------------
+    def begin(self) -> SpecStepTrace:
+        """Start a spec step for every running sequence (reserves lookahead, draws randoms)."""
+        eng = self.engine
         seqs = list(eng.running)
         if not seqs:
             raise RuntimeError("no running sequence: add() prompts first (or all have finished)")
-        trace = SpecStepTrace()
-        before = {name: dict(r.counters) for name, r in (("target", eng.target), ("draft", eng.draft))}
-        previous: list[int] = []
-        block_size, k = eng.config.block_size, eng.k
+        self._counters_before = {name: dict(r.counters) for name, r in (("target", eng.target), ("draft", eng.draft))}
+        self.state = eng.spec_step.begin(seqs, eng._sampling_tensors(seqs))
+        bs, k = eng.config.block_size, eng.k
+        self.trace = SpecStepTrace(block_tables=[list(seq.block_table) for seq in seqs])
+        # Where the verify will write: positions L-1 .. L-1+k of every sequence.
+        self.trace.written_slots["target"] = sorted(
+            t[p // bs] * bs + p % bs for seq, t in zip(seqs, self.trace.block_tables) for p in range(seq.num_tokens - 1, seq.num_tokens + k))
+        return self.trace
 
-        def record(step, inputs, ids, probs):
-            ids_host = ids.tolist()
-            path = "cpu_prepare" if step == 0 or spec.mode in ("main", "sampler") else "gpu_advance"
-            tables = [s.block_table for s in seqs]
-            if step == 0:  # lookahead is reserved now: where the verify will write k+1 tokens
-                trace.block_tables = [list(t) for t in tables]
-                trace.written_slots["target"] = sorted(
-                    t[p // block_size] * block_size + p % block_size
-                    for s, t in zip(seqs, tables) for p in range(s.num_tokens - 1, s.num_tokens + k))
-            trace.draft_steps.append(DraftStepTrace(step, path, _host_inputs(inputs), self._twin(step, seqs, tables, previous), ids_host))
-            previous[:] = ids_host
+    def draft_step(self) -> DraftStepTrace | None:
+        """Run the next draft step; returns its inputs next to their CPU twin (None for the graph
+        mode's replay of steps 2..k, whose insides are not visible to the host)."""
+        s, spec = self.state, self.engine.spec_step
+        step = s.step
+        inputs = spec.draft_step(s)
+        if inputs is None:
+            return None
+        seqs, tables = s.seqs, [seq.block_table for seq in s.seqs]
+        previous = s.draft_ids[:, step - 1].tolist() if step > 0 else []
+        path = "cpu_prepare" if step == 0 or spec.mode in ("main", "sampler") else "gpu_advance"
+        d = DraftStepTrace(step, path, _host_inputs(inputs), self._twin(step, seqs, tables, previous), s.draft_ids[:, step].tolist())
+        self.trace.draft_steps.append(d)
+        return d
 
-        spec.on_draft_step = record
-        try:
-            result = spec(seqs, eng._sampling_tensors(seqs))
-        finally:
-            spec.on_draft_step = None
+    def verify(self) -> torch.Tensor:
+        """The target's forward over the k+1 positions: its probabilities [B, k+1, V]."""
+        while self.state.step < self.engine.k:  # finish the draft loop first
+            self.draft_step()
+        return self.engine.spec_step.verify(self.state)
+
+    def reject(self) -> list[list[dict]]:
+        """Rejection sampling; returns the verdicts per sequence and position."""
+        if self.state.target_probs is None:
+            self.verify()
+        result = self.engine.spec_step.reject(self.state)
+        self.trace.verdicts = self._verdicts(self.trace, result)
+        return self.trace.verdicts
+
+    def commit(self) -> SpecStepTrace:
+        """Append the emitted tokens, roll the caches' lengths forward, free unused lookahead."""
+        if self.state.result is None:
+            self.reject()
+        eng = self.engine
+        eng.spec_step.commit(self.state)
         eng._retire_finished()
-        trace.verdicts = self._verdicts(trace, result)
-        trace.written_slots["draft"] = sorted({int(x) for d in trace.draft_steps for x in d.device_inputs["slot_mapping"] if x >= 0})
-        trace.counters = {name: {k: v - before[name].get(k, 0) for k, v in r.counters.items() if v != before[name].get(k, 0)}
-                          for name, r in (("target", eng.target), ("draft", eng.draft))}
-        return trace
+        self.trace.written_slots["draft"] = sorted(
+            {int(x) for d in self.trace.draft_steps for x in d.device_inputs["slot_mapping"] if x >= 0})
+        before = self._counters_before
+        self.trace.counters = {name: {k: v - before[name].get(k, 0) for k, v in r.counters.items() if v != before[name].get(k, 0)}
+                               for name, r in (("target", eng.target), ("draft", eng.draft))}
+        return self.trace
+
+    def spec_step(self) -> SpecStepTrace:
+        """One whole spec step (all the stages above) for every running sequence."""
+        self.begin()
+        return self.commit()
 
     def _verdicts(self, trace: SpecStepTrace, result) -> list[list[dict]]:
         k = self.engine.k
         out_ids, num_accepted = result.output_token_ids.tolist(), result.num_accepted.tolist()
+        all_drafted = self.state.draft_ids.tolist()
         rows = []
         for b, (emitted, accepted) in enumerate(zip(out_ids, num_accepted)):
-            drafted = [d.sampled_ids[b] for d in trace.draft_steps[:k]]
+            drafted = all_drafted[b]
             row = []
             for i in range(k + 1):
                 if i < accepted:

@@ -10,6 +10,7 @@ So the target writes k+1 lookahead slots, reserved up front; the draft writes k 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
@@ -48,7 +49,6 @@ class SpeculativeStep:
         self.loop_graphs: dict[tuple, DraftLoopGraph] = {}
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.timer = NULL_TIMER  # a PhaseTimer for the bench's --breakdown
-        self.on_draft_step = None  # debug hook(step, inputs, ids, probs) after each sampled draft step
         self.device = target.device
 
     def reserve_lookahead(self, seqs: list[Sequence]) -> None:
@@ -63,109 +63,139 @@ class SpeculativeStep:
             self.loop_graphs[key] = DraftLoopGraph(self.draft, self.k, rows, width, st)
         return self.loop_graphs[key]
 
-    def propose(self, seqs: list[Sequence], st: SamplingTensors, draft_noise, max_blocks: int):
-        """k draft steps -> draft ids [B, k] int64, draft probs [B, k, V] float32, and (main mode
-        only) host copies of the ids."""
-        k, batch, mode = self.k, len(seqs), self.mode
-        loop_graph = self._loop_graph(batch, max_blocks, st) if mode == "graph" and self.advances_on_gpu else None
-        if loop_graph is not None:  # step 1 writes into the graph's output buffers too
-            draft_ids, draft_probs = loop_graph.draft_ids[:batch], loop_graph.draft_probs[:batch]
+    # ---- the stages of one spec step; __call__ runs them in order, a debugger may pause between ----
+    def begin(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState":
+        """Reserve lookahead slots, draw the step's random numbers, make the draft output buffers."""
+        self.reserve_lookahead(seqs)
+        k, batch = self.k, len(seqs)
+        max_blocks = max(len(seq.block_table) for seq in seqs)
+        with self.timer.phase("sampling"):
+            rnd = SpecStepRandoms.draw(st, k, self.draft.vocab_size, self.device)
+        graph = self._loop_graph(batch, max_blocks, st) if self.mode == "graph" and self.advances_on_gpu else None
+        if graph is not None:  # step 1 writes into the graph's output buffers too
+            draft_ids, draft_probs = graph.draft_ids[:batch], graph.draft_probs[:batch]
         else:
             draft_ids = torch.empty(batch, k, dtype=torch.int64, device=self.device)
             draft_probs = torch.empty(batch, k, self.draft.vocab_size, dtype=torch.float32, device=self.device)
-        proposals: list[list[int]] | None = [[] for _ in seqs] if mode == "main" else None
-        tables = [seq.block_table for seq in seqs]
-        decode = self.draft.decode_state
-        timer = self.timer
-        with self.loop_guard(self.device):
-            for step in range(1 if loop_graph is not None else k):
-                sampled_into = None
-                with timer.phase("prepare"):
-                    if step == 0:
-                        # The draft lacks t_{L-1}, and after a full accept d_k (at L-2) too. Feed the
-                        # last two tokens always: one fixed layout (a CUDA graph can replay it), and
-                        # rewriting the K/V of L-2 stores the same values again.
-                        chunks = [seq.token_ids[-2:] for seq in seqs]
-                        starts = [seq.num_tokens - 2 for seq in seqs]
-                        inputs = self.draft.prepare("first_draft_step", chunks, starts, tables, 1, max_blocks)
-                        if self.advances_on_gpu:
-                            decode.seed(inputs.meta)
-                    elif mode == "gpu":
-                        inputs = self.draft.advance()
-                    else:
-                        # The CPU rebuilds every tensor; the token comes from the host (main) or is
-                        # copied device to device from the last sample (sampler).
-                        chunks = [[p[-1]] for p in proposals] if mode == "main" else [[0]] * batch
-                        starts = [seq.num_tokens - 1 + step for seq in seqs]
-                        inputs = self.draft.prepare(f"fallback:{self.fallback_reason}", chunks, starts, tables, 1, max_blocks)
-                        if mode == "sampler":
-                            inputs.input_ids.copy_(draft_ids[:, step - 1])
-                with timer.phase("draft_forward"):
-                    logits = self.draft.execute(inputs)
-                with timer.phase("sampling"):
-                    if self.advances_on_gpu:
-                        sampled_into = decode.sampled_ids[:batch]  # where the next advance_step reads
-                    noise = draft_noise[:, step] if draft_noise is not None else None
-                    ids, probs = sample(logits, st, noise, out=sampled_into)  # [B], [B, V]
-                    draft_ids[:, step] = ids
-                    draft_probs[:, step] = probs
-                    if self.on_draft_step is not None:
-                        self.on_draft_step(step, inputs, ids, probs)
-                    if proposals is not None:  # the "main" baseline: a host sync every draft step
-                        for p, tok in zip(proposals, ids.tolist()):
-                            p.append(tok)
-            if loop_graph is not None:
-                with timer.phase("draft_loop_graph"):
-                    loop_graph.run(st, draft_noise, batch)
-                self.draft.counters["gpu_advance"] += k - 1  # inside the replay
-                self.draft.counters["draft_loop_graph"] += 1
-        return draft_ids, draft_probs, proposals
+        proposals = [[] for _ in seqs] if self.mode == "main" else None
+        return StepState(seqs, st, rnd, max_blocks, draft_ids, draft_probs, proposals, graph)
 
-    def verify(self, seqs, st, draft_ids, proposals, max_blocks) -> torch.Tensor:
+    def _draft_inputs(self, s: "StepState"):
+        step, seqs, tables = s.step, s.seqs, [seq.block_table for seq in s.seqs]
+        if step == 0:
+            # The draft lacks t_{L-1}, and after a full accept d_k (at L-2) too. Feed the last two
+            # tokens always: one fixed layout (a CUDA graph can replay it), and rewriting the K/V of
+            # L-2 stores the same values again.
+            chunks = [seq.token_ids[-2:] for seq in seqs]
+            starts = [seq.num_tokens - 2 for seq in seqs]
+            inputs = self.draft.prepare("first_draft_step", chunks, starts, tables, 1, s.max_blocks)
+            if self.advances_on_gpu:
+                self.draft.decode_state.seed(inputs.meta)
+            return inputs
+        if self.mode == "gpu":
+            return self.draft.advance()
+        # The CPU rebuilds every tensor; the token comes from the host (main) or is copied device
+        # to device from the last sample (sampler).
+        chunks = [[p[-1]] for p in s.proposals] if self.mode == "main" else [[0]] * len(seqs)
+        starts = [seq.num_tokens - 1 + step for seq in seqs]
+        inputs = self.draft.prepare(f"fallback:{self.fallback_reason}", chunks, starts, tables, 1, s.max_blocks)
+        if self.mode == "sampler":
+            inputs.input_ids.copy_(s.draft_ids[:, step - 1])
+        return inputs
+
+    def draft_step(self, s: "StepState"):
+        """One draft step: inputs (CPU prepare or GPU advance), forward, sample. In the graph mode,
+        the step after the first runs all of steps 2..k as one replay. Returns the step's inputs."""
+        timer, batch = self.timer, len(s.seqs)
+        if s.loop_graph is not None and s.step == 1:
+            with timer.phase("draft_loop_graph"):
+                s.loop_graph.run(s.st, s.randoms.draft_noise, batch)
+            self.draft.counters["gpu_advance"] += self.k - 1  # inside the replay
+            self.draft.counters["draft_loop_graph"] += 1
+            s.step = self.k
+            return None
+        with timer.phase("prepare"):
+            inputs = self._draft_inputs(s)
+        with timer.phase("draft_forward"):
+            logits = self.draft.execute(inputs)
+        with timer.phase("sampling"):
+            into = self.draft.decode_state.sampled_ids[:batch] if self.advances_on_gpu else None  # read by advance_step
+            noise = s.randoms.draft_noise[:, s.step] if s.randoms.draft_noise is not None else None
+            ids, probs = sample(logits, s.st, noise, out=into)  # [B], [B, V]
+            s.draft_ids[:, s.step] = ids
+            s.draft_probs[:, s.step] = probs
+            if s.proposals is not None:  # the "main" baseline: a host sync every draft step
+                for p, tok in zip(s.proposals, ids.tolist()):
+                    p.append(tok)
+        s.step += 1
+        return inputs
+
+    def verify(self, s: "StepState") -> torch.Tensor:
         """Target forward over k+1 positions per sequence -> target probs [B, k+1, V]."""
-        k, batch = self.k, len(seqs)
-        heads = [seq.token_ids[seq.num_cached_target:] for seq in seqs]
-        if proposals is None:  # draft ids are on the device: placeholders, then a device copy
-            assert all(len(h) == 1 for h in heads), "the target must lag by exactly one token"
-            chunks = [h + [0] * k for h in heads]
-        else:
-            chunks = [h + p for h, p in zip(heads, proposals)]
-        starts = [seq.num_cached_target for seq in seqs]
-        inputs = self.target.prepare("verify", chunks, starts, [seq.block_table for seq in seqs], k + 1, max_blocks)
-        if proposals is None:
-            inputs.input_ids.view(batch, k + 1)[:, 1:].copy_(draft_ids)
-        logits = self.target.execute(inputs)  # [B * (k+1), V]
-        return compute_probs(logits, st, rows_per_seq=k + 1).view(batch, k + 1, -1)
+        k, batch, seqs = self.k, len(s.seqs), s.seqs
+        with self.timer.phase("verify"):
+            heads = [seq.token_ids[seq.num_cached_target:] for seq in seqs]
+            if s.proposals is None:  # draft ids are on the device: placeholders, then a device copy
+                assert all(len(h) == 1 for h in heads), "the target must lag by exactly one token"
+                chunks = [h + [0] * k for h in heads]
+            else:
+                chunks = [h + p for h, p in zip(heads, s.proposals)]
+            starts = [seq.num_cached_target for seq in seqs]
+            inputs = self.target.prepare("verify", chunks, starts, [seq.block_table for seq in seqs], k + 1, s.max_blocks)
+            if s.proposals is None:
+                inputs.input_ids.view(batch, k + 1)[:, 1:].copy_(s.draft_ids)
+            logits = self.target.execute(inputs)  # [B * (k+1), V]
+            s.target_probs = compute_probs(logits, s.st, rows_per_seq=k + 1).view(batch, k + 1, -1)
+        return s.target_probs
 
-    def commit(self, seqs: list[Sequence], result: RejectionOutput) -> None:
-        out_ids = result.output_token_ids.tolist()  # the spec step's first host sync on the no-sync paths
-        num_accepted = result.num_accepted.tolist()
-        decode = self.draft.decode_state
-        if self.advances_on_gpu and (bad_row := int(decode.error_row.item())):
-            decode.error_row.zero_()
-            raise AdvanceStepError(f"advance_step: row {bad_row - 1} reached a position its block table does not "
-                                   "cover; its K/V write was skipped (the lookahead reservation is broken)")
-        for seq, row, accepted in zip(seqs, out_ids, num_accepted):
-            length = seq.num_tokens
-            emitted = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
-            kept = seq.append_tokens(emitted)
-            seq.metrics.record_step(self.k, accepted, kept)
-            # Target has K/V for t_{L-1}, d_1..d_accepted; the draft never ran on d_k.
-            seq.num_cached_target = length + accepted
-            seq.num_cached_draft = length + min(accepted, self.k - 1)
-            self.block_manager.shrink(seq.block_table, seq.num_tokens)
+    def reject(self, s: "StepState") -> RejectionOutput:
+        with self.timer.phase("rejection"):
+            r = s.randoms
+            s.result = rejection_sample(s.draft_ids, s.draft_probs, s.target_probs, r.uniforms, r.recovered_noise, r.bonus_noise)
+        return s.result
+
+    def commit(self, s: "StepState") -> None:
+        with self.timer.phase("commit"):
+            out_ids = s.result.output_token_ids.tolist()  # the spec step's first host sync on the no-sync paths
+            num_accepted = s.result.num_accepted.tolist()
+            decode = self.draft.decode_state
+            if self.advances_on_gpu and (bad_row := int(decode.error_row.item())):
+                decode.error_row.zero_()
+                raise AdvanceStepError(f"advance_step: row {bad_row - 1} reached a position its block table does "
+                                       "not cover; its K/V write was skipped (the lookahead reservation is broken)")
+            for seq, row, accepted in zip(s.seqs, out_ids, num_accepted):
+                length = seq.num_tokens
+                emitted = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
+                kept = seq.append_tokens(emitted)
+                seq.metrics.record_step(self.k, accepted, kept)
+                # Target has K/V for t_{L-1}, d_1..d_accepted; the draft never ran on d_k.
+                seq.num_cached_target = length + accepted
+                seq.num_cached_draft = length + min(accepted, self.k - 1)
+                self.block_manager.shrink(seq.block_table, seq.num_tokens)
 
     def __call__(self, seqs: list[Sequence], st: SamplingTensors) -> RejectionOutput:
-        self.reserve_lookahead(seqs)
-        max_blocks = max(len(seq.block_table) for seq in seqs)
-        timer = self.timer
-        with timer.phase("sampling"):
-            rnd = SpecStepRandoms.draw(st, self.k, self.draft.vocab_size, self.device)
-        draft_ids, draft_probs, proposals = self.propose(seqs, st, rnd.draft_noise, max_blocks)
-        with timer.phase("verify"):
-            target_probs = self.verify(seqs, st, draft_ids, proposals, max_blocks)
-        with timer.phase("rejection"):
-            result = rejection_sample(draft_ids, draft_probs, target_probs, rnd.uniforms, rnd.recovered_noise, rnd.bonus_noise)
-        with timer.phase("commit"):
-            self.commit(seqs, result)
-        return result
+        state = self.begin(seqs, st)
+        with self.loop_guard(self.device):  # no host sync from here to the rejection sampler
+            while state.step < self.k:
+                self.draft_step(state)
+        self.verify(state)
+        self.reject(state)
+        self.commit(state)
+        return state.result
+
+
+@dataclass
+class StepState:
+    """Everything one spec step carries between its stages (see SpeculativeStep)."""
+
+    seqs: list[Sequence]
+    st: SamplingTensors
+    randoms: SpecStepRandoms
+    max_blocks: int                       # block-table width of this step (lookahead included)
+    draft_ids: torch.Tensor               # [B, k] int64, filled step by step
+    draft_probs: torch.Tensor             # [B, k, V] float32
+    proposals: list[list[int]] | None     # host copies of the draft ids (main mode only)
+    loop_graph: DraftLoopGraph | None     # graph mode: steps 2..k as one replay
+    step: int = 0                         # draft steps done
+    target_probs: torch.Tensor | None = None  # [B, k+1, V] after verify
+    result: RejectionOutput | None = None     # after reject

@@ -26,3 +26,23 @@ def test_debugger_records_every_draft_step_and_its_cpu_twin(tiny_target, tiny_dr
         assert len(trace.written_slots["target"]) == 2 * 5 and len(trace.written_slots["draft"]) >= 2 * 4
     fig = plot_block_pool(llm.engine.num_blocks, 4, trace.block_tables, trace.written_slots, max_blocks=24)
     assert fig.axes[0].get_title().startswith("KV block pool")
+
+
+def test_stage_by_stage_stepping_generates_what_generate_does(tiny_target, tiny_draft):
+    params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=9)
+    prompts = random_prompts(2, seed=4)
+    reference = [o.token_ids for o in tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="gpu").generate(prompts, params)]
+    dbg = DraftLoopDebugger(tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="gpu"))
+    seqs = dbg.add(prompts, params)
+    while dbg.engine.running:
+        dbg.begin()
+        first = dbg.draft_step()
+        assert first.step == 0 and first.path == "cpu_prepare" and dbg.state.step == 1
+        second = dbg.draft_step()
+        assert second.path == "gpu_advance" and second.differences["slot_mapping"] == 0
+        probs = dbg.verify()  # runs the remaining draft step first
+        assert dbg.state.step == 3 and tuple(probs.shape) == (len(dbg.state.seqs), 4, 256)
+        verdicts = dbg.reject()
+        assert len(verdicts) == len(dbg.state.seqs)
+        dbg.commit()
+    assert [s.output_token_ids for s in seqs] == reference
