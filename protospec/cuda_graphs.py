@@ -64,7 +64,7 @@ class StaticBatch:
 
 
 @contextlib.contextmanager
-def _sync_allowed():
+def sync_allowed():
     """Capture synchronises once; lift a sync-debug guard around it (setup, not steady state)."""
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode(0)
@@ -84,7 +84,7 @@ class CapturedForward:
         def forward():
             return model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)
 
-        with _sync_allowed():
+        with sync_allowed():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up: lazy inits (cuBLAS handles) stay out of the graph

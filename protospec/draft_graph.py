@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.cuda_graphs import _sync_allowed
+from protospec.cuda_graphs import sync_allowed
 from protospec.sampler import SamplingTensors, sample
 
 
@@ -61,7 +61,7 @@ class DraftLoopGraph:
         # First use: run the steps eagerly (this IS the step's real work, and it warms up lazy
         # initialisations outside the capture), then record them for every later spec step.
         self._steps()
-        with _sync_allowed():
+        with sync_allowed():
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self._steps()

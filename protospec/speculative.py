@@ -19,18 +19,17 @@ from protospec.cuda_graphs import bucket
 from protospec.draft_graph import DraftLoopGraph
 from protospec.errors import AdvanceStepError
 from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
-from protospec.runner import ModelRunner
 from protospec.phase_timer import NULL_TIMER
 from protospec.randoms import SpecStepRandoms
+from protospec.runner import ModelRunner
 from protospec.sampler import SamplingTensors, compute_probs, sample
 from protospec.sequence import Sequence
-
 
 DRAFT_LOOP_MODES = ("main", "sampler", "gpu", "graph")
 
 
 class SpeculativeStep:
-    """mode (the three arms of the original ablation):
+    """mode (the three arms of the original ablation, and one beyond it):
       main     CPU prepare every draft step, draft ids copied to the host every step (a sync)
       sampler  CPU prepare every draft step, draft ids stay on the device (no per-step sync)
       gpu      CPU prepare for draft step 1, advance_step kernel for steps 2..k, no sync

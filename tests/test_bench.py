@@ -75,3 +75,9 @@ def test_draft_equals_target_flag(flag):
 
     args = resolve_args(build_parser().parse_args(["--model", "x", "--speculative-model", "y", flag]))
     assert args.speculative_model == "x"
+
+
+def test_plain_cpu_run_names_why_the_gpu_path_did_not_run(tiny_target, tiny_draft, capsys):
+    main(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "draft_loop=main" in out and "fallback:no_cuda_device" in out

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"device={llm.engine.device} dtype={llm.engine.dtype} kv_blocks={llm.engine.num_blocks} "
           f"draft_loop={llm.engine.draft_loop} cuda_graphs={llm.engine.use_cuda_graphs}", flush=True)
     if setup.speculative_model:
-        entry = run_mode(llm, setup, llm.engine.draft_loop, args.breakdown, _progress)
+        entry = run_mode(llm, setup, args.draft_loop, args.breakdown, _progress)
     else:
         from protospec.bench.latency import time_generate
 
