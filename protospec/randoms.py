@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protospec.sampler import SamplingTensors
+from protospec.sampler import SamplingTensors, exponential_noise
 
 
 @dataclass
@@ -27,7 +27,6 @@ class SpecStepRandoms:
             ones = torch.ones(batch, k + 1, vocab, device=device)
             return cls(None, torch.zeros(batch, k, device=device), ones[:, :k], ones[:, k])
         # One Exp(1) block and one uniform block per request: [2k + 1, V] and [k].
-        noise = torch.stack([torch.empty(2 * k + 1, vocab, device=device).exponential_(generator=g) for g in st.generators])
-        noise.clamp_min_(torch.finfo(noise.dtype).tiny)  # an exact 0 would make probs / noise inf or nan
+        noise = exponential_noise((2 * k + 1, vocab), st.generators, device)  # [B, 2k + 1, V]
         uniforms = torch.stack([torch.rand(k, device=device, generator=g) for g in st.generators])
         return cls(noise[:, :k], uniforms, noise[:, k : 2 * k], noise[:, 2 * k])
