@@ -81,3 +81,14 @@ def test_plain_cpu_run_names_why_the_gpu_path_did_not_run(tiny_target, tiny_draf
     main(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, "--device", "cpu"])
     out = capsys.readouterr().out
     assert "draft_loop=main" in out and "fallback:no_cuda_device" in out
+
+
+def test_repeated_rounds_are_pooled(tiny_target, tiny_draft, tmp_path):
+    main(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, "--ablation", "--repeats", "2",
+          "--modes", "main", "gpu", "--peers", "--output-dir", str(tmp_path)])
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert report["config"]["repeats"] == 2
+    gpu = report["modes"]["gpu"]
+    assert len(gpu["latencies_s"]) == 4 and len(gpu["ratio_to_main_per_round"]) == 2
+    assert report["modes"]["main"]["ratio_to_main_per_round"] == [1.0, 1.0]
+    assert "in each round" in next(tmp_path.glob("*.md")).read_text()

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from protospec.bench.hf_peer import HFGenerate, to_hf
-from protospec.bench.latency import random_prompts, time_calls, time_generate
+from protospec.bench.latency import LatencyResult, random_prompts, time_calls, time_generate
 from protospec.config import SamplingParams
 from protospec.errors import ConfigError
 from protospec.llm import LLM
@@ -105,12 +105,36 @@ def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None) -> dict
     return entry
 
 
-def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = False, progress=None, log=print) -> dict:
+def pool_rounds(rounds: list[dict]) -> dict:
+    """Merge R interleaved rounds of the modes: percentiles over all R x iters latencies, and each
+    round's p50(main) / p50(mode), whose spread shows how much the host drifted between rounds."""
+    pooled = {}
+    for mode, first in rounds[0].items():
+        if "skipped" in first:
+            pooled[mode] = first
+            continue
+        latencies = [t for r in rounds for t in r[mode]["latencies_s"]]
+        entry = dict(first) | LatencyResult(latencies).summary() | {k: first[k] for k in (
+            "acceptance_rate", "system_efficiency", "mean_accepted_len", "per_position_acceptance")}
+        if "main" in rounds[0] and "p50_s" in rounds[0]["main"]:
+            entry["ratio_to_main_per_round"] = [r["main"]["p50_s"] / r[mode]["p50_s"] for r in rounds]
+        pooled[mode] = entry
+    return pooled
+
+
+def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = False, progress=None, log=print,
+                 repeats: int = 1) -> dict:
+    """repeats > 1 runs the modes round-robin R times (main, sampler, gpu, graph, main, ...), so a
+    drifting host weighs on every mode alike, and pools the rounds (peers run once)."""
     llm = setup.llm()
-    results = {}
-    for mode in modes:
-        log(f"  mode {mode} ...")
-        results[mode] = run_mode(llm, setup, mode, breakdown, progress)
+    rounds = []
+    for round_ in range(repeats):
+        results = {}
+        for mode in modes:
+            log(f"  mode {mode} (round {round_ + 1}/{repeats}) ...")
+            results[mode] = run_mode(llm, setup, mode, breakdown and round_ == 0, progress)
+        rounds.append(results)
+    results = pool_rounds(rounds) if repeats > 1 else rounds[0]
     for peer in peers:
         log(f"  peer {peer} ...")
         results[peer] = run_peer(peer, setup, llm, progress)
@@ -119,7 +143,7 @@ def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = 
                               "cuda_graphs": llm.engine.use_cuda_graphs, "kv_blocks": llm.engine.num_blocks}
     del llm
     _release_memory()
-    return {"config": config, "modes": results, "device_type": device.type}
+    return {"config": config | {"repeats": repeats}, "modes": results, "device_type": device.type}
 
 
 def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), modes=MODES, log=print) -> dict:

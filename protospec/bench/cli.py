@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ablation", action="store_true", help="run every mode and peer; write JSON, markdown, PNG")
     g.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     g.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
+    g.add_argument("--repeats", type=int, default=1,
+                   help="run the modes round-robin this many times and pool them (steadier ratios on a drifting host)")
     g.add_argument("--draft-equals-target", action="store_true", help="use the target as its own draft (acceptance 1.0)")
     g.add_argument("--breakdown", action="store_true", help="per-phase CPU/GPU time (extra iterations with CUDA events)")
     g.add_argument("--sweep", action="store_true", help="p50 per mode over batch sizes 1,4,16,64 and k 1,3,5,7")
@@ -130,7 +132,7 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
     if args.ablation:
         if setup.speculative_model is None:
             sys.exit("--ablation needs a speculative model")
-        report.update(run_ablation(setup, args.modes, args.peers, args.breakdown, _progress))
+        report.update(run_ablation(setup, args.modes, args.peers, args.breakdown, _progress, repeats=args.repeats))
         print(markdown_table(report))
         for name, entry in report["modes"].items():
             if "breakdown_ms_per_call" in entry:

@@ -34,7 +34,7 @@ def markdown_table(report: dict) -> str:
         f"Config: {cfg['model']} + {cfg['speculative_model']}, k={cfg['num_speculative_tokens']}, input {cfg['input_len']}, "
         f"output {cfg['output_len']}, batch {cfg['batch_size']}, {cfg['resolved_dtype']}, temperature {cfg['temperature']}, "
         f"{cfg['num_iters_warmup']}+{cfg['num_iters']} iterations, CUDA graphs {cfg['cuda_graphs']}, "
-        f"torch.compile {cfg.get('compile', False)}",
+        f"torch.compile {cfg.get('compile', False)}, {cfg.get('repeats', 1)} round(s) of the modes",
         "",
         "| mode | p50 (s) | p10 (s) | p90 (s) | avg (s) | p50 main / mode | acceptance | system eff. | mean acc. len |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -46,6 +46,11 @@ def markdown_table(report: dict) -> str:
     for name, e in modes.items():
         if "skipped" in e:
             lines.append(f"| {name} | skipped: {e['skipped']} | | | | | | | |")
+    per_round = {n: e["ratio_to_main_per_round"] for n, e in modes.items() if "ratio_to_main_per_round" in e and n != "main"}
+    if per_round:
+        lines.append("")
+        lines.append("p50(main) / p50(mode) in each round: " + "; ".join(
+            f"{n} " + ", ".join(f"{r:.2f}" for r in ratios) for n, ratios in per_round.items()))
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" res
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 bench() { timeout "$1" python3 -m protospec.bench "${@:2}" --output-dir res 2>&1 | grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode"; }
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
-bench 150 --ablation --breakdown
+bench 300 --ablation --breakdown --repeats 3
 bench 120 --ablation --draft-equals-target
 bench 100 --ablation --compile --peers target_only
 bench 200 --sweep --num-iters-warmup 1 --num-iters 3
