@@ -41,3 +41,21 @@ def test_bad_load_format_and_directory_without_config(tmp_path):
     (tmp_path / "config.json").write_text('{"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 10}')
     with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
         load_model(str(tmp_path), "auto")
+
+
+def test_hub_id_loads_what_the_hub_download_returns(monkeypatch, tmp_path):
+    """With network, a hub id resolves through huggingface_hub.snapshot_download (mocked here with a
+    local checkpoint): the real weights are loaded, not dummy ones."""
+    import huggingface_hub
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HFLlama
+
+    torch.manual_seed(3)
+    hf = HFLlama(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                             vocab_size=50, max_position_embeddings=64))
+    hf.save_pretrained(tmp_path)
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda name, **kw: asked.append(name) or str(tmp_path))
+    model = load_model("someone/tiny-llama", "auto")
+    assert asked == ["someone/tiny-llama"]
+    assert torch.equal(model.model.embed_tokens.weight, hf.model.embed_tokens.weight)
