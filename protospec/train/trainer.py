@@ -73,15 +73,21 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def heldout_loss(model, tokens: np.ndarray, cfg: TrainConfig, device, num_windows: int | None = None) -> float:
-    """Mean next-token loss (nats) over fixed, seeded held-out windows."""
+def heldout_loss(model, tokens: np.ndarray, cfg: TrainConfig, device, num_windows: int | None = None,
+                 teacher=None) -> float:
+    """Mean next-token loss (nats) over fixed, seeded held-out windows; with a teacher, the mean
+    KL(teacher || model) instead (a distilled draft is chosen by how well it matches its target)."""
     model.eval()
     starts = np.random.default_rng(cfg.seed + 1).integers(0, len(tokens) - cfg.context - 1, num_windows or cfg.eval_windows)
     total, count = 0.0, 0
     for chunk in np.array_split(starts, max(1, len(starts) // 32)):
         batch = windows(tokens, chunk, cfg.context + 1).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            total += model(input_ids=batch, labels=batch).loss.item() * len(chunk)
+            if teacher is None:
+                loss = model(input_ids=batch, labels=batch).loss
+            else:
+                loss = distillation_loss(model(input_ids=batch).logits, teacher(input_ids=batch).logits)
+            total += loss.item() * len(chunk)
         count += len(chunk)
     model.train()
     return total / count
@@ -133,15 +139,19 @@ def train_model(size: ModelSize, vocab_size: int, train_tokens: np.ndarray, held
             recent = []
         if step % cfg.eval_every == 0:
             # Early stopping: on a few million tokens a model starts memorising within minutes.
-            loss = heldout_loss(model, heldout_tokens, cfg, device, num_windows=64)
+            loss = heldout_loss(model, heldout_tokens, cfg, device, num_windows=64,
+                                teacher=teacher if cfg.distill_weight > 0 else None)
             if loss < best[0]:
                 best = (loss, step, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
     seconds = time.perf_counter() - start
     if best[2] is not None:
         model.load_state_dict(best[2])
-        log(f"    kept the checkpoint of step {best[1]} (held-out {best[0]:.3f} on 64 windows)")
+        what = "KL to the target" if teacher is not None and cfg.distill_weight > 0 else "loss"
+        log(f"    kept the checkpoint of step {best[1]} (held-out {what} {best[0]:.3f} on 64 windows)")
     stats = {"size": asdict(size), "parameters": sum(p.numel() for p in model.parameters()),
              "macs_per_token": macs_per_token(size, vocab_size), "steps": step, "best_step": best[1] or step,
              "seconds": seconds,
              "tokens_seen": step * cfg.batch_size * cfg.context, "heldout_loss": heldout_loss(model, heldout_tokens, cfg, device)}
+    if teacher is not None and cfg.distill_weight > 0:
+        stats["heldout_kl_to_target"] = heldout_loss(model, heldout_tokens, cfg, device, teacher=teacher)
     return model, stats
