@@ -91,13 +91,9 @@ class DraftLoopDebugger:
     def add(self, prompts, params: SamplingParams) -> list[Sequence]:
         """Admit prompts (text or ids) and prefill both models. Returns the live sequences."""
         eng = self.engine
-        for prompt in self.llm._as_list(prompts):
-            ids = self.llm._to_token_ids(prompt)
-            self.llm._check_prompt(ids, params)
-            seq = Sequence(self.llm._next_id, ids, params, eng.new_generator(params.seed, self.llm._rng), eng.eos_token_id)
-            self.llm._next_id += 1
-            eng.waiting.append(seq)
-            self.seqs.append(seq)
+        seqs = self.llm.make_sequences(prompts, params)
+        eng.waiting.extend(seqs)
+        self.seqs.extend(seqs)
         eng._prefill(eng._admit())
         return self.seqs
 
@@ -158,7 +154,7 @@ class DraftLoopDebugger:
         if self.state.target_probs is None:
             self.verify()
         result = self.engine.spec_step.reject(self.state)
-        self.trace.verdicts = self._verdicts(self.trace, result)
+        self.trace.verdicts = self._verdicts(result)
         return self.trace.verdicts
 
     def commit(self) -> SpecStepTrace:
@@ -180,7 +176,7 @@ class DraftLoopDebugger:
         self.begin()
         return self.commit()
 
-    def _verdicts(self, trace: SpecStepTrace, result) -> list[list[dict]]:
+    def _verdicts(self, result) -> list[list[dict]]:
         k = self.engine.k
         out_ids, num_accepted = result.output_token_ids.tolist(), result.num_accepted.tolist()
         all_drafted = self.state.draft_ids.tolist()

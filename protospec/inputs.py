@@ -29,6 +29,14 @@ class ForwardInputs:
     decode_state: object | None = None  # set when these are views of the persistent decode buffers
 
 
+def host_to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A Python list as a device tensor, without a host sync: pinned memory makes the copy async."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 def prepare_inputs(
     token_chunks: list[list[int]],    # new tokens per sequence
     start_positions: list[int],       # logical position of each chunk's first token
@@ -77,10 +85,7 @@ def prepare_inputs(
     tables = [table + [NULL_BLOCK] * (width - len(table)) for table in block_tables]
 
     def to_device(values, dtype):
-        host = torch.tensor(values, dtype=dtype)
-        if device.type == "cuda":  # pinned memory makes the copy asynchronous
-            return host.pin_memory().to(device, non_blocking=True)
-        return host.to(device)
+        return host_to_device(values, dtype, device)
 
     meta = AttentionMetadata(
         slot_mapping=to_device(slots, torch.int64),

@@ -71,7 +71,8 @@ class LLM:
         return list(prompts)
 
     # ---- generation --------------------------------------------------------------------------
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+    def make_sequences(self, prompts, sampling_params=None) -> list[Sequence]:
+        """Check every prompt first (nothing changes if one is bad), then make their Sequences."""
         prompt_list = self._as_list(prompts)
         if not prompt_list:
             raise PromptError("no prompts given")
@@ -82,12 +83,16 @@ class LLM:
         token_ids = [self._to_token_ids(p) for p in prompt_list]
         for ids, p in zip(token_ids, params_list):
             self._check_prompt(ids, p)
-
         eng = self.engine
         seqs = []
         for ids, p in zip(token_ids, params_list):
             seqs.append(Sequence(self._next_id, ids, p, eng.new_generator(p.seed, self._rng), eng.eos_token_id))
             self._next_id += 1
+        return seqs
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        eng = self.engine
+        seqs = self.make_sequences(prompts, sampling_params)
         eng.waiting.extend(seqs)
         start = time.perf_counter()
         try:

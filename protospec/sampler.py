@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from protospec.config import SamplingParams
+from protospec.inputs import host_to_device
 
 
 @dataclass
@@ -34,7 +35,7 @@ class SamplingTensors:
     @classmethod
     def build(cls, params: list[SamplingParams], generators: list[torch.Generator], vocab_size: int, device) -> "SamplingTensors":
         def dev(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+            return host_to_device(values, dtype, device)
 
         return cls(
             temperature=dev([p.temperature if not p.greedy else 1.0 for p in params], torch.float32),
