@@ -1,35 +1,48 @@
 """Speculative decoding metrics, per request and summed over requests.
 
-Definitions (as vLLM reports them):
-- acceptance_rate     = accepted draft tokens / proposed draft tokens
+Definitions:
+- acceptance_rate     = draft tokens that pass their own acceptance test / proposed draft tokens.
+                        This is vLLM's draft_acceptance_rate (its rejection sampler sums the
+                        per-position test, tokens after the first rejection included, though those
+                        are discarded), i.e. the per-token acceptance alpha of Leviathan et al.
+- prefix_acceptance_rate = draft tokens that reach the output / proposed: only the accepted
+                        prefix counts. Always <= acceptance_rate; equals (mean_accepted_len - 1) / k.
 - system_efficiency   = emitted tokens / (spec steps * (k + 1)); 1.0 means every step emitted k+1
-- mean_accepted_len   = 1 + accepted / spec steps: tokens a spec step yields on average,
+- mean_accepted_len   = 1 + kept draft tokens / spec steps: tokens a spec step yields on average,
                         counting the recovered or bonus token every step emits
-- per_position_acceptance[i] = P(draft token i accepted) over all spec steps
-Accepted counts what the rejection sampler accepted; emitted counts what reached the output
+- per_position_acceptance[i] = P(draft token i reaches the output) over all spec steps
+Accepted counts what the rejection sampler kept; emitted counts what reached the output
 (the last step of a request may emit fewer because max_tokens or EOS cut it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The per-run rates that reports copy from a summary() (bench JSON, train.evaluate).
+RATE_KEYS = ("acceptance_rate", "prefix_acceptance_rate", "system_efficiency", "mean_accepted_len",
+             "per_position_acceptance")
+
 
 @dataclass
 class RequestMetrics:
     num_spec_steps: int = 0
     num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
+    num_accepted_tokens: int = 0      # kept: the accepted prefix of each step
+    num_passed_tokens: int = 0        # passed their own test (vLLM's count), >= num_accepted_tokens
     num_emitted_tokens: int = 0       # tokens from spec/decode steps (not the prefill's first token)
     accepted_per_position: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0            # wall time of the generate() call that served the request
     num_output_tokens: int = 0
 
-    def record_step(self, k: int, num_accepted: int, num_emitted: int) -> None:
+    def record_step(self, k: int, num_accepted: int, num_emitted: int, num_passed: int) -> None:
+        if not 0 <= num_accepted <= num_passed <= k:
+            raise ValueError(f"record_step: need 0 <= accepted ({num_accepted}) <= passed ({num_passed}) <= k ({k})")
         if len(self.accepted_per_position) < k:
             self.accepted_per_position.extend([0] * (k - len(self.accepted_per_position)))
         self.num_spec_steps += 1
         self.num_draft_tokens += k
         self.num_accepted_tokens += num_accepted
+        self.num_passed_tokens += num_passed
         self.num_emitted_tokens += num_emitted
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
@@ -42,6 +55,7 @@ class RequestMetrics:
         self.num_spec_steps += other.num_spec_steps
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
+        self.num_passed_tokens += other.num_passed_tokens
         self.num_emitted_tokens += other.num_emitted_tokens
         self.num_output_tokens += other.num_output_tokens
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
@@ -52,6 +66,10 @@ class RequestMetrics:
 
     @property
     def acceptance_rate(self) -> float | None:
+        return self.num_passed_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def prefix_acceptance_rate(self) -> float | None:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
     @property
@@ -77,9 +95,11 @@ class RequestMetrics:
             "num_spec_steps": self.num_spec_steps,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
+            "num_passed_tokens": self.num_passed_tokens,
             "num_emitted_tokens": self.num_emitted_tokens,
             "num_output_tokens": self.num_output_tokens,
             "acceptance_rate": self.acceptance_rate,
+            "prefix_acceptance_rate": self.prefix_acceptance_rate,
             "system_efficiency": self.system_efficiency,
             "mean_accepted_len": self.mean_accepted_len,
             "per_position_acceptance": self.per_position_acceptance,

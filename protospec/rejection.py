@@ -30,6 +30,8 @@ class RejectionOutput:
     output_token_ids: torch.Tensor  # [B, k + 1] int64, PLACEHOLDER_TOKEN_ID after the last emitted
     num_accepted: torch.Tensor      # [B] int64, accepted draft tokens (0..k)
     accepted_mask: torch.Tensor     # [B, k] bool, per position (False after the first rejection)
+    passed_mask: torch.Tensor       # [B, k] bool, each draft token's own test u < p/q, also after a
+                                    # rejection (those are discarded): what vLLM's acceptance rate counts
 
 
 def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
@@ -68,4 +70,4 @@ def rejection_sample(
     padded_drafts = torch.cat([draft_token_ids, draft_token_ids.new_zeros(batch, 1)], dim=1)
     n = num_accepted[:, None]
     out = torch.where(position < n, padded_drafts, torch.where(position == n, last_choices, PLACEHOLDER_TOKEN_ID))
-    return RejectionOutput(out, num_accepted, accepted_prefix)
+    return RejectionOutput(out, num_accepted, accepted_prefix, accepted)

@@ -155,18 +155,20 @@ class SpeculativeStep:
 
     def commit(self, s: "StepState") -> None:
         with self.timer.phase("commit"):
-            out_ids = s.result.output_token_ids.tolist()  # the spec step's first host sync on the no-sync paths
-            num_accepted = s.result.num_accepted.tolist()
+            r = s.result
+            # One device-to-host copy (the spec step's first host sync on the no-sync paths):
+            # per row the k + 1 output ids, then the accepted and the passed counts.
+            rows = torch.cat([r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)], 1).tolist()
             decode = self.draft.decode_state
             if self.advances_on_gpu and (bad_row := int(decode.error_row.item())):
                 decode.error_row.zero_()
                 raise AdvanceStepError(f"advance_step: row {bad_row - 1} reached a position its block table does "
                                        "not cover; its K/V write was skipped (the lookahead reservation is broken)")
-            for seq, row, accepted in zip(s.seqs, out_ids, num_accepted):
+            for seq, (*row, accepted, passed) in zip(s.seqs, rows):
                 length = seq.num_tokens
                 emitted = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
                 kept = seq.append_tokens(emitted)
-                seq.metrics.record_step(self.k, accepted, kept)
+                seq.metrics.record_step(self.k, accepted, kept, num_passed=passed)
                 # Target has K/V for t_{L-1}, d_1..d_accepted; the draft never ran on d_k.
                 seq.num_cached_target = length + accepted
                 seq.num_cached_draft = length + min(accepted, self.k - 1)

@@ -99,6 +99,10 @@ def test_output_layout_accepted_then_one_token_then_placeholders():
     out = rejection_sample(draft, q, p, torch.zeros(3, 3), torch.ones(3, 3, VOCAB), torch.ones(3, VOCAB))
     assert out.output_token_ids.tolist() == [[5, 6, 7, 9], [5, 1, -1, -1], [3, -1, -1, -1]]
     assert out.num_accepted.tolist() == [3, 1, 0]
+    # Row 1: position 2 (7 == 7) passes its own test after the rejection at 1; it is discarded but
+    # counted by vLLM's acceptance rate. Row 2: positions 1 and 2 likewise.
+    assert out.passed_mask.tolist() == [[True] * 3, [True, False, True], [False, True, True]]
+    assert out.accepted_mask.tolist() == [[True] * 3, [True, False, False], [False, False, False]]
 
 
 def test_residual_falls_back_to_target_when_no_mass_left():

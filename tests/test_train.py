@@ -17,7 +17,8 @@ from protospec.train.trainer import DRAFT_SIZE, TARGET_SIZE, llama_config, macs_
 def pair(tmp_path_factory):
     out = tmp_path_factory.mktemp("pair")
     report = train_main(["--out", str(out), "--max-files", "30", "--steps", "25", "--batch-size", "4",
-                         "--context", "64", "--vocab-size", "512", "--eval-every", "10", "--device", "cpu"])
+                         "--context", "64", "--vocab-size", "512", "--eval-every", "10", "--teacher-samples", "6",
+                         "--device", "cpu"])
     return out, report
 
 
@@ -36,6 +37,8 @@ def test_report_and_sizes(pair):
     for stats in saved["models"].values():
         assert stats["steps"] == 25 and stats["heldout_loss"] > 0
         assert stats["best_step"] in (10, 20)  # early stopping keeps an evaluated checkpoint
+    assert saved["teacher_samples"]["sequences"] == 6 and saved["teacher_samples"]["tokens"] == 6 * 65
+    assert saved["models"]["protospec-draft"]["train_config"]["sampled_fraction"] == 0.5
     # The pair of record's sizes: two fp16 checkpoints within 16 MB, the draft >= 4x cheaper per token.
     params = [LlamaArchConfig.from_dict(llama_config(size, 4096).to_dict()).num_parameters for size in (TARGET_SIZE, DRAFT_SIZE)]
     assert 2 * sum(params) + 2 * 300_000 < 16e6  # fp16 weights + two tokenizer files
@@ -79,3 +82,27 @@ def test_distillation_loss_is_zero_only_for_the_teachers_distribution():
     assert distillation_loss(teacher.clone(), teacher).abs().item() < 1e-6
     assert distillation_loss(teacher + 3.0, teacher).abs().item() < 1e-5  # a constant shift: same softmax
     assert distillation_loss(torch.zeros_like(teacher), teacher).item() > 0.05
+
+
+def test_teacher_samples_continue_corpus_prompts():
+    """Greedy batches are the teacher's argmax continuation of a corpus window; sampled ones differ."""
+    import numpy as np
+    from transformers import LlamaForCausalLM
+
+    from protospec.train.trainer import ModelSize, sample_from_teacher
+
+    torch.manual_seed(0)
+    teacher = LlamaForCausalLM(llama_config(ModelSize(32, 1, 2, 64), 50)).eval()
+    tokens = np.random.default_rng(0).integers(3, 50, 5000).astype(np.uint16)
+    samples = sample_from_teacher(teacher, tokens, num_seqs=6, prompt_len=8, length=20, device=torch.device("cpu"),
+                                  seed=0, batch_size=3)  # batch 0 greedy, batch 1 sampled
+    assert samples.shape == (6, 20) and samples.dtype == torch.int64
+    stream = tokens.tobytes()
+    for row in samples:  # every prompt is a window of the corpus
+        assert np.asarray(row[:8], dtype=np.uint16).tobytes() in stream
+    with torch.no_grad():
+        greedy = teacher.generate(samples[:3, :8], max_new_tokens=12, do_sample=False, pad_token_id=1)
+    assert torch.equal(greedy, samples[:3])
+    with torch.no_grad():
+        argmax_of_sampled = teacher.generate(samples[3:, :8], max_new_tokens=12, do_sample=False, pad_token_id=1)
+    assert not torch.equal(argmax_of_sampled, samples[3:])

@@ -18,6 +18,7 @@ from protospec.bench.latency import LatencyResult, random_prompts, time_calls, t
 from protospec.config import SamplingParams
 from protospec.errors import ConfigError
 from protospec.llm import LLM
+from protospec.metrics import RATE_KEYS
 from protospec.phase_timer import NULL_TIMER, PhaseTimer
 
 MODES = ("main", "sampler", "gpu", "graph")
@@ -114,8 +115,7 @@ def pool_rounds(rounds: list[dict]) -> dict:
             pooled[mode] = first
             continue
         latencies = [t for r in rounds for t in r[mode]["latencies_s"]]
-        entry = dict(first) | LatencyResult(latencies).summary() | {k: first[k] for k in (
-            "acceptance_rate", "system_efficiency", "mean_accepted_len", "per_position_acceptance")}
+        entry = dict(first) | LatencyResult(latencies).summary() | {k: first[k] for k in RATE_KEYS}
         if "main" in rounds[0] and "p50_s" in rounds[0]["main"]:
             entry["ratio_to_main_per_round"] = [r["main"]["p50_s"] / r[mode]["p50_s"] for r in rounds]
         pooled[mode] = entry

@@ -93,8 +93,8 @@ def print_latency(entry: dict) -> None:
     for p in PERCENTILES:
         print(f"{p}% percentile latency: {entry[f'p{p}_s']} seconds")
     if entry.get("acceptance_rate") is not None:
-        print(f"acceptance rate: {entry['acceptance_rate']:.4f}  system efficiency: {entry['system_efficiency']:.4f}  "
-              f"mean accepted length: {entry['mean_accepted_len']:.3f}")
+        print(f"acceptance rate: {entry['acceptance_rate']:.4f} (accepted prefix: {entry['prefix_acceptance_rate']:.4f})  "
+              f"system efficiency: {entry['system_efficiency']:.4f}  mean accepted length: {entry['mean_accepted_len']:.3f}")
     if "counters" in entry:
         print(f"path counters: {json.dumps(entry['counters'])}")
 

@@ -9,7 +9,7 @@ import torch
 
 from protospec.config import SamplingParams
 from protospec.llm import LLM
-from protospec.metrics import RequestMetrics
+from protospec.metrics import RATE_KEYS, RequestMetrics
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 
@@ -26,8 +26,8 @@ class LatencyResult:
         out = {"latencies_s": self.latencies_s, "avg_s": float(np.mean(self.latencies_s))}
         out.update({f"p{p}_s": self.percentile(p) for p in PERCENTILES})
         m = self.metrics
-        out.update(acceptance_rate=m.acceptance_rate, system_efficiency=m.system_efficiency,
-                   mean_accepted_len=m.mean_accepted_len, per_position_acceptance=m.per_position_acceptance)
+        rates = m.summary()
+        out.update({key: rates[key] for key in RATE_KEYS})
         return out
 
 

@@ -36,16 +36,16 @@ def markdown_table(report: dict) -> str:
         f"{cfg['num_iters_warmup']}+{cfg['num_iters']} iterations, CUDA graphs {cfg['cuda_graphs']}, "
         f"torch.compile {cfg.get('compile', False)}, {cfg.get('repeats', 1)} round(s) of the modes",
         "",
-        "| mode | p50 (s) | p10 (s) | p90 (s) | avg (s) | p50 main / mode | acceptance | system eff. | mean acc. len |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | p50 (s) | p10 (s) | p90 (s) | avg (s) | p50 main / mode | acceptance | accepted prefix | system eff. | mean acc. len |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, e in timed_entries(modes):
         lines.append(f"| {name} | {e['p50_s']:.4f} | {e['p10_s']:.4f} | {e['p90_s']:.4f} | {e['avg_s']:.4f} | "
-                     f"{_fmt(ratio_to_main(modes, name), '.2f')} | {_fmt(e.get('acceptance_rate'))} | "
+                     f"{_fmt(ratio_to_main(modes, name), '.2f')} | {_fmt(e.get('acceptance_rate'))} | {_fmt(e.get('prefix_acceptance_rate'))} | "
                      f"{_fmt(e.get('system_efficiency'))} | {_fmt(e.get('mean_accepted_len'), '.2f')} |")
     for name, e in modes.items():
         if "skipped" in e:
-            lines.append(f"| {name} | skipped: {e['skipped']} | | | | | | | |")
+            lines.append(f"| {name} | skipped: {e['skipped']} | | | | | | | | |")
     per_round = {n: e["ratio_to_main_per_round"] for n, e in modes.items() if "ratio_to_main_per_round" in e and n != "main"}
     if per_round:
         lines.append("")

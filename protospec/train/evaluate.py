@@ -16,6 +16,7 @@ import numpy as np
 from protospec.bench.provenance import provenance
 from protospec.config import SamplingParams
 from protospec.llm import LLM
+from protospec.metrics import RATE_KEYS
 from protospec.train.corpus import Corpus
 
 
@@ -31,8 +32,7 @@ def measure(target: str, draft: str, k: int, prompts, max_tokens: int, temperatu
     llm = LLM(target, speculative_model=draft, num_speculative_tokens=k, **engine)
     llm.generate(prompts, SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed))
     summary = llm.metrics.summary()
-    return {key: summary[key] for key in ("acceptance_rate", "mean_accepted_len", "system_efficiency",
-                                          "per_position_acceptance", "num_spec_steps", "num_draft_tokens")}
+    return {key: summary[key] for key in RATE_KEYS + ("num_spec_steps", "num_draft_tokens")}
 
 
 def speedup(target: str, draft: str, k: int, prompts, max_tokens: int, repeats: int = 3, **engine) -> dict:
@@ -84,7 +84,8 @@ def main(argv=None) -> dict:
               f"{t['speculative']['p50_s']:.4f}s, speedup {t['speedup_p50']:.2f}x")
     for mode in ("greedy", "temperature_1"):
         r = report[mode]
-        print(f"{mode}: acceptance {r['acceptance_rate']:.3f}, mean accepted length {r['mean_accepted_len']:.2f}, "
+        print(f"{mode}: acceptance {r['acceptance_rate']:.3f} (accepted prefix {r['prefix_acceptance_rate']:.3f}), "
+              f"mean accepted length {r['mean_accepted_len']:.2f}, "
               f"per position {[round(x, 3) for x in r['per_position_acceptance']]}")
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(report, indent=2))
