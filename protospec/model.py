@@ -20,37 +20,35 @@ from protospec.model_config import LlamaArchConfig
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Normalise in float32 as HF does, then cast back before the weight.
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    # torch's rms_norm normalises in float32 and casts back before the weight, as HF does; on CUDA
+    # it is one fused kernel instead of a chain of seven.
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's "rotate half" RoPE. x: [T, heads, d]; cos, sin: [T, 1, d] float32."""
-    x32 = x.float()
-    x1, x2 = x32.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
+    """HF's "rotate half" RoPE, in x's dtype as HF computes it. x: [T, heads, d]; cos, sin: [T, 1, d]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def pre_attention(x, residual, norm_w, eps: float, wq, wk, wv, cos, sin, num_heads: int, num_kv_heads: int):
-    """residual += x; h = norm(residual); q, k, v = projections of h, RoPE on q and k.
+def pre_attention(x, residual, norm_w, eps: float, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):
+    """residual += x; h = norm(residual); q, k, v from one fused projection, RoPE on q and k together.
     x, residual: [T, hidden] (residual None in layer 0) -> q [T, h, d], k, v [T, kvh, d], residual."""
     residual = x if residual is None else x + residual
     h = rms_norm(residual, norm_w, eps)
-    num_tokens, head_dim = h.shape[0], wq.shape[0] // num_heads
-    q = F.linear(h, wq).view(num_tokens, num_heads, head_dim)
-    k = F.linear(h, wk).view(num_tokens, num_kv_heads, head_dim)
-    v = F.linear(h, wv).view(num_tokens, num_kv_heads, head_dim)
-    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, residual
+    num_tokens, head_dim = h.shape[0], w_qkv.shape[0] // (num_heads + 2 * num_kv_heads)
+    qkv = F.linear(h, w_qkv).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)  # [T, h + 2 kvh, d]
+    qk = apply_rope(qkv[:, : num_heads + num_kv_heads], cos, sin)  # q and k rotate alike: one pass
+    return qk[:, :num_heads], qk[:, num_heads:], qkv[:, num_heads + num_kv_heads :], residual
 
 
-def post_attention(attn, residual, wo, norm_w, eps: float, w_gate, w_up, w_down):
-    """residual += o_proj(attn); MLP(norm(residual)). attn [T, h*d] -> (mlp out, residual) [T, hidden]."""
+def post_attention(attn, residual, wo, norm_w, eps: float, w_gate_up, w_down):
+    """residual += o_proj(attn); MLP(norm(residual)), gate and up as one fused projection.
+    attn [T, h*d] -> (mlp out, residual) [T, hidden]."""
     residual = residual + F.linear(attn, wo)
     h = rms_norm(residual, norm_w, eps)
-    return F.linear(F.silu(F.linear(h, w_gate)) * F.linear(h, w_up), w_down), residual
+    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)  # [T, inter] each
+    return F.linear(F.silu(gate) * up, w_down), residual
 
 
 def lm_head_logits(x, residual, logits_indices, norm_w, eps: float, lm_w):
@@ -81,8 +79,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]  # [T, 1, d] each
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, 1, d] each, cast to the activations' dtype once per forward (HF casts them too)."""
+        return self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype)
 
 
 class LlamaAttention(nn.Module):
@@ -113,16 +112,30 @@ class LlamaDecoderLayer(nn.Module):
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.scale = cfg.head_dim ** -0.5
 
+    def fuse_projections(self) -> None:
+        """One [q; k; v] and one [gate; up] weight, so a layer runs 2 matmuls where it ran 5 (at batch 1
+        a forward's time follows its kernel count). The per-projection parameters become views of the
+        fused weights: the state dict keeps HF's names and nothing is stored twice. Call after the
+        weights are loaded and placed (a later .to() would copy the views apart)."""
+        attn, mlp = self.self_attn, self.mlp
+        for fused_name, modules in (("qkv_weight", (attn.q_proj, attn.k_proj, attn.v_proj)),
+                                    ("gate_up_weight", (mlp.gate_proj, mlp.up_proj))):
+            fused = torch.cat([m.weight.detach() for m in modules])  # [sum of out features, in]
+            self.register_buffer(fused_name, fused, persistent=False)
+            start = 0
+            for m in modules:
+                rows = m.weight.shape[0]
+                m.weight = nn.Parameter(fused[start : start + rows], requires_grad=False)
+                start += rows
+
     def forward(self, x, residual, rope, kv_cache, meta, plan, blocks):
         """blocks: (pre_attention, post_attention), plain or compiled."""
         pre, post = blocks
-        attn, mlp = self.self_attn, self.mlp
         q, k, v, residual = pre(x, residual, self.input_layernorm.weight, self.input_layernorm.eps,
-                                attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, *rope,
-                                self.num_heads, self.num_kv_heads)
+                                self.qkv_weight, *rope, self.num_heads, self.num_kv_heads)
         out = paged_attention(q, k, v, kv_cache, meta, plan, self.scale)  # [T, h, d]
-        return post(out.flatten(1), residual, attn.o_proj.weight, self.post_attention_layernorm.weight,
-                    self.post_attention_layernorm.eps, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        return post(out.flatten(1), residual, self.self_attn.o_proj.weight, self.post_attention_layernorm.weight,
+                    self.post_attention_layernorm.eps, self.gate_up_weight, self.mlp.down_proj.weight)
 
 
 class LlamaBody(nn.Module):
@@ -151,9 +164,12 @@ class LlamaForCausalLM(nn.Module):
         self.head = lm_head_logits
 
     def place(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaForCausalLM":
-        """Move weights to device/dtype, keeping the RoPE tables in float32 (as HF computes them)."""
+        """Move weights to device/dtype (the RoPE tables stay float32, as HF computes them), then fuse
+        each layer's projections."""
         self.to(device=device, dtype=dtype)
         self.rope = RotaryEmbedding(self.config.head_dim, self.max_positions, self.config.rope_theta).to(device)
+        for layer in self.model.layers:
+            layer.fuse_projections()
         return self.eval()
 
     def enable_compile(self) -> None:
@@ -176,7 +192,7 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:                    # [num_logits, vocab] float32
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        rope = self.rope(positions)
+        rope = self.rope(positions, x.dtype)
         plan = plan_attention(positions, meta, x.dtype)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):

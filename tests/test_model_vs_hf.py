@@ -34,6 +34,19 @@ def test_weights_really_loaded(hf_pair):
     assert torch.equal(ours.lm_head.weight, hf.lm_head.weight)
 
 
+def test_fused_projections_share_storage_and_keep_hf_names(hf_pair):
+    """The fused [q;k;v] / [gate;up] weights are what the forward reads; the HF-named parameters are
+    views of them (a copy would double the weights' memory and let the two drift apart)."""
+    hf, ours = hf_pair
+    layer, hf_layer = ours.model.layers[2], hf.model.layers[2]
+    attn, mlp = hf_layer.self_attn, hf_layer.mlp
+    assert torch.equal(layer.qkv_weight, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    assert torch.equal(layer.gate_up_weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    assert layer.self_attn.v_proj.weight.untyped_storage().data_ptr() == layer.qkv_weight.untyped_storage().data_ptr()
+    assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == layer.gate_up_weight.untyped_storage().data_ptr()
+    assert set(ours.state_dict()) - {"lm_head.weight"} == set(hf.state_dict()) - {"lm_head.weight"}
+
+
 def test_prefill_then_decode_steps_match_hf(hf_pair):
     hf, ours = hf_pair
     runner = ModelRunner(ours, num_blocks=64, block_size=BLOCK)

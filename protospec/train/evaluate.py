@@ -28,6 +28,23 @@ def heldout_prompts(tokenizer, num_prompts: int, prompt_len: int, seed: int = 0)
     return [ids[s : s + prompt_len].tolist() for s in starts]
 
 
+def fixed_prompts(path: Path, tokenizer, num_prompts: int, prompt_len: int) -> list[list[int]]:
+    """The prompt set stored at `path` (drawn from held-out files and written there on first use), so
+    every machine measures the same prompts whatever its standard library holds."""
+    if path.exists():
+        prompts = json.loads(path.read_text())["prompts"]
+        if len(prompts) < num_prompts or any(len(p) != prompt_len for p in prompts):
+            raise ValueError(f"{path}: holds {len(prompts)} prompts of length {len(prompts[0])}, "
+                             f"asked for {num_prompts} of length {prompt_len}")
+        return prompts[:num_prompts]
+    prompts = heldout_prompts(tokenizer, num_prompts, prompt_len)
+    corpus = Corpus.from_stdlib()
+    path.write_text(json.dumps({"source": f"seeded windows of the held-out files of {corpus.root}",
+                                "heldout_files": [p.relative_to(corpus.root).as_posix() for p in corpus.heldout_files],
+                                "prompts": prompts}))
+    return prompts
+
+
 def measure(target: str, draft: str, k: int, prompts, max_tokens: int, temperature: float, seed: int = 0, **engine) -> dict:
     llm = LLM(target, speculative_model=draft, num_speculative_tokens=k, **engine)
     llm.generate(prompts, SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=seed))
@@ -60,6 +77,8 @@ def main(argv=None) -> dict:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--device", default=None)
+    p.add_argument("--prompts-json", default=None,
+                   help="a fixed prompt set: read it if the file exists, else draw one from held-out files and write it")
     p.add_argument("--timing", action="store_true", help="also time batch-1 speculative vs target-only decoding")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
@@ -69,10 +88,13 @@ def main(argv=None) -> dict:
     LLM(target, speculative_model=draft, num_speculative_tokens=args.k, device="cpu")  # what a newcomer waits for
     load_s = time.perf_counter() - start
     llm = LLM(target, device=args.device)
-    prompts = heldout_prompts(llm.tokenizer, args.num_prompts, args.prompt_len)
+    if args.prompts_json:
+        prompts = fixed_prompts(Path(args.prompts_json), llm.tokenizer, args.num_prompts, args.prompt_len)
+    else:
+        prompts = heldout_prompts(llm.tokenizer, args.num_prompts, args.prompt_len)
     engine = dict(device=args.device, max_num_seqs=args.num_prompts)
     report = provenance(llm.engine.device, argv, "protospec.train.evaluate") | {
-        "target": target, "draft": draft, "k": args.k, "num_prompts": args.num_prompts, "prompt_len": args.prompt_len,
+        "target": target, "draft": draft, "prompts_json": args.prompts_json, "k": args.k, "num_prompts": args.num_prompts, "prompt_len": args.prompt_len,
         "max_tokens": args.max_tokens, "pair_load_s_cpu": load_s,
         "greedy": measure(target, draft, args.k, prompts, args.max_tokens, 0.0, **engine),
         "temperature_1": measure(target, draft, args.k, prompts, args.max_tokens, 1.0, **engine),
