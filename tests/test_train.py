@@ -1,6 +1,7 @@
 """python -m protospec.train on a smoke-sized run: the saved pair loads alike through transformers and
 protospec, text prompts work end to end, and speculative greedy output equals target-only output."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,9 @@ from protospec.train.corpus import Corpus, is_heldout
 from protospec.train.evaluate import heldout_prompts
 from protospec.model_config import LlamaArchConfig
 from protospec.train.trainer import DRAFT_SIZE, TARGET_SIZE, llama_config, macs_per_token
+
+
+PAIR_OF_RECORD = Path(__file__).resolve().parents[1] / "data" / "models"
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +53,16 @@ def test_report_and_sizes(pair):
         assert saved["models"][name]["parameters"] == arch.num_parameters
 
 
-def test_transformers_and_protospec_give_the_same_greedy_text(pair):
+@pytest.fixture(params=["smoke", "of_record"])
+def pair_dir(request, pair):
+    """The pair a smoke run just wrote, and the committed pair of record."""
+    return pair[0] if request.param == "smoke" else PAIR_OF_RECORD
+
+
+def test_transformers_and_protospec_give_the_same_greedy_text(pair_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out, _ = pair
+    out = pair_dir
     target = out / "protospec-target"
     tok = AutoTokenizer.from_pretrained(target)
     hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
@@ -65,8 +75,8 @@ def test_transformers_and_protospec_give_the_same_greedy_text(pair):
     assert isinstance(result.text, str) and result.text == tok.decode(hf_ids)
 
 
-def test_speculative_greedy_equals_target_only_on_heldout_prompts(pair):
-    out, _ = pair
+def test_speculative_greedy_equals_target_only_on_heldout_prompts(pair_dir):
+    out = pair_dir
     target, draft = str(out / "protospec-target"), str(out / "protospec-draft")
     alone = LLM(target, dtype="float32", device="cpu")
     prompts = heldout_prompts(alone.tokenizer, num_prompts=3, prompt_len=24)
