@@ -58,6 +58,14 @@ def lm_head_logits(x, residual, logits_indices, norm_w, eps: float, lm_w):
     return F.linear(rms_norm(h, norm_w, eps), lm_w).float()
 
 
+def forward_prologue(positions, cos_table, sin_table, meta: AttentionMetadata, dtype: torch.dtype):
+    """What every layer of one forward shares: the RoPE rows of the positions ([T, 1, d] each, in
+    the activations' dtype, as HF casts them) and the attention plan (mask, slots)."""
+    cos = cos_table[positions][:, None, :].to(dtype)
+    sin = sin_table[positions][:, None, :].to(dtype)
+    return (cos, sin), plan_attention(positions, meta, dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -69,7 +77,8 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for every position, float32; looked up once per forward for all layers."""
+    """cos/sin tables for every position, float32; looked up once per forward for all layers
+    (forward_prologue)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float):
         super().__init__()
@@ -79,9 +88,6 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T, 1, d] each, cast to the activations' dtype once per forward (HF casts them too)."""
-        return self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype)
 
 
 class LlamaAttention(nn.Module):
@@ -160,6 +166,7 @@ class LlamaForCausalLM(nn.Module):
         # end of a request (those tokens are then dropped), so the caller may ask for more.
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.rope = RotaryEmbedding(cfg.head_dim, self.max_positions, cfg.rope_theta)
+        self.prologue = forward_prologue
         self.blocks = (pre_attention, post_attention)
         self.head = lm_head_logits
 
@@ -180,6 +187,7 @@ class LlamaForCausalLM(nn.Module):
         for name in ("cache_size_limit", "recompile_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+        self.prologue = torch.compile(forward_prologue, dynamic=False)  # the mask's ~8 ops and the RoPE lookup
         self.blocks = (torch.compile(pre_attention, dynamic=False), torch.compile(post_attention, dynamic=False))
         self.head = torch.compile(lm_head_logits, dynamic=False)
 
@@ -192,8 +200,7 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:                    # [num_logits, vocab] float32
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        rope = self.rope(positions, x.dtype)
-        plan = plan_attention(positions, meta, x.dtype)
+        rope, plan = self.prologue(positions, self.rope.cos, self.rope.sin, meta, x.dtype)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x, residual = layer(x, residual, rope, kv_cache, meta, plan, self.blocks)

@@ -92,3 +92,10 @@ def test_repeated_rounds_are_pooled(tiny_target, tiny_draft, tmp_path):
     assert len(gpu["latencies_s"]) == 4 and len(gpu["ratio_to_main_per_round"]) == 2
     assert report["modes"]["main"]["ratio_to_main_per_round"] == [1.0, 1.0]
     assert "in each round" in next(tmp_path.glob("*.md")).read_text()
+
+
+def test_kernel_census_merges_overlapping_intervals():
+    from protospec.bench.kernel_census import merged_busy_us
+
+    assert merged_busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17  # [0,12) + [20,25)
+    assert merged_busy_us([]) == 0

@@ -1,0 +1,81 @@
+"""Where a generate() call's wall time goes on the GPU: kernels launched, GPU busy time, GPU idle.
+
+    python -m protospec.bench.kernel_census [--compile] [--output-json PATH]
+
+For each draft-loop mode, one generate() of the seed configuration (dummy weights) under the torch
+profiler: the number of GPU kernels, their summed duration (busy), and wall - busy (the GPU waiting
+for the host: CPU prepares, host syncs, Python between launches). The ratio main/gpu can only exceed
+1 + (main's extra host time) / (gpu's wall), so this says which side to shrink.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from protospec.bench.ablation import BenchSetup
+from protospec.bench.provenance import provenance
+
+
+def merged_busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end) intervals (kernels of one stream do not overlap,
+    but copies and kernels may)."""
+    busy, end_so_far = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= end_so_far:
+            continue
+        busy += end - max(start, end_so_far)
+        end_so_far = end
+    return busy
+
+
+def census(llm, setup: BenchSetup, mode: str) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    llm.engine.set_draft_loop(mode)
+    prompts, params = setup.prompts(llm.engine.vocab_size), setup.params()
+    for _ in range(3):  # warm-up: graphs captured, kernels loaded
+        llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        llm.generate(prompts, params)
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = merged_busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
+    steps = llm.metrics.num_spec_steps
+    return {"wall_ms": wall_us / 1e3, "gpu_busy_ms": busy_us / 1e3, "gpu_idle_ms": (wall_us - busy_us) / 1e3,
+            "gpu_kernels": len(kernels), "spec_steps": steps, "kernels_per_spec_step": len(kernels) / max(1, steps),
+            "mean_kernel_us": busy_us / max(1, len(kernels))}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m protospec.bench.kernel_census", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="JackFram/llama-160m")
+    p.add_argument("--speculative-model", default="JackFram/llama-68m")
+    p.add_argument("--modes", nargs="+", default=["main", "gpu", "graph"])
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--output-json", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
+    setup = BenchSetup(args.model, args.speculative_model, 5, 256, 128, 1, 3, 1, load_format="dummy", compile=args.compile)
+    llm = setup.llm()
+    report = provenance(llm.engine.device, argv, "protospec.bench.kernel_census") | {"config": vars(args), "modes": {}}
+    for mode in args.modes:
+        r = census(llm, setup, mode)
+        report["modes"][mode] = r
+        print(f"{mode:>7}: wall {r['wall_ms']:.1f} ms, GPU busy {r['gpu_busy_ms']:.1f} ms, idle {r['gpu_idle_ms']:.1f} ms, "
+              f"{r['gpu_kernels']} kernels ({r['kernels_per_spec_step']:.0f} per spec step, {r['mean_kernel_us']:.1f} us mean)")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+if __name__ == "__main__":
+    main()
