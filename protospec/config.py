@@ -52,6 +52,10 @@ class EngineConfig:
     check_no_sync: bool = False          # trip on any host sync inside the draft loop (debugging)
     cuda_graphs: bool | None = None      # replay fixed-shape forwards as CUDA graphs; None = on CUDA
     compile: bool = False                # torch.compile the per-layer op chains (fewer, fused kernels)
+    # The rejection sampler as one Numba kernel (kernels/rejection.py) instead of ~25 torch ops;
+    # None = on CUDA. Same tokens either way (a test checks); on a CPU the torch ops are faster
+    # than the simulator.
+    fused_rejection: bool | None = None
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

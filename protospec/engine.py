@@ -90,7 +90,9 @@ class Engine:
         if mode in ("gpu", "graph") and self.k > 1 and self.draft.decode_state is None:
             self.draft.enable_gpu_advance(cfg.max_num_seqs, self.max_blocks_per_seq)
         guard = forbid_host_sync if cfg.check_no_sync else None
-        return SpeculativeStep(self.target, self.draft, self.block_manager, self.k, mode, reason, guard)
+        fused = cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda"
+        return SpeculativeStep(self.target, self.draft, self.block_manager, self.k, mode, reason, guard,
+                               fused_rejection=fused)
 
     @property
     def draft_loop(self) -> str | None:

@@ -34,14 +34,22 @@ class RejectionOutput:
                                     # rejection (those are discarded): what vLLM's acceptance rate counts
 
 
-def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """normalise(max(0, p - q)) over the last dim; where p == q exactly (no mass left), p itself.
+def residual_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """max(0, p - q) over the last dim, unnormalised; where it is all zero (p == q), p itself.
 
-    That fallback never changes the output distribution: with p == q every draft token is accepted.
+    The exponential race samples proportionally to its weights, so the recovered token needs no
+    normalisation; skipping it also lets the fused kernel (kernels/rejection.py) compute the very
+    same float32 values. The fallback never changes the output: with p == q every draft token is
+    accepted.
     """
     residual = (target_probs - draft_probs).clamp_min(0)
-    total = residual.sum(-1, keepdim=True)
-    return torch.where(total > 0, residual / total.clamp_min(1e-30), target_probs)
+    return torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_probs)
+
+
+def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """normalise(max(0, p - q)): the distribution a recovered token follows (analysis, plots)."""
+    weights = residual_weights(target_probs, draft_probs)
+    return weights / weights.sum(-1, keepdim=True)
 
 
 def rejection_sample(
@@ -61,7 +69,7 @@ def rejection_sample(
     accepted_prefix = accepted.long().cumprod(dim=-1).bool()       # False from the first rejection on
     num_accepted = accepted_prefix.sum(-1)                         # [B]
 
-    recovered = sample_from_probs(residual_probs(target_probs[:, :k], draft_probs), recovered_noise)  # [B, k]
+    recovered = sample_from_probs(residual_weights(target_probs[:, :k], draft_probs), recovered_noise)  # [B, k]
     bonus = sample_from_probs(target_probs[:, k], bonus_noise)     # [B]
     # The token emitted after the accepted prefix: recovered at a rejection, bonus after k accepts.
     last_choices = torch.cat([recovered, bonus[:, None]], dim=1)   # [B, k + 1]

@@ -39,7 +39,8 @@ class SpeculativeStep:
     """
 
     def __init__(self, target: ModelRunner, draft: ModelRunner, block_manager: BlockManager, k: int,
-                 mode: str = "main", fallback_reason: str = "disabled_by_user", loop_guard=None):
+                 mode: str = "main", fallback_reason: str = "disabled_by_user", loop_guard=None,
+                 fused_rejection: bool = False):
         if mode not in DRAFT_LOOP_MODES:
             raise ValueError(f"draft loop mode must be one of {DRAFT_LOOP_MODES}, got {mode!r}")
         self.target, self.draft, self.block_manager, self.k = target, draft, block_manager, k
@@ -49,6 +50,11 @@ class SpeculativeStep:
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.timer = NULL_TIMER  # a PhaseTimer for the bench's --breakdown
         self.device = target.device
+        if fused_rejection:
+            from protospec.kernels.rejection import rejection_sample_fused
+            self.rejection_sample = rejection_sample_fused
+        else:
+            self.rejection_sample = rejection_sample
 
     def reserve_lookahead(self, seqs: list[Sequence]) -> None:
         for seq in seqs:  # positions up to L-1+k must have a slot
@@ -150,17 +156,22 @@ class SpeculativeStep:
     def reject(self, s: "StepState") -> RejectionOutput:
         with self.timer.phase("rejection"):
             r = s.randoms
-            s.result = rejection_sample(s.draft_ids, s.draft_probs, s.target_probs, r.uniforms, r.recovered_noise, r.bonus_noise)
+            s.result = self.rejection_sample(s.draft_ids, s.draft_probs, s.target_probs, r.uniforms, r.recovered_noise,
+                                             r.bonus_noise)
         return s.result
 
     def commit(self, s: "StepState") -> None:
         with self.timer.phase("commit"):
-            r = s.result
-            # One device-to-host copy (the spec step's first host sync on the no-sync paths):
-            # per row the k + 1 output ids, then the accepted and the passed counts.
-            rows = torch.cat([r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)], 1).tolist()
-            decode = self.draft.decode_state
-            if self.advances_on_gpu and (bad_row := int(decode.error_row.item())):
+            r, decode = s.result, self.draft.decode_state
+            # One device-to-host copy (the spec step's first host sync on the no-sync paths): per
+            # row the k + 1 output ids, the accepted and the passed counts; then advance_step's
+            # error flag (0 = none).
+            columns = torch.cat([r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)], 1)
+            flag = decode.error_row.long() if self.advances_on_gpu else columns.new_zeros(1)
+            flat = torch.cat([columns.flatten(), flag]).tolist()
+            width = self.k + 3
+            rows, bad_row = [flat[i * width : (i + 1) * width] for i in range(len(s.seqs))], flat[-1]
+            if bad_row:
                 decode.error_row.zero_()
                 raise AdvanceStepError(f"advance_step: row {bad_row - 1} reached a position its block table does "
                                        "not cover; its K/V write was skipped (the lookahead reservation is broken)")

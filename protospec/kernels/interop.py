@@ -7,6 +7,8 @@
 - `BoundLaunch`: for persistent tensors, marshal the arguments ONCE and launch with one driver
   call (`cuLaunchKernel` through ctypes). Numba's own dispatch re-types and re-marshals every
   argument on every call, which costs ~70 us on the H200; the kernel is the same Numba kernel.
+- `TensorLaunch`: for tensors that change every call, marshal them straight from torch (no
+  Numba device arrays), then the same single driver call.
 """
 from __future__ import annotations
 
@@ -106,12 +108,7 @@ class BoundLaunch:
         self._params = (ctypes.c_void_p * len(self._values))(*[ctypes.addressof(v) for v in self._values])
         self._function = ctypes.c_void_p(_handle_as_int(cufunc.handle))
         self._device = next(a for a in tensors_and_scalars if isinstance(a, torch.Tensor)).device
-        if BoundLaunch._libcuda is None:
-            lib = ctypes.CDLL("libcuda.so.1")
-            lib.cuLaunchKernel.restype = ctypes.c_int
-            lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-            BoundLaunch._libcuda = lib
-        self._cu_launch = BoundLaunch._libcuda.cuLaunchKernel
+        self._cu_launch = _libcuda().cuLaunchKernel
 
     def __call__(self, stream_handle: int | None = None) -> None:
         if stream_handle is None:
@@ -119,6 +116,68 @@ class BoundLaunch:
         rc = self._cu_launch(self._function, self.grid, 1, 1, self.block, 1, 1, 0, stream_handle, self._params, None)
         if rc != 0:
             raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
+
+
+class TensorLaunch:
+    """A Numba kernel launched with torch tensors whose storage changes from call to call.
+
+    Numba's dispatch converts each tensor through `__cuda_array_interface__` into a device array
+    (~30 us per argument on the H200); this marshals the fields Numba's compiled kernels take for
+    a C-contiguous array (meminfo, parent, nitems, itemsize, data, shape..., strides...) straight
+    from the tensor, then issues one cuLaunchKernel on torch's current stream. The kernel is
+    specialised once per (dtype, rank) signature, the first time it sees one.
+    """
+
+    def __init__(self, kernel):
+        if SIMULATOR:
+            raise RuntimeError("TensorLaunch needs a real GPU (the simulator has no driver to call)")
+        self.kernel = kernel
+        self._compiled: dict[tuple, tuple] = {}
+
+    @staticmethod
+    def _signature(args) -> tuple:
+        return tuple((a.dtype, a.dim()) if isinstance(a, torch.Tensor) else type(a) for a in args)
+
+    def _compile(self, args) -> tuple:
+        numba_args = [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args]
+        compiled = next(iter(self.kernel.specialize(*numba_args).overloads.values()))
+        function = ctypes.c_void_p(_handle_as_int(compiled._codelibrary.get_cufunc().handle))
+        return function, compiled.argument_types
+
+    def __call__(self, grid: int, block: int, args: list) -> None:
+        """args: C-contiguous CUDA tensors and Python ints (callers check them with check_tensor)."""
+        key = self._signature(args)
+        if key not in self._compiled:
+            self._compiled[key] = self._compile(args)
+        function, types = self._compiled[key]
+        values = []
+        for ty, a in zip(types, args):
+            if isinstance(a, torch.Tensor):
+                itemsize, shape = a.element_size(), a.shape
+                strides, step = [], itemsize
+                for size in reversed(shape):  # C order, from the shape (torch may report any stride for size-1 dims)
+                    strides.append(step)
+                    step *= size
+                values += [ctypes.c_int64(0), ctypes.c_int64(0), ctypes.c_int64(a.numel()), ctypes.c_int64(itemsize),
+                           ctypes.c_int64(a.data_ptr())]
+                values += [ctypes.c_int64(n) for n in shape] + [ctypes.c_int64(n) for n in reversed(strides)]
+            else:
+                values.append(getattr(ctypes, f"c_{ty}")(a))
+        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        device = next(a for a in args if isinstance(a, torch.Tensor)).device
+        stream = torch.cuda.current_stream(device).cuda_stream
+        rc = _libcuda().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, params, None)
+        if rc != 0:
+            raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
+
+
+def _libcuda():
+    if BoundLaunch._libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernel.restype = ctypes.c_int
+        lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        BoundLaunch._libcuda = lib
+    return BoundLaunch._libcuda
 
 
 def _handle_as_int(handle) -> int:

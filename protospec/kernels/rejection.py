@@ -1,0 +1,158 @@
+"""The rejection sampler as one Numba kernel: one block per sequence.
+
+protospec.rejection.rejection_sample is the reference: ~25 small torch ops (gathers, cumprod, the
+residual, two exponential races, the output layout). On a GPU each op costs the host a launch
+(~20 us on the H200's host) while the device finishes it in ~3 us, so the device waits for the
+host. This kernel does the same work in one launch and computes the very same float32 values
+(u * q < p, max(0, p - q) / noise, p / noise, argmax ties to the lowest index), so both give
+identical tokens; tests check that in the simulator and on the GPU.
+
+Per sequence (block) b, with k draft tokens and vocab V:
+    thread 0: passed[i] = u[i] * q[i, d_i] < p[i, d_i];  n = first i that failed (k if none)
+    all threads: if n < k, the recovered token = argmax_v w[v] / noise[n, v] with w = max(0, p_n - q_n)
+                 (or p_n when that is all zero); else the bonus token = argmax_v p_k[v] / bonus_noise[v]
+    thread 0: out = d_1..d_n, the recovered or bonus token, then -1 (PLACEHOLDER_TOKEN_ID)
+"""
+from __future__ import annotations
+
+import torch
+from numba import float32, int64
+
+from protospec.kernels import interop
+from protospec.kernels.interop import check_tensor, cuda
+from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput
+
+THREADS = 128  # per block; a power of two for the tree reduction
+
+
+@cuda.jit
+def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
+                            out_ids, num_accepted, accepted_mask, passed_mask):
+    """
+    draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
+    target_probs    [B, k + 1, V] float32 uniforms       [B, k] float32
+    recovered_noise [B, k, V] float32     bonus_noise    [B, V] float32   (Exp(1), > 0)
+    out_ids         [B, k + 1] int64 out  num_accepted   [B] int64 out
+    accepted_mask   [B, k] uint8 out      passed_mask    [B, k] uint8 out
+    """
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    k = draft_ids.shape[1]
+    vocab = target_probs.shape[2]
+    best_value = cuda.shared.array(THREADS, float32)
+    best_index = cuda.shared.array(THREADS, int64)
+    any_mass = cuda.shared.array(THREADS, int64)
+    first_reject = cuda.shared.array(1, int64)
+    zero = float32(0.0)
+
+    if tid == 0:
+        n = k
+        for i in range(k):
+            d = draft_ids[row, i]
+            passed = uniforms[row, i] * draft_probs[row, i, d] < target_probs[row, i, d]
+            passed_mask[row, i] = 1 if passed else 0
+            if not passed and n == k:
+                n = i
+        for i in range(k):
+            accepted_mask[row, i] = 1 if i < n else 0
+        num_accepted[row] = n
+        first_reject[0] = n
+    cuda.syncthreads()
+    n = first_reject[0]
+
+    # Pass 1: the race over max(0, p - q) (n < k) or over p_k (the bonus, n == k).
+    value, index, mass = float32(-1.0), int64(vocab), int64(0)
+    for v in range(tid, vocab, THREADS):
+        if n < k:
+            w = target_probs[row, n, v] - draft_probs[row, n, v]
+            if w < zero:
+                w = zero
+            if w > zero:
+                mass = 1
+            score = w / recovered_noise[row, n, v]
+        else:
+            score = target_probs[row, k, v] / bonus_noise[row, v]
+        if score > value:
+            value, index = score, v
+    best_value[tid], best_index[tid], any_mass[tid] = value, index, mass
+    cuda.syncthreads()
+    _reduce_argmax(best_value, best_index, any_mass, tid)
+
+    # Pass 2, only if the residual was all zero (p == q at n): race over p_n itself.
+    if n < k and any_mass[0] == 0:
+        cuda.syncthreads()
+        value, index = float32(-1.0), int64(vocab)
+        for v in range(tid, vocab, THREADS):
+            score = target_probs[row, n, v] / recovered_noise[row, n, v]
+            if score > value:
+                value, index = score, v
+        best_value[tid], best_index[tid] = value, index
+        cuda.syncthreads()
+        _reduce_argmax(best_value, best_index, any_mass, tid)
+
+    if tid == 0:
+        for i in range(k + 1):
+            if i < n:
+                out_ids[row, i] = draft_ids[row, i]
+            elif i == n:
+                out_ids[row, i] = best_index[0]
+            else:
+                out_ids[row, i] = PLACEHOLDER_TOKEN_ID
+
+
+@cuda.jit(device=True)
+def _reduce_argmax(best_value, best_index, any_mass, tid):
+    """Tree reduction in shared memory: the largest value, ties to the lowest index (torch.argmax's
+    rule); any_mass[0] becomes the OR of all threads' flags."""
+    stride = THREADS // 2
+    while stride > 0:
+        if tid < stride:
+            other = tid + stride
+            if best_value[other] > best_value[tid] or (best_value[other] == best_value[tid]
+                                                       and best_index[other] < best_index[tid]):
+                best_value[tid] = best_value[other]
+                best_index[tid] = best_index[other]
+            if any_mass[other] != 0:
+                any_mass[tid] = 1
+        cuda.syncthreads()
+        stride //= 2
+
+
+_launcher = None
+
+
+def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
+                           bonus_noise) -> RejectionOutput:
+    """Same arguments and result as protospec.rejection.rejection_sample, in one kernel launch."""
+    global _launcher
+    batch, k = draft_token_ids.shape
+    vocab = target_probs.shape[-1]
+    # Slices of the spec step's noise block are contiguous at batch 1; copy them otherwise.
+    recovered_noise, bonus_noise = recovered_noise.contiguous(), bonus_noise.contiguous()
+    for name, t, dtype, ndim in (("draft_token_ids", draft_token_ids, torch.int64, 2),
+                                 ("draft_probs", draft_probs, torch.float32, 3),
+                                 ("target_probs", target_probs, torch.float32, 3),
+                                 ("uniforms", uniforms, torch.float32, 2),
+                                 ("recovered_noise", recovered_noise, torch.float32, 3),
+                                 ("bonus_noise", bonus_noise, torch.float32, 2)):
+        check_tensor(name, t, dtype, ndim, rows=batch)
+    if draft_probs.shape != (batch, k, vocab) or target_probs.shape != (batch, k + 1, vocab) \
+            or recovered_noise.shape != (batch, k, vocab) or bonus_noise.shape != (batch, vocab) or uniforms.shape != (batch, k):
+        raise interop.KernelArgumentError(
+            f"rejection_sample_fused: shapes do not fit B={batch}, k={k}, V={vocab}: draft_probs {tuple(draft_probs.shape)}, "
+            f"target_probs {tuple(target_probs.shape)}, uniforms {tuple(uniforms.shape)}, "
+            f"recovered_noise {tuple(recovered_noise.shape)}, bonus_noise {tuple(bonus_noise.shape)}")
+    device = draft_token_ids.device
+    out_ids = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
+    num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
+    masks = torch.empty(2, batch, k, dtype=torch.uint8, device=device)  # accepted, passed
+    args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
+            out_ids, num_accepted, masks[0], masks[1]]
+    if interop.SIMULATOR:
+        rejection_sample_kernel[batch, THREADS](*[interop.as_numba(a) for a in args])
+    else:
+        if _launcher is None:
+            _launcher = interop.TensorLaunch(rejection_sample_kernel)
+        _launcher(batch, THREADS, args)
+    masks = masks.bool()
+    return RejectionOutput(out_ids, num_accepted, masks[0], masks[1])
