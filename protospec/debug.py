@@ -114,7 +114,7 @@ class DraftLoopDebugger:
 
     # ---- stepping: begin -> draft_step (k times) -> verify -> reject -> commit --------------------
     def begin(self) -> SpecStepTrace:
-        """Start a spec step for every running sequence (reserves lookahead, draws randoms)."""
+        """Start a spec step for every running sequence (reserves lookahead slots)."""
         eng = self.engine
         seqs = list(eng.running)
         if not seqs:

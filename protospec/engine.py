@@ -48,6 +48,7 @@ class Engine:
                 if m is not None:
                     m.enable_compile()
         self.num_blocks = self._size_pool(target, draft)
+        self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
         self.target = ModelRunner(target, self.num_blocks, config.block_size)
         self.draft = ModelRunner(draft, self.num_blocks, config.block_size) if draft is not None else None
@@ -139,7 +140,13 @@ class Engine:
 
     # ---- steps -----------------------------------------------------------------------------
     def _sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
-        return SamplingTensors.build([s.params for s in seqs], [s.generator for s in seqs], self.vocab_size, self.device)
+        """Built once per batch composition: rebuilding them (four host-to-device copies) after every
+        spec step's host sync would keep the GPU waiting for nothing."""
+        cached = self._sampling_cache
+        if cached is None or len(cached[0]) != len(seqs) or any(a is not b for a, b in zip(cached[0], seqs)):
+            st = SamplingTensors.build([s.params for s in seqs], [s.generator for s in seqs], self.vocab_size, self.device)
+            self._sampling_cache = cached = (list(seqs), st)  # the very Sequence objects, in order
+        return cached[1]
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         prompts = [s.prompt_token_ids for s in seqs]

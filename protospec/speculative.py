@@ -70,12 +70,11 @@ class SpeculativeStep:
 
     # ---- the stages of one spec step; __call__ runs them in order, a debugger may pause between ----
     def begin(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState":
-        """Reserve lookahead slots, draw the step's random numbers, make the draft output buffers."""
+        """Reserve lookahead slots, make the draft output buffers. (The step's random numbers are
+        drawn once draft step 1's forward is queued: the device runs it while the host draws.)"""
         self.reserve_lookahead(seqs)
         k, batch = self.k, len(seqs)
         max_blocks = max(len(seq.block_table) for seq in seqs)
-        with self.timer.phase("sampling"):
-            rnd = SpecStepRandoms.draw(st, k, self.draft.vocab_size, self.device)
         graph = self._loop_graph(batch, max_blocks, st) if self.mode == "graph" and self.advances_on_gpu else None
         if graph is not None:  # step 1 writes into the graph's output buffers too
             draft_ids, draft_probs = graph.draft_ids[:batch], graph.draft_probs[:batch]
@@ -83,7 +82,7 @@ class SpeculativeStep:
             draft_ids = torch.empty(batch, k, dtype=torch.int64, device=self.device)
             draft_probs = torch.empty(batch, k, self.draft.vocab_size, dtype=torch.float32, device=self.device)
         proposals = [[] for _ in seqs] if self.mode == "main" else None
-        return StepState(seqs, st, rnd, max_blocks, draft_ids, draft_probs, proposals, graph)
+        return StepState(seqs, st, None, max_blocks, draft_ids, draft_probs, proposals, graph)
 
     def _draft_inputs(self, s: "StepState"):
         step, seqs, tables = s.step, s.seqs, [seq.block_table for seq in s.seqs]
@@ -124,6 +123,8 @@ class SpeculativeStep:
         with timer.phase("draft_forward"):
             logits = self.draft.execute(inputs)
         with timer.phase("sampling"):
+            if s.randoms is None:
+                s.randoms = SpecStepRandoms.draw(s.st, self.k, self.draft.vocab_size, self.device)
             into = self.draft.decode_state.sampled_ids[:batch] if self.advances_on_gpu else None  # read by advance_step
             noise = s.randoms.draft_noise[:, s.step] if s.randoms.draft_noise is not None else None
             ids, probs = sample(logits, s.st, noise, out=into)  # [B], [B, V]
@@ -202,7 +203,7 @@ class StepState:
 
     seqs: list[Sequence]
     st: SamplingTensors
-    randoms: SpecStepRandoms
+    randoms: SpecStepRandoms | None       # drawn in draft step 1, after its forward is queued
     max_blocks: int                       # block-table width of this step (lookahead included)
     draft_ids: torch.Tensor               # [B, k] int64, filled step by step
     draft_probs: torch.Tensor             # [B, k, V] float32

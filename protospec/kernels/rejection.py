@@ -22,7 +22,10 @@ from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
-THREADS = 128  # per block; a power of two for the tree reduction
+# Threads per block (a power of two, for the tree reduction). Each thread strides over the vocab,
+# so at batch 1 (one block) the block's width is the parallelism: 512 on a GPU; the simulator runs
+# a Python thread per CUDA thread, so it gets a narrow block.
+THREADS = 32 if interop.SIMULATOR else 512
 
 
 @cuda.jit
