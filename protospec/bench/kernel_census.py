@@ -10,13 +10,12 @@ for the host: CPU prepares, host syncs, Python between launches). The ratio main
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 
 from protospec.bench.ablation import BenchSetup
-from protospec.bench.provenance import provenance
+from protospec.bench.provenance import provenance, write_report
 
 
 def merged_busy_us(intervals: list[tuple[float, float]]) -> float:
@@ -71,9 +70,7 @@ def main(argv=None) -> dict:
         report["modes"][mode] = r
         print(f"{mode:>7}: wall {r['wall_ms']:.1f} ms, GPU busy {r['gpu_busy_ms']:.1f} ms, idle {r['gpu_idle_ms']:.1f} ms, "
               f"{r['gpu_kernels']} kernels ({r['kernels_per_spec_step']:.0f} per spec step, {r['mean_kernel_us']:.1f} us mean)")
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_report(args.output_json, report)
     return report
 
 

@@ -8,14 +8,13 @@ absorbs the kernels; this is what the draft loop pays on the CPU per step). Medi
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import torch
 
-from protospec.bench.provenance import provenance
+from protospec.bench.provenance import provenance, write_report
 from protospec.decode_state import DraftDecodeState
 from protospec.inputs import prepare_inputs
 from protospec.kernels import interop
@@ -123,9 +122,7 @@ def main(argv=None) -> dict:
     for r in report["results"]:
         cells = "  ".join(f"{k}={v:.1f}" for k, v in r["host_us"].items() if v is not None)
         print(f"batch {r['batch_size']:>3}: host us/launch  {cells}  graph(5 adv)={r.get('graph_replay_us_5_advances')}")
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_report(args.output_json, report)
     return report
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -36,3 +37,10 @@ def provenance(device: torch.device, argv: list[str] | None = None, module: str 
         "command": shlex.join(["python", "-m", module, *args]),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
     }
+
+
+def write_report(path: str | None, report: dict) -> None:
+    """Write a run's report as indented JSON when a path was asked for."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
