@@ -20,4 +20,4 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 "${pip[@]}" -e ".[test]"
-.venv/bin/python -c "import torch, numba, protospec; print('protospec ready: torch', torch.__version__, '| numba', numba.__version__, '| cuda', torch.cuda.is_available())"
+.venv/bin/python -c "import protospec, torch, numba; print('protospec ready: torch', torch.__version__, '| numba', numba.__version__, '| cuda', torch.cuda.is_available())"
