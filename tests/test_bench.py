@@ -99,3 +99,17 @@ def test_kernel_census_merges_overlapping_intervals():
 
     assert merged_busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17  # [0,12) + [20,25)
     assert merged_busy_us([]) == 0
+
+
+def test_the_bench_runs_the_trained_pair(tmp_path, capsys):
+    """Issue 5: `--model data/models/protospec-target --speculative-model data/models/protospec-draft`."""
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[1] / "data" / "models"
+    out_json = tmp_path / "pair.json"
+    main(["--model", str(models / "protospec-target"), "--speculative-model", str(models / "protospec-draft"),
+          "--num-speculative-tokens", "5", "--input-len", "16", "--output-len", "12", "--num-iters-warmup", "1",
+          "--num-iters", "1", "--temperature", "0", "--output-json", str(out_json)])
+    result = json.loads(out_json.read_text())["result"]
+    assert result["acceptance_rate"] is not None and 0 <= result["prefix_acceptance_rate"] <= result["acceptance_rate"] <= 1
+    assert len(result["per_position_acceptance"]) == 5
