@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -69,6 +72,17 @@ def speedup(target: str, draft: str, k: int, prompts, max_tokens: int, repeats: 
     return result
 
 
+def fresh_process_load_s(target: str, draft: str, k: int) -> float:
+    """Seconds a new Python process takes to import protospec and load the pair on the CPU, offline:
+    what a newcomer waits for (interpreter start-up excluded)."""
+    code = ("import time; t = time.perf_counter(); from protospec import LLM; "
+            f"LLM({target!r}, speculative_model={draft!r}, num_speculative_tokens={k}, device='cpu'); "
+            "print(time.perf_counter() - t)")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m protospec.train.evaluate", description=__doc__)
     p.add_argument("--models", default="data/models")
@@ -83,9 +97,10 @@ def main(argv=None) -> dict:
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
     target, draft = str(Path(args.models) / "protospec-target"), str(Path(args.models) / "protospec-draft")
+    load_fresh_s = fresh_process_load_s(target, draft, args.k)
     LLM(target, device="cpu")  # imports and first-use costs out of the way
     start = time.perf_counter()
-    LLM(target, speculative_model=draft, num_speculative_tokens=args.k, device="cpu")  # what a newcomer waits for
+    LLM(target, speculative_model=draft, num_speculative_tokens=args.k, device="cpu")
     load_s = time.perf_counter() - start
     llm = LLM(target, device=args.device)
     if args.prompts_json:
@@ -95,7 +110,7 @@ def main(argv=None) -> dict:
     engine = dict(device=args.device, max_num_seqs=args.num_prompts)
     report = provenance(llm.engine.device, argv, "protospec.train.evaluate") | {
         "target": target, "draft": draft, "prompts_json": args.prompts_json, "k": args.k, "num_prompts": args.num_prompts, "prompt_len": args.prompt_len,
-        "max_tokens": args.max_tokens, "pair_load_s_cpu": load_s,
+        "max_tokens": args.max_tokens, "pair_load_s_cpu": load_s, "pair_load_s_fresh_process": load_fresh_s,
         "greedy": measure(target, draft, args.k, prompts, args.max_tokens, 0.0, **engine),
         "temperature_1": measure(target, draft, args.k, prompts, args.max_tokens, 1.0, **engine),
     }
@@ -104,6 +119,7 @@ def main(argv=None) -> dict:
         t = report["timing_batch1_greedy"]
         print(f"batch 1 greedy p50: target-only {t['target_only']['p50_s']:.4f}s, speculative "
               f"{t['speculative']['p50_s']:.4f}s, speedup {t['speedup_p50']:.2f}x")
+    print(f"pair load: {load_fresh_s:.2f}s in a fresh process (imports included), {load_s:.2f}s after a warm-up load")
     for mode in ("greedy", "temperature_1"):
         r = report[mode]
         print(f"{mode}: acceptance {r['acceptance_rate']:.3f} (accepted prefix {r['prefix_acceptance_rate']:.3f}), "
