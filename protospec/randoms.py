@@ -24,8 +24,9 @@ class SpecStepRandoms:
     def draw(cls, st: SamplingTensors, k: int, vocab: int, device) -> "SpecStepRandoms":
         batch = len(st.generators)
         if st.all_greedy:  # one-hot probabilities make every draw irrelevant: skip the work
-            ones = torch.ones(batch, k + 1, vocab, device=device)
-            return cls(None, torch.zeros(batch, k, device=device), ones[:, :k], ones[:, k])
+            # Two contiguous blocks (not slices of one): the fused rejection kernel takes them as is.
+            ones_k, ones_bonus = torch.ones(batch, k, vocab, device=device), torch.ones(batch, vocab, device=device)
+            return cls(None, torch.zeros(batch, k, device=device), ones_k, ones_bonus)
         # One Exp(1) block and one uniform block per request: [2k + 1, V] and [k].
         noise = exponential_noise((2 * k + 1, vocab), st.generators, device)  # [B, 2k + 1, V]
         uniforms = torch.stack([torch.rand(k, device=device, generator=g) for g in st.generators])
