@@ -2,7 +2,8 @@
 # Device run of record: GPU tests, the trained pair's acceptance and batch-1 speedup on the fixed
 # held-out prompts, the ablation with the per-phase breakdown (3 interleaved rounds), the same with
 # torch.compile, and draft == target. Results land in $OUT/results.tgz.
-#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/issue4.sh
+#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/issue4.sh [--full-tests]
+# (The sweep: bench 300 --sweep --num-iters-warmup 1 --num-iters 3, in a call of its own.)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -10,7 +11,11 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; rm -rf res; mkdir -p "$OUT" res
 quiet() { grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode" -e "FutureWarning" -e "return forward_call" -e "warnings.warn" -e "_warn_once"; }
 bench() { timeout "$1" python3 -m protospec.bench "${@:2}" --output-dir res 2>&1 | quiet | grep -v -e "^|" -e "^$" -e "mode .* (round"; }
-timeout 80 python3 -m pytest -q -p no:cacheprovider -m gpu tests tests/test_rejection_kernel.py 2>&1 | tail -2
+if [ "${1:-}" = "--full-tests" ]; then  # the whole suite on the GPU (kernel tests included), ~2-3 min
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -3
+else
+  timeout 80 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -2
+fi
 timeout 70 python3 -m protospec.train.evaluate --models data/models --prompts-json data/models/heldout_prompts.json \
   --timing --output-json res/trained_pair_evaluate.json 2>&1 | quiet | tail -3
 bench 200 --ablation --breakdown --repeats 3
