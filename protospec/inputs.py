@@ -83,22 +83,36 @@ def prepare_inputs(
 
     # Short rows are padded with the null block; attention masks those keys by position.
     tables = [table + [NULL_BLOCK] * (width - len(table)) for table in block_tables]
-
-    def to_device(values, dtype):
-        return host_to_device(values, dtype, device)
-
+    # Every field travels in ONE pinned host-to-device copy (one int64 staging tensor), not one copy
+    # per field: each copy costs the host tens of microseconds, and this is the CPU path's hot loop.
+    fields = {  # name: (flat values, shape)
+        "input_ids": (input_ids, (len(input_ids),)),
+        "positions": (positions, (len(positions),)),
+        "slot_mapping": (slots, (len(slots),)),
+        "block_tables": ([b for row in tables for b in row], (num_seqs, width)),
+        "seq_lens": (seq_lens, (num_seqs,)),
+        "query_start_loc": (query_start, (num_seqs + 1,)),
+        "padded_token_index": ([i for row in padded_index for i in row], (num_seqs, max_q)),
+        "token_grid_index": (grid_index, (len(grid_index),)),
+        "logits_indices": (logits_indices, (len(logits_indices),)),
+    }
+    staged = host_to_device([v for values, _ in fields.values() for v in values], torch.int64, device)
+    views, offset = {}, 0
+    for name, (values, shape) in fields.items():
+        views[name] = staged[offset : offset + len(values)].view(shape)
+        offset += len(values)
+    int32 = {name: views[name].to(torch.int32) for name in ("block_tables", "seq_lens", "query_start_loc")}
     meta = AttentionMetadata(
-        slot_mapping=to_device(slots, torch.int64),
-        block_tables=to_device(tables, torch.int32),
-        seq_lens=to_device(seq_lens, torch.int32),
-        query_start_loc=to_device(query_start, torch.int32),
-        padded_token_index=to_device(padded_index, torch.int64),
-        token_grid_index=to_device(grid_index, torch.int64),
-        logits_indices=to_device(logits_indices, torch.int64),
+        slot_mapping=views["slot_mapping"],
+        block_tables=int32["block_tables"],
+        seq_lens=int32["seq_lens"],
+        query_start_loc=int32["query_start_loc"],
+        padded_token_index=views["padded_token_index"],
+        token_grid_index=views["token_grid_index"],
+        logits_indices=views["logits_indices"],
         block_size=block_size,
         uniform_query_len=max_q if len(set(query_lens)) == 1 else None,
     )
     uniform = len(set(query_lens)) == 1 and len(set(num_logits)) == 1
-    return ForwardInputs(to_device(input_ids, torch.int64), to_device(positions, torch.int64), meta,
+    return ForwardInputs(views["input_ids"], views["positions"], meta,
                          query_len=max_q if uniform else None, logits_per_seq=num_logits[0] if uniform else None)
-
