@@ -1,8 +1,9 @@
-"""Every random number a spec step needs, drawn up front from each request's own generator.
+"""Every random number a spec step needs, drawn in one go from each request's own generator.
 
-Drawing them before the draft loop keeps the loop free of RNG calls (so it could be captured as
-one CUDA graph), makes seeded runs repeat, and gives the three draft-loop modes the very same
-random numbers, so their outputs can be compared token for token.
+They are drawn in draft step 1, after its forward is queued (the device runs the forward while the
+host draws) and before anything samples. That keeps draft steps 2..k free of RNG calls (the graph
+mode captures them as one CUDA graph), makes seeded runs repeat, and gives every draft-loop mode the
+very same random numbers, so their outputs can be compared token for token.
 """
 from __future__ import annotations
 
