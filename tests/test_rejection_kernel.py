@@ -87,3 +87,19 @@ def test_engine_with_the_fused_kernel_emits_the_same_tokens(tiny_target, tiny_dr
         outs = llm.generate(prompts, params)
         runs.append(([o.token_ids for o in outs], llm.metrics.num_passed_tokens, llm.metrics.num_accepted_tokens))
     assert runs[0] == runs[1]
+
+
+def test_array_fields_follow_numbas_layout_for_c_contiguous_arrays():
+    """TensorLaunch hands the driver these fields per tensor; they must be what Numba's own dispatch
+    marshals for the same array (meminfo, parent, nitems, itemsize, data, shape, strides in bytes)."""
+    import numpy as np
+
+    from protospec.kernels.interop import array_fields
+
+    t = torch.zeros(1, 3, 5, dtype=torch.float32)
+    strided_dim0 = torch.zeros(4, 3, 5)[1:2]  # contiguous, but torch reports stride 15 for the size-1 dim
+    for tensor in (t, strided_dim0, torch.zeros(7, dtype=torch.int64), torch.zeros(2, 6, dtype=torch.uint8)):
+        expected_strides = list(np.empty(tuple(tensor.shape), dtype=tensor.numpy().dtype).strides)
+        fields = array_fields(tensor)
+        assert fields[:5] == [0, 0, tensor.numel(), tensor.element_size(), tensor.data_ptr()]
+        assert fields[5:] == list(tensor.shape) + expected_strides

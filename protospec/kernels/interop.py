@@ -118,6 +118,19 @@ class BoundLaunch:
             raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
 
 
+def array_fields(t: torch.Tensor) -> list[int]:
+    """What Numba's compiled kernels take for one C-contiguous array argument, in order: meminfo,
+    parent (both 0), number of items, item size, data pointer, the shape, then the strides in bytes
+    (numba-cuda's Dispatcher._prepare_args). Strides come from the shape: torch may report any stride
+    for a dimension of size 1."""
+    itemsize, shape = t.element_size(), list(t.shape)
+    strides, step = [], itemsize
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return [0, 0, t.numel(), itemsize, t.data_ptr(), *shape, *reversed(strides)]
+
+
 class TensorLaunch:
     """A Numba kernel launched with torch tensors whose storage changes from call to call.
 
@@ -153,14 +166,7 @@ class TensorLaunch:
         values = []
         for ty, a in zip(types, args):
             if isinstance(a, torch.Tensor):
-                itemsize, shape = a.element_size(), a.shape
-                strides, step = [], itemsize
-                for size in reversed(shape):  # C order, from the shape (torch may report any stride for size-1 dims)
-                    strides.append(step)
-                    step *= size
-                values += [ctypes.c_int64(0), ctypes.c_int64(0), ctypes.c_int64(a.numel()), ctypes.c_int64(itemsize),
-                           ctypes.c_int64(a.data_ptr())]
-                values += [ctypes.c_int64(n) for n in shape] + [ctypes.c_int64(n) for n in reversed(strides)]
+                values += [ctypes.c_int64(v) for v in array_fields(a)]
             else:
                 values.append(getattr(ctypes, f"c_{ty}")(a))
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
