@@ -167,11 +167,13 @@ class SpeculativeStep:
             # One device-to-host copy (the spec step's first host sync on the no-sync paths): per
             # row the k + 1 output ids, the accepted and the passed counts; then advance_step's
             # error flag (0 = none).
-            columns = torch.cat([r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)], 1)
-            flag = decode.error_row.long() if self.advances_on_gpu else columns.new_zeros(1)
-            flat = torch.cat([columns.flatten(), flag]).tolist()
+            parts = [torch.cat([r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)], 1).flatten()]
+            if self.advances_on_gpu:
+                parts.append(decode.error_row.long())
+            flat = torch.cat(parts).tolist()
             width = self.k + 3
-            rows, bad_row = [flat[i * width : (i + 1) * width] for i in range(len(s.seqs))], flat[-1]
+            rows = [flat[i * width : (i + 1) * width] for i in range(len(s.seqs))]
+            bad_row = flat[-1] if self.advances_on_gpu else 0
             if bad_row:
                 decode.error_row.zero_()
                 raise AdvanceStepError(f"advance_step: row {bad_row - 1} reached a position its block table does "

@@ -87,17 +87,13 @@ class BoundLaunch:
     no synchronisation, so it is also captured by torch.cuda.graph.
     """
 
-    _libcuda = None
-
     def __init__(self, kernel, num_threads: int, tensors_and_scalars: list):
         if SIMULATOR:
             raise RuntimeError("BoundLaunch needs a real GPU (the simulator has no driver to call)")
         self.grid, self.block = launch_config(num_threads)
         self._keep = list(tensors_and_scalars)  # the tensors must outlive the binding
         args = [as_numba(a) if isinstance(a, torch.Tensor) else a for a in tensors_and_scalars]
-        specialized = kernel.specialize(*args)
-        compiled = next(iter(specialized.overloads.values()))
-        cufunc = compiled._codelibrary.get_cufunc()
+        compiled, self._function = _specialize(kernel, args)
         marshalled, writebacks = [], []
         for ty, value in zip(compiled.argument_types, args):
             compiled._prepare_args(ty, value, 0, writebacks, marshalled)
@@ -106,16 +102,12 @@ class BoundLaunch:
         # pointer-sized ints and scalars as ctypes values; the driver wants a pointer to each.
         self._values = [ctypes.c_int64(v) if isinstance(v, int) else v for v in marshalled]
         self._params = (ctypes.c_void_p * len(self._values))(*[ctypes.addressof(v) for v in self._values])
-        self._function = ctypes.c_void_p(_handle_as_int(cufunc.handle))
         self._device = next(a for a in tensors_and_scalars if isinstance(a, torch.Tensor)).device
-        self._cu_launch = _libcuda().cuLaunchKernel
 
     def __call__(self, stream_handle: int | None = None) -> None:
         if stream_handle is None:
             stream_handle = torch.cuda.current_stream(self._device).cuda_stream
-        rc = self._cu_launch(self._function, self.grid, 1, 1, self.block, 1, 1, 0, stream_handle, self._params, None)
-        if rc != 0:
-            raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
+        _cu_launch(self._function, self.grid, self.block, stream_handle, self._params)
 
 
 def array_fields(t: torch.Tensor) -> list[int]:
@@ -152,9 +144,7 @@ class TensorLaunch:
         return tuple((a.dtype, a.dim()) if isinstance(a, torch.Tensor) else type(a) for a in args)
 
     def _compile(self, args) -> tuple:
-        numba_args = [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args]
-        compiled = next(iter(self.kernel.specialize(*numba_args).overloads.values()))
-        function = ctypes.c_void_p(_handle_as_int(compiled._codelibrary.get_cufunc().handle))
+        compiled, function = _specialize(self.kernel, [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
         return function, compiled.argument_types
 
     def __call__(self, grid: int, block: int, args: list) -> None:
@@ -171,19 +161,34 @@ class TensorLaunch:
                 values.append(getattr(ctypes, f"c_{ty}")(a))
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         device = next(a for a in args if isinstance(a, torch.Tensor)).device
-        stream = torch.cuda.current_stream(device).cuda_stream
-        rc = _libcuda().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, params, None)
-        if rc != 0:
-            raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
+        _cu_launch(function, grid, block, torch.cuda.current_stream(device).cuda_stream, params)
+
+
+def _specialize(kernel, numba_args: list) -> tuple:
+    """Compile `kernel` for these arguments' types: (Numba's compiled kernel, its CUfunction handle)."""
+    compiled = next(iter(kernel.specialize(*numba_args).overloads.values()))
+    return compiled, ctypes.c_void_p(_handle_as_int(compiled._codelibrary.get_cufunc().handle))
+
+
+def _cu_launch(function, grid: int, block: int, stream_handle: int, params) -> None:
+    """One cuLaunchKernel (1-D grid and block, no dynamic shared memory) on the given stream."""
+    rc = _libcuda().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params, None)
+    if rc != 0:
+        raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
+
+
+_LIBCUDA = None
 
 
 def _libcuda():
-    if BoundLaunch._libcuda is None:
+    """The CUDA driver library, loaded once (torch has already initialised the driver)."""
+    global _LIBCUDA
+    if _LIBCUDA is None:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuLaunchKernel.restype = ctypes.c_int
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        BoundLaunch._libcuda = lib
-    return BoundLaunch._libcuda
+        _LIBCUDA = lib
+    return _LIBCUDA
 
 
 def _handle_as_int(handle) -> int:

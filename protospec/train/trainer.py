@@ -118,6 +118,7 @@ def sample_from_teacher(teacher, train_tokens: np.ndarray, num_seqs: int, prompt
     for i, start in enumerate(range(0, num_seqs, batch_size)):
         n = min(batch_size, num_seqs - start)
         ids = windows(train_tokens, rng.integers(0, len(train_tokens) - prompt_len, n), prompt_len).to(device)
+        pieces = [ids]  # [n, prompt_len], then one [n, 1] per new token
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             out = teacher(input_ids=ids, use_cache=True)
             for _ in range(length - prompt_len):
@@ -126,9 +127,9 @@ def sample_from_teacher(teacher, train_tokens: np.ndarray, num_seqs: int, prompt
                     nxt = logits.argmax(-1, keepdim=True)
                 else:
                     nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
-                ids = torch.cat([ids, nxt], 1)
+                pieces.append(nxt)
                 out = teacher(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
-        rows.append(ids.cpu())
+        rows.append(torch.cat(pieces, 1).cpu())
     return torch.cat(rows)
 
 
