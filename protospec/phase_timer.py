@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-PHASES = ("prepare", "draft_forward", "sampling", "draft_loop_graph", "verify", "rejection", "commit")
+PHASES = ("begin", "prepare", "draft_forward", "sampling", "draft_loop_graph", "verify", "rejection", "commit")
 
 
 class PhaseTimer:
@@ -45,6 +45,14 @@ class PhaseTimer:
                 gpu_ms[name] += start.elapsed_time(end)
         return {name: {"cpu_ms": self.cpu_s[name] * 1e3, "gpu_ms": gpu_ms.get(name) if self.use_events else None,
                        "calls": self.counts[name]} for name in PHASES if name in self.counts}
+
+
+class ProfilerPhases:
+    """Phases as torch.profiler ranges named "phase:<name>" (kernel_census attributes the GPU's idle
+    gaps to them); no events, no syncs."""
+
+    def phase(self, name: str):
+        return torch.profiler.record_function(f"phase:{name}")
 
 
 class _NullTimer:

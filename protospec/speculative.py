@@ -72,6 +72,10 @@ class SpeculativeStep:
     def begin(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState":
         """Reserve lookahead slots, make the draft output buffers. (The step's random numbers are
         drawn once draft step 1's forward is queued: the device runs it while the host draws.)"""
+        with self.timer.phase("begin"):
+            return self._begin(seqs, st)
+
+    def _begin(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState":
         self.reserve_lookahead(seqs)
         k, batch = self.k, len(seqs)
         max_blocks = max(len(seq.block_table) for seq in seqs)

@@ -101,6 +101,17 @@ def test_kernel_census_merges_overlapping_intervals():
     assert merged_busy_us([]) == 0
 
 
+def test_kernel_census_charges_each_idle_gap_to_the_phase_that_ended_it():
+    from protospec.bench.kernel_census import idle_by_phase
+
+    kernels = [(0, 10), (30, 40), (38, 45), (100, 110), (200, 205)]  # gaps: 20, 55, 90 us
+    phases = [(20, 60, "commit"), (80, 120, "begin"), (85, 99, "prepare")]  # prepare nests in begin
+    gaps = idle_by_phase(kernels, phases, launch_lead_us=4)
+    # 30 - 4 = 26 in commit; 96 in begin and prepare -> the inner one; 196 in no phase
+    assert gaps == {"commit": 20, "prepare": 55, "outside_spec_step": 90}
+    assert idle_by_phase([], phases) == {}
+
+
 def test_the_bench_runs_the_trained_pair(tmp_path, capsys):
     """Issue 5: `--model data/models/protospec-target --speculative-model data/models/protospec-draft`."""
     from pathlib import Path

@@ -16,6 +16,7 @@ import torch
 
 from protospec.bench.ablation import BenchSetup
 from protospec.bench.provenance import provenance, write_report
+from protospec.phase_timer import NULL_TIMER, ProfilerPhases
 
 
 def merged_busy_us(intervals: list[tuple[float, float]]) -> float:
@@ -30,6 +31,24 @@ def merged_busy_us(intervals: list[tuple[float, float]]) -> float:
     return busy
 
 
+def idle_by_phase(kernels: list[tuple[float, float]], phases: list[tuple[float, float, str]],
+                  launch_lead_us: float = 4.0) -> dict[str, float]:
+    """Charge each GPU idle gap (us) to the host phase that ended it: the phase range running on the
+    CPU just before the next kernel started (its launch), the innermost where ranges nest.
+    kernels: device (start, end); phases: host (start, end, name). Gaps before the first kernel are
+    not counted; a gap no phase covers is "outside_spec_step" (engine bookkeeping between steps)."""
+    gaps: dict[str, float] = {}
+    end_so_far = None
+    for start, end in sorted(kernels):
+        if end_so_far is not None and start > end_so_far:
+            launch = start - launch_lead_us
+            covering = [p for p in phases if p[0] <= launch <= p[1]]
+            name = max(covering)[2] if covering else "outside_spec_step"  # latest start = innermost
+            gaps[name] = gaps.get(name, 0.0) + (start - end_so_far)
+        end_so_far = end if end_so_far is None else max(end_so_far, end)
+    return gaps
+
+
 def census(llm, setup: BenchSetup, mode: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -38,17 +57,29 @@ def census(llm, setup: BenchSetup, mode: str) -> dict:
     for _ in range(3):  # warm-up: graphs captured, kernels loaded
         llm.generate(prompts, params)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        llm.generate(prompts, params)
-        torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - start) * 1e6
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy_us = merged_busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
+    llm.engine.spec_step.timer = ProfilerPhases()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            llm.generate(prompts, params)
+            torch.cuda.synchronize()
+            wall_us = (time.perf_counter() - start) * 1e6
+    finally:
+        llm.engine.spec_step.timer = NULL_TIMER
+    events = prof.events()
+    # Device work: kernels, copies, memsets; a record_function range also shows up on the device
+    # side under its own name, and is not work.
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("phase:")]
+    phases = [(e.time_range.start, e.time_range.end, e.name.removeprefix("phase:")) for e in events
+              if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("phase:")]
+    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+    busy_us = merged_busy_us(spans)
     steps = llm.metrics.num_spec_steps
+    idle = idle_by_phase(spans, phases)
     return {"wall_ms": wall_us / 1e3, "gpu_busy_ms": busy_us / 1e3, "gpu_idle_ms": (wall_us - busy_us) / 1e3,
             "gpu_kernels": len(kernels), "spec_steps": steps, "kernels_per_spec_step": len(kernels) / max(1, steps),
-            "mean_kernel_us": busy_us / max(1, len(kernels))}
+            "mean_kernel_us": busy_us / max(1, len(kernels)),
+            "gpu_idle_ms_by_host_phase": {k: round(v / 1e3, 2) for k, v in sorted(idle.items(), key=lambda kv: -kv[1])}}
 
 
 def main(argv=None) -> dict:
@@ -70,6 +101,7 @@ def main(argv=None) -> dict:
         report["modes"][mode] = r
         print(f"{mode:>7}: wall {r['wall_ms']:.1f} ms, GPU busy {r['gpu_busy_ms']:.1f} ms, idle {r['gpu_idle_ms']:.1f} ms, "
               f"{r['gpu_kernels']} kernels ({r['kernels_per_spec_step']:.0f} per spec step, {r['mean_kernel_us']:.1f} us mean)")
+        print(f"         idle ms by the host phase that ended it: {r['gpu_idle_ms_by_host_phase']}")
     write_report(args.output_json, report)
     return report
 
