@@ -56,6 +56,10 @@ class EngineConfig:
     # None = on CUDA. Same tokens either way (a test checks); on a CPU the torch ops are faster
     # than the simulator.
     fused_rejection: bool | None = None
+    # Decode-shaped forwards (draft steps, verify, target decode) on the Numba layer kernels: 9
+    # kernels per layer instead of ~20 (layer_kernels.py). None = on CUDA for float16/float32
+    # unless compile is on (torch.compile is the other way to fuse the same chains).
+    layer_kernels: bool | None = None
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

@@ -15,6 +15,7 @@ from protospec.block_manager import BlockManager, blocks_for
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.layer_ops import ACTIVATION_DTYPES
 from protospec.loader import load_model
 from protospec.runner import ModelRunner
 from protospec.sampler import SamplingTensors, sample
@@ -47,6 +48,11 @@ class Engine:
             for m in (target, draft):
                 if m is not None:
                     m.enable_compile()
+        self.use_layer_kernels = self._resolve_layer_kernels()
+        if self.use_layer_kernels:
+            for m in (target, draft):
+                if m is not None:
+                    m.enable_layer_kernels()
         self.num_blocks = self._size_pool(target, draft)
         self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
@@ -65,6 +71,18 @@ class Engine:
         self.eos_token_id = target.config.eos_token_id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+
+    def _resolve_layer_kernels(self) -> bool:
+        cfg = self.config
+        supported = self.dtype in ACTIVATION_DTYPES
+        if cfg.layer_kernels is None:
+            return self.device.type == "cuda" and supported and not cfg.compile
+        if cfg.layer_kernels and self.device.type != KERNEL_DEVICE_TYPE:
+            raise ConfigError(f"layer_kernels=True on device {self.device}: the Numba kernels run on "
+                              f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
+        if cfg.layer_kernels and not supported:
+            raise ConfigError(f"layer_kernels=True with dtype {self.dtype}: the kernels take {ACTIVATION_DTYPES}")
+        return cfg.layer_kernels
 
     def set_draft_loop(self, mode: str) -> None:
         """Switch the draft loop's input path (main / sampler / gpu / auto) between generate()

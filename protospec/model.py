@@ -169,6 +169,7 @@ class LlamaForCausalLM(nn.Module):
         self.prologue = forward_prologue
         self.blocks = (pre_attention, post_attention)
         self.head = lm_head_logits
+        self.layer_kernels = None  # a LayerKernelForward once enable_layer_kernels() ran
 
     def place(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaForCausalLM":
         """Move weights to device/dtype (the RoPE tables stay float32, as HF computes them), then fuse
@@ -191,6 +192,14 @@ class LlamaForCausalLM(nn.Module):
         self.blocks = (torch.compile(pre_attention, dynamic=False), torch.compile(post_attention, dynamic=False))
         self.head = torch.compile(lm_head_logits, dynamic=False)
 
+    def enable_layer_kernels(self) -> None:
+        """Run decode-shaped forwards (a few tokens per sequence) on the Numba layer kernels,
+        9 kernels per layer instead of ~20 (layer_kernels.py); prefill keeps the torch path.
+        Call after place()."""
+        from protospec.layer_kernels import LayerKernelForward
+
+        self.layer_kernels = LayerKernelForward(self)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -199,6 +208,8 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],    # per layer [2, num_blocks, block_size, kvh, d]
         meta: AttentionMetadata,
     ) -> torch.Tensor:                    # [num_logits, vocab] float32
+        if self.layer_kernels is not None and self.layer_kernels.applies(meta):
+            return self.layer_kernels.forward(self, input_ids, positions, kv_caches, meta)
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         rope, plan = self.prologue(positions, self.rope.cos, self.rope.sin, meta, x.dtype)
         residual = None

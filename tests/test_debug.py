@@ -4,11 +4,14 @@ from tiny import random_prompts, tiny_llm
 
 from protospec import SamplingParams
 from protospec.debug import DraftLoopDebugger
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.viz import plot_block_pool
+
+DEV = KERNEL_DEVICE_TYPE  # the gpu mode's advance_step runs here: cuda on a GPU machine, cpu in the simulator
 
 
 def test_debugger_records_every_draft_step_and_its_cpu_twin(tiny_target, tiny_draft):
-    llm = tiny_llm(tiny_target, tiny_draft, k=4, draft_loop="gpu", block_size=4)
+    llm = tiny_llm(tiny_target, tiny_draft, k=4, draft_loop="gpu", block_size=4, device=DEV)
     dbg = DraftLoopDebugger(llm)
     seqs = dbg.add(random_prompts(2), SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True, seed=3))
     for _ in range(3):
@@ -31,8 +34,8 @@ def test_debugger_records_every_draft_step_and_its_cpu_twin(tiny_target, tiny_dr
 def test_stage_by_stage_stepping_generates_what_generate_does(tiny_target, tiny_draft):
     params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=9)
     prompts = random_prompts(2, seed=4)
-    reference = [o.token_ids for o in tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="gpu").generate(prompts, params)]
-    dbg = DraftLoopDebugger(tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="gpu"))
+    reference = [o.token_ids for o in tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="gpu", device=DEV).generate(prompts, params)]
+    dbg = DraftLoopDebugger(tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="gpu", device=DEV))
     seqs = dbg.add(prompts, params)
     while dbg.engine.running:
         dbg.begin()

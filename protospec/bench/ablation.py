@@ -42,6 +42,7 @@ class BenchSetup:
     temperature: float = 1.0
     device: str | None = None
     compile: bool = False
+    layer_kernels: bool | None = None  # None: the engine's default (on CUDA unless compile)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -53,7 +54,8 @@ class BenchSetup:
         draft = self.speculative_model if speculative else None
         return LLM(self.model, speculative_model=draft, num_speculative_tokens=self.num_speculative_tokens,
                    load_format=self.load_format, dtype=self.dtype, device=self.device, block_size=self.block_size,
-                   seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop, compile=self.compile)
+                   seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop, compile=self.compile,
+                   layer_kernels=self.layer_kernels)
 
 
 def _release_memory() -> None:
@@ -140,7 +142,8 @@ def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = 
         results[peer] = run_peer(peer, setup, llm, progress)
     device = llm.engine.device
     config = asdict(setup) | {"resolved_device": str(device), "resolved_dtype": str(llm.engine.dtype),
-                              "cuda_graphs": llm.engine.use_cuda_graphs, "kv_blocks": llm.engine.num_blocks}
+                              "cuda_graphs": llm.engine.use_cuda_graphs, "kv_blocks": llm.engine.num_blocks,
+                              "resolved_layer_kernels": llm.engine.use_layer_kernels}
     del llm
     _release_memory()
     return {"config": config | {"repeats": repeats}, "modes": results, "device_type": device.type}

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "gpu (advance_step kernel, no sync), graph (steps 2..k as one CUDA graph); "
                         "auto = gpu on CUDA, main on CPU")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
+    p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
+                   help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
+                        "auto = on CUDA for float16/float32 unless --compile")
     p.add_argument("--output-json", default=None, help="write this run's numbers here (plain latency run)")
     p.add_argument("--use-v2-block-manager", action="store_true", help="accepted for compatibility; a no-op here")
     g = p.add_argument_group("ablation report")
@@ -85,7 +88,8 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
 def setup_from(args) -> BenchSetup:
     return BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                       args.batch_size, args.num_iters_warmup, args.num_iters, args.dtype, args.block_size,
-                      args.load_format, args.seed, args.temperature, args.device, args.compile)
+                      args.load_format, args.seed, args.temperature, args.device, args.compile,
+                      {"auto": None, "on": True, "off": False}[args.layer_kernels])
 
 
 def print_latency(entry: dict) -> None:
@@ -111,7 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
         return run_report(args, setup, argv)
     llm = setup.llm(speculative=setup.speculative_model is not None, draft_loop=args.draft_loop)
     print(f"device={llm.engine.device} dtype={llm.engine.dtype} kv_blocks={llm.engine.num_blocks} "
-          f"draft_loop={llm.engine.draft_loop} cuda_graphs={llm.engine.use_cuda_graphs}", flush=True)
+          f"draft_loop={llm.engine.draft_loop} cuda_graphs={llm.engine.use_cuda_graphs} "
+          f"layer_kernels={llm.engine.use_layer_kernels}", flush=True)
     if setup.speculative_model:
         entry = run_mode(llm, setup, args.draft_loop, args.breakdown, _progress)
     else:
@@ -143,6 +148,7 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
         report["sweep"] = run_sweep(setup, args.sweep_batch_sizes, args.sweep_ks, args.modes)
     tag = ("ablation" if args.ablation else "sweep") + ("_draft-equals-target" if args.draft_equals_target else "")
     tag += "_compile" if args.compile else ""
+    tag += "_torch-layers" if args.layer_kernels == "off" else ""
     paths = write_report(report, args.output_dir, tag)
     print("wrote " + ", ".join(paths.values()))
     return report

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 
 import torch
 
@@ -76,10 +77,13 @@ def census(llm, setup: BenchSetup, mode: str) -> dict:
     busy_us = merged_busy_us(spans)
     steps = llm.metrics.num_spec_steps
     idle = idle_by_phase(spans, phases)
+    names = Counter(e.name for e in kernels)
+    top = {name[:90]: round(count / max(1, steps), 1) for name, count in names.most_common(20)}
     return {"wall_ms": wall_us / 1e3, "gpu_busy_ms": busy_us / 1e3, "gpu_idle_ms": (wall_us - busy_us) / 1e3,
             "gpu_kernels": len(kernels), "spec_steps": steps, "kernels_per_spec_step": len(kernels) / max(1, steps),
             "mean_kernel_us": busy_us / max(1, len(kernels)),
-            "gpu_idle_ms_by_host_phase": {k: round(v / 1e3, 2) for k, v in sorted(idle.items(), key=lambda kv: -kv[1])}}
+            "gpu_idle_ms_by_host_phase": {k: round(v / 1e3, 2) for k, v in sorted(idle.items(), key=lambda kv: -kv[1])},
+            "top_kernels_per_spec_step": top}
 
 
 def main(argv=None) -> dict:
@@ -89,11 +93,13 @@ def main(argv=None) -> dict:
     p.add_argument("--speculative-model", default="JackFram/llama-68m")
     p.add_argument("--modes", nargs="+", default=["main", "gpu", "graph"])
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
-    setup = BenchSetup(args.model, args.speculative_model, 5, 256, 128, 1, 3, 1, load_format="dummy", compile=args.compile)
+    setup = BenchSetup(args.model, args.speculative_model, 5, 256, 128, 1, 3, 1, load_format="dummy", compile=args.compile,
+                       layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels])
     llm = setup.llm()
     report = provenance(llm.engine.device, argv, "protospec.bench.kernel_census") | {"config": vars(args), "modes": {}}
     for mode in args.modes:

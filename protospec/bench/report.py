@@ -34,7 +34,8 @@ def markdown_table(report: dict) -> str:
         f"Config: {cfg['model']} + {cfg['speculative_model']}, k={cfg['num_speculative_tokens']}, input {cfg['input_len']}, "
         f"output {cfg['output_len']}, batch {cfg['batch_size']}, {cfg['resolved_dtype']}, temperature {cfg['temperature']}, "
         f"{cfg['num_iters_warmup']}+{cfg['num_iters']} iterations, CUDA graphs {cfg['cuda_graphs']}, "
-        f"torch.compile {cfg.get('compile', False)}, {cfg.get('repeats', 1)} round(s) of the modes",
+        f"torch.compile {cfg.get('compile', False)}, layer kernels {cfg.get('resolved_layer_kernels', False)}, "
+        f"{cfg.get('repeats', 1)} round(s) of the modes",
         "",
         "| mode | p50 (s) | p10 (s) | p90 (s) | avg (s) | p50 main / mode | acceptance | accepted prefix | system eff. | mean acc. len |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -158,10 +158,30 @@ class TensorLaunch:
             if isinstance(a, torch.Tensor):
                 values += [ctypes.c_int64(v) for v in array_fields(a)]
             else:
-                values.append(getattr(ctypes, f"c_{ty}")(a))
+                values.append(_CTYPES_SCALARS[str(ty)](a))
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         device = next(a for a in args if isinstance(a, torch.Tensor)).device
         _cu_launch(function, grid, block, torch.cuda.current_stream(device).cuda_stream, params)
+
+
+# How Numba passes each scalar type it infers from a Python int or float.
+_CTYPES_SCALARS = {"int64": ctypes.c_int64, "int32": ctypes.c_int32, "float64": ctypes.c_double,
+                   "float32": ctypes.c_float, "bool": ctypes.c_bool}
+
+_tensor_launchers: dict = {}
+
+
+def launch_tensors(kernel, grid: int, block: int, args: list) -> None:
+    """Launch a Numba kernel over torch tensors (checked, C-contiguous) and Python scalars: in the
+    simulator through Numba's own dispatch on numpy views, on a GPU through a TensorLaunch kept per
+    kernel (one cuLaunchKernel on torch's current stream, so CUDA graphs capture it)."""
+    if SIMULATOR:
+        kernel[grid, block](*[as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
+        return
+    launcher = _tensor_launchers.get(kernel)
+    if launcher is None:
+        launcher = _tensor_launchers[kernel] = TensorLaunch(kernel)
+    launcher(grid, block, args)
 
 
 def _specialize(kernel, numba_args: list) -> tuple:

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# A probe before changing the engine: the whole test suite on the GPU, the launch/prepare host
-# costs, the kernel census with GPU idle time charged to host phases, and a quick ablation
+# A probe between engine changes: the whole test suite on the GPU, the kernel census with GPU idle
+# time charged to host phases, the trained pair's acceptance and speedup, and a quick ablation
 # (2 interleaved rounds, protospec peers only). Results land in $OUT/results.tgz.
-#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/probe.sh [--no-tests]
+#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/probe.sh [--no-tests] [--launch-cost]
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; rm -rf res; mkdir -p "$OUT" res
-quiet() { grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode" -e "FutureWarning" -e "return forward_call" -e "warnings.warn" -e "_warn_once"; }
-[ "${1:-}" = "--no-tests" ] || timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -3
-timeout 60 python3 -m protospec.bench.launch_cost --output-json res/launch_cost.json 2>&1 | quiet | tail -8
-timeout 100 python3 -m protospec.bench.kernel_census --output-json res/kernel_census.json 2>&1 | quiet | tail -6
+quiet() { grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode" -e "FutureWarning" -e "return forward_call" -e "warnings.warn" -e "_warn_once" -e "NumbaPerformanceWarning" -e "warn(errors"; }
+case " $* " in *" --no-tests "*) ;; *) timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests 2>&1 | tail -25 ;; esac
+case " $* " in *" --launch-cost "*) timeout 60 python3 -m protospec.bench.launch_cost --output-json res/launch_cost.json 2>&1 | quiet | tail -3 ;; esac
+timeout 100 python3 -m protospec.bench.kernel_census --modes main gpu --output-json res/kernel_census.json 2>&1 | quiet | tail -4
+timeout 70 python3 -m protospec.train.evaluate --models data/models --prompts-json data/models/heldout_prompts.json \
+  --timing --output-json res/trained_pair_evaluate.json 2>&1 | quiet | tail -3
 timeout 170 python3 -m protospec.bench --ablation --repeats 2 --peers target_only --output-dir res 2>&1 | quiet \
-  | grep -v -e "^$" -e "mode .* (round" | tail -14
+  | grep -v -e "^$" -e "mode .* (round" | tail -12
 tar czf "$OUT/results.tgz" res

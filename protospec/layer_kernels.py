@@ -1,0 +1,66 @@
+"""Decode-shaped forwards with Numba layer kernels: 9 kernels per layer where torch runs ~20.
+
+    embed -> per layer: add_rms_norm, qkv matmul, rope_and_cache, paged_attention, o matmul,
+             add_rms_norm, gate_up matmul, silu_and_mul, down matmul
+          -> add_rms_norm on the logits rows, LM head
+
+The draft loop, the verify and the target's decode feed a few tokens per sequence; at batch 1 such
+a forward costs its kernel count (each ~3 us on the GPU, with ~1 us between kernels even inside a
+CUDA graph), not its FLOPs. vLLM's forward has this shape (fused_add_rms_norm, rotary_embedding,
+reshape_and_cache, paged_attention, silu_and_mul); protospec's torch path has ~20 kernels per layer
+plus ~17 per forward. Prefill and ragged batches keep the torch path (its SDPA suits long queries).
+
+Same weights, same cache layout: the two paths are interchangeable forward by forward, and agree
+to rounding (tests compare their logits).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from protospec.attention import AttentionMetadata
+from protospec.kernels import paged_attention as attention_kernel
+from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
+
+MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path
+
+
+class LayerKernelForward:
+    """The kernel path of one LlamaForCausalLM (holds its RoPE tables in the activations' dtype)."""
+
+    def __init__(self, model):
+        cfg = model.config
+        self.dtype = model.model.embed_tokens.weight.dtype
+        if self.dtype not in ACTIVATION_DTYPES:
+            raise ValueError(f"layer kernels take {ACTIVATION_DTYPES} activations, the model is {self.dtype}")
+        # HF casts the RoPE rows to the activations' dtype before rotating: keep the cast tables.
+        self.cos = model.rope.cos.to(self.dtype).contiguous()  # [P, d]
+        self.sin = model.rope.sin.to(self.dtype).contiguous()
+        self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self._row_ids = torch.arange(4096, device=self.cos.device)  # [0, 1, ...]: "every row" for add_rms_norm
+
+    def applies(self, meta: AttentionMetadata) -> bool:
+        """A host-side decision (no device read): a uniform layout of a few tokens per sequence
+        whose context fits the attention kernel."""
+        q = meta.uniform_query_len
+        keys = meta.block_tables.shape[1] * meta.block_size
+        return (q is not None and q <= MAX_QUERY_LEN and meta.slot_mapping.shape[0] <= self._row_ids.shape[0]
+                and attention_kernel.supports(self.num_heads, self.head_dim, keys))
+
+    def forward(self, model, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:  # [num_logits, vocab] float32
+        x = model.model.embed_tokens(input_ids)  # [T, hidden]
+        rows = self._row_ids[: x.shape[0]]
+        tables = meta.block_tables if meta.block_tables.is_contiguous() else meta.block_tables.contiguous()
+        residual = None
+        for layer, kv_cache in zip(model.model.layers, kv_caches):
+            norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+            h, residual = add_rms_norm(x, residual, norm1.weight, norm1.eps, rows)
+            q = rope_and_cache(F.linear(h, layer.qkv_weight), positions, self.cos, self.sin, kv_cache,
+                               meta.slot_mapping, self.num_heads)  # [T, h, d]; K/V now in the cache
+            attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale)
+            h, residual = add_rms_norm(F.linear(attn, layer.self_attn.o_proj.weight), residual, norm2.weight, norm2.eps, rows)
+            x = F.linear(silu_and_mul(F.linear(h, layer.gate_up_weight)), layer.mlp.down_proj.weight)
+        norm = model.model.norm
+        h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, meta.logits_indices)  # only the rows wanted
+        return F.linear(h, model.lm_head.weight).float()

@@ -1,0 +1,165 @@
+"""The Numba layer kernels against the torch path they replace (simulator on CPU, the GPU where there
+is one): each op alone, then a whole decode-shaped forward, its logits and the K/V it writes."""
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny import TARGET_CFG
+
+from protospec.attention import paged_attention as torch_paged_attention, plan_attention, write_kv
+from protospec.errors import KernelArgumentError
+from protospec.inputs import prepare_inputs
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
+from protospec.kernels.paged_attention import paged_attention
+from protospec.model import LlamaForCausalLM, apply_rope, rms_norm
+from protospec.model_config import LlamaArchConfig
+
+DEV = KERNEL_DEVICE_TYPE
+# float16 rounds after every torch op but once per kernel: allow a few ulps of 2^-10 at |x| ~ 1-4.
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=8e-3, rtol=4e-3)}
+
+
+def _randn(*shape, dtype, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_rms_norm_matches_torch_and_updates_the_residual_in_place(dtype):
+    x, residual, w = _randn(5, 48, dtype=dtype), _randn(5, 48, dtype=dtype, seed=1), _randn(48, dtype=dtype, seed=2)
+    expected_residual = x + residual
+    expected = rms_norm(expected_residual, w, 1e-6)
+    rows = torch.arange(5, device=DEV)
+    out, new_residual = add_rms_norm(x, residual, w, 1e-6, rows)
+    assert new_residual is residual  # in place
+    torch.testing.assert_close(residual, expected_residual, atol=0, rtol=0)
+    torch.testing.assert_close(out, expected, **TOL[dtype])
+    # Selected rows only, no residual: the LM head's path and the first layer's.
+    picked = torch.tensor([3, 0], device=DEV)
+    out, same = add_rms_norm(x, None, w, 1e-6, picked)
+    assert same is x and out.shape == (2, 48)
+    torch.testing.assert_close(out, rms_norm(x, w, 1e-6)[picked], **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_and_cache_matches_apply_rope_and_write_kv(dtype):
+    heads, kv_heads, d, tokens, block_size = 4, 2, 16, 3, 4
+    model = LlamaForCausalLM(LlamaArchConfig.from_dict(TARGET_CFG))
+    cos, sin = model.rope.cos.to(dtype).to(DEV), model.rope.sin.to(dtype).to(DEV)
+    qkv = _randn(tokens, (heads + 2 * kv_heads) * d, dtype=dtype)
+    positions = torch.tensor([5, 17, 30], device=DEV)
+    slots = torch.tensor([9, -1, 22], device=DEV)  # the middle token is a padding row: no write
+    cache = torch.zeros(2, 8, block_size, kv_heads, d, dtype=dtype, device=DEV)
+    q = rope_and_cache(qkv, positions, cos, sin, cache, slots, heads)
+
+    grid = qkv.view(tokens, heads + 2 * kv_heads, d)
+    rotated = apply_rope(grid[:, : heads + kv_heads], cos[positions][:, None], sin[positions][:, None])
+    torch.testing.assert_close(q, rotated[:, :heads], **TOL[dtype])
+    expected = torch.zeros_like(cache)
+    keep = slots >= 0
+    write_kv(expected, rotated[keep, heads:], grid[keep, heads + kv_heads:], slots[keep])
+    torch.testing.assert_close(cache, expected, **TOL[dtype])
+    assert cache.view(2, -1, kv_heads, d)[:, [s for s in range(32) if s not in (9, 22)]].abs().sum() == 0
+
+
+def test_silu_and_mul_matches_torch():
+    gate_up = _randn(3, 2 * 40, dtype=torch.float32)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(silu_and_mul(gate_up), F.silu(gate) * up, **TOL[torch.float32])
+
+
+def _uniform_batch(query_len: int, lengths: list[int], block_size: int, num_blocks: int, seed: int = 0):
+    """Sequences whose last `query_len` tokens are this forward's queries, with scattered blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()  # block 0 is the null block
+    tables = []
+    for n in lengths:
+        need = -(-n // block_size)
+        tables.append([free.pop() for _ in range(need)])
+    chunks = [[1] * query_len for _ in lengths]
+    starts = [n - query_len for n in lengths]
+    return prepare_inputs(chunks, starts, tables, block_size, query_len, torch.device(DEV))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("query_len,lengths", [(1, [7, 45]), (3, [40, 9])])
+def test_paged_attention_matches_the_torch_path(dtype, query_len, lengths):
+    heads, kv_heads, d, block_size, num_blocks = 4, 2, 16, 4, 40
+    inputs = _uniform_batch(query_len, lengths, block_size, num_blocks)
+    meta, tokens = inputs.meta, inputs.input_ids.shape[0]
+    cache = _randn(2, num_blocks, block_size, kv_heads, d, dtype=dtype, seed=3)
+    q = _randn(tokens, heads, d, dtype=dtype, seed=4)
+    k, v = cache[0].view(-1, kv_heads, d)[meta.slot_mapping], cache[1].view(-1, kv_heads, d)[meta.slot_mapping]
+    plan = plan_attention(inputs.positions, meta, dtype)
+    expected = torch_paged_attention(q, k, v, cache.clone(), meta, plan, d ** -0.5).flatten(1)
+    got = paged_attention(q, cache, meta.block_tables, inputs.positions, query_len, d ** -0.5)
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+
+
+def test_paged_attention_refuses_what_it_cannot_hold():
+    q = _randn(1, 4, 16, dtype=torch.float32)
+    cache = torch.zeros(2, 4, 4, 2, 16, device=DEV)
+    with pytest.raises(KernelArgumentError, match="block_tables"):
+        paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int64, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV), 1, 0.25)
+    with pytest.raises(KernelArgumentError, match="too large"):
+        paged_attention(q, cache, torch.zeros(1, 2000, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV), 1, 0.25)
+    with pytest.raises(KernelArgumentError, match="dtype"):
+        add_rms_norm(torch.zeros(2, 8, dtype=torch.float64, device=DEV), None, torch.ones(8, dtype=torch.float64, device=DEV),
+                     1e-6, torch.arange(2, device=DEV))
+
+
+@pytest.mark.parametrize("query_len", [1, 2])
+def test_a_decode_shaped_forward_gives_the_torch_paths_logits_and_cache(query_len):
+    """Whole model, float32: same logits, same K/V written, whichever path runs."""
+    cfg = LlamaArchConfig.from_dict(TARGET_CFG)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).place(DEV, torch.float32)
+    block_size, num_blocks = 4, 40
+    inputs = _uniform_batch(query_len, [30, 13], block_size, num_blocks, seed=5)
+    inputs.input_ids.copy_(torch.randint(3, cfg.vocab_size, inputs.input_ids.shape))
+    caches = [_randn(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=torch.float32, seed=i)
+              for i in range(cfg.num_hidden_layers)]
+    torch_caches = [c.clone() for c in caches]
+    expected = model(inputs.input_ids, inputs.positions, torch_caches, inputs.meta)
+    model.enable_layer_kernels()
+    assert model.layer_kernels.applies(inputs.meta)
+    got = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    for c, t in zip(caches, torch_caches):
+        torch.testing.assert_close(c, t, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_and_ragged_batches_keep_the_torch_path():
+    model = LlamaForCausalLM(LlamaArchConfig.from_dict(TARGET_CFG)).place(DEV, torch.float32)
+    model.enable_layer_kernels()
+    prefill = prepare_inputs([list(range(3, 40))], [0], [list(range(1, 11))], 4, 1, torch.device(DEV))
+    ragged = prepare_inputs([[5], [6, 7]], [3, 4], [[1, 2], [3, 4]], 4, 1, torch.device(DEV))
+    assert not model.layer_kernels.applies(prefill.meta) and not model.layer_kernels.applies(ragged.meta)
+    decode = prepare_inputs([[5], [6]], [3, 4], [[1, 2], [3, 4]], 4, 1, torch.device(DEV))
+    assert model.layer_kernels.applies(decode.meta)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a minute per generate in the simulator)")
+@pytest.mark.parametrize("mode", ["main", "gpu", "graph"])
+def test_the_engine_generates_the_same_greedy_tokens_with_and_without_layer_kernels(tiny_target, tiny_draft, mode):
+    from tiny import random_prompts, tiny_llm
+
+    from protospec import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompts = random_prompts(3, seed=2)
+    runs = {}
+    for on in (False, True):
+        llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", layer_kernels=on, draft_loop=mode)
+        assert llm.engine.use_layer_kernels is on
+        runs[on] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert runs[True] == runs[False]
+
+
+def test_layer_kernels_refuse_a_dtype_they_do_not_take(tiny_target):
+    from tiny import tiny_llm
+
+    from protospec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="layer_kernels=True with dtype torch.bfloat16"):
+        tiny_llm(tiny_target, device=DEV, dtype="bfloat16", layer_kernels=True)
