@@ -44,7 +44,7 @@ class StaticBatch:
             query_start_loc=torch.arange(0, num_tokens + 1, query_len, device=device, dtype=torch.int32),
             padded_token_index=grid,
             token_grid_index=grid.reshape(-1),
-            logits_indices=grid[:, query_len - logits_per_seq:].reshape(-1),
+            logits_indices=grid[:, query_len - logits_per_seq:].reshape(-1).contiguous(),  # reshape may keep strides
             block_size=block_size,
             uniform_query_len=query_len,
         ), query_len, logits_per_seq)

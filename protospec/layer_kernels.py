@@ -62,5 +62,6 @@ class LayerKernelForward:
             h, residual = add_rms_norm(F.linear(attn, layer.self_attn.o_proj.weight), residual, norm2.weight, norm2.eps, rows)
             x = F.linear(silu_and_mul(F.linear(h, layer.gate_up_weight)), layer.mlp.down_proj.weight)
         norm = model.model.norm
-        h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, meta.logits_indices)  # only the rows wanted
+        wanted = meta.logits_indices if meta.logits_indices.is_contiguous() else meta.logits_indices.contiguous()
+        h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # only the rows whose logits are wanted
         return F.linear(h, model.lm_head.weight).float()

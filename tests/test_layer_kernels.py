@@ -100,8 +100,10 @@ def test_paged_attention_refuses_what_it_cannot_hold():
     cache = torch.zeros(2, 4, 4, 2, 16, device=DEV)
     with pytest.raises(KernelArgumentError, match="block_tables"):
         paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int64, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV), 1, 0.25)
+    wide = torch.zeros(1, 1, 512, dtype=torch.float32, device=DEV)  # head_dim 512: more than a block's threads
     with pytest.raises(KernelArgumentError, match="too large"):
-        paged_attention(q, cache, torch.zeros(1, 2000, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int64, device=DEV), 1, 0.25)
+        paged_attention(wide, torch.zeros(2, 4, 4, 1, 512, device=DEV), torch.zeros(1, 2, dtype=torch.int32, device=DEV),
+                        torch.zeros(1, dtype=torch.int64, device=DEV), 1, 0.25)
     with pytest.raises(KernelArgumentError, match="dtype"):
         add_rms_norm(torch.zeros(2, 8, dtype=torch.float64, device=DEV), None, torch.ones(8, dtype=torch.float64, device=DEV),
                      1e-6, torch.arange(2, device=DEV))

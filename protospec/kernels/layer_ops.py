@@ -140,6 +140,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         raise KernelArgumentError(f"add_rms_norm: x {tuple(x.shape)}, residual {tuple(residual.shape)}, "
                                   f"weight {tuple(weight.shape)} do not fit [T, H], [T, H], [H]")
     out = torch.empty(rows.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
+    if rows.shape[0] == 0:  # e.g. a draft prefill that wants no logits (a grid of 0 blocks is invalid)
+        return out, residual
     interop.launch_tensors(add_rms_norm_kernel, rows.shape[0], NORM_THREADS,
                            [x, residual, weight, rows, out, float(eps), int(add)])
     return out, residual

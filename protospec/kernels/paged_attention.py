@@ -1,13 +1,19 @@
-"""Attention for decode-shaped forwards, read straight from the paged KV cache: one Numba kernel.
+"""Attention for decode-shaped forwards, read straight from the paged KV cache: two Numba kernels.
 
 The torch path (attention.py) gathers every sequence's blocks into a dense copy, builds an additive
-mask and calls SDPA: 3-4 kernels per layer plus ~7 per forward for the mask. Here one block per
-(query token, head) walks the sequence's block table itself:
-  1. scores: each thread takes keys j = tid, tid + THREADS, ...: dot(q, K[j]) * scale
-  2. softmax over the scores (kept in shared memory, so a context holds at most MAX_KEYS keys)
-  3. out = sum_j p_j V[j] / sum_j p_j, threads split over (key group, head dim)
+mask and calls SDPA: 3-4 kernels per layer plus ~7 per forward for the mask. Here, split-K
+("flash-decoding"): the keys of each (query token, head) are cut into chunks of CHUNK keys, one
+block per chunk, so a decode step at batch 1 still spreads over ~100 blocks:
+  partial  block (token, head, chunk): scores q.K_j * scale for its keys (threads share each key's
+           dot product), the chunk's max m and sum l of exp(s - m), and acc = sum_j exp(s_j - m) V_j
+  combine  block (token, head): out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M), M = max_c m_c
 A query at position pos sees keys 0..pos: causal inside a verify window, blind to stale slots past
 the sequence's end, as the torch path's mask.
+
+Why the layout: a first version ran one block per (token, head) and walked all keys in it; at batch
+1 that is 12 blocks on 132 SMs, each thread waiting on one dependent load per key: ~27 us per call
+on the H200 (the torch path's whole attention takes less). Loads here are unrolled by four so each
+thread keeps several in flight.
 
 Only uniform layouts (every sequence feeds query_len tokens: decode, draft step 1, verify) take
 this path; token t belongs to sequence t // query_len.
@@ -17,98 +23,150 @@ from __future__ import annotations
 import math
 
 import torch
-from numba import float32
+from numba import float32, int32
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 
-MAX_KEYS = 4096        # shared-memory scores per block: 16 KiB of float32
-MAX_HEAD_DIM = 256
-THREADS = 32 if interop.SIMULATOR else 128  # a power of two >= head_dim / ... (see phase 3)
+THREADS = 32 if interop.SIMULATOR else 128  # per block; also the largest head_dim served
+CHUNK = 16 if interop.SIMULATOR else 64     # keys per partial block; THREADS / CHUNK threads share a key
+KEY_THREADS = THREADS // CHUNK
+MAX_HEAD_DIM = THREADS
 
 
 @cuda.jit
-def paged_attention_kernel(q, kv_cache, block_tables, positions, out, query_len, scale):
+def attention_partial_kernel(q, kv_cache, block_tables, positions, part_acc, part_max, part_sum, query_len, scale):
     """
-    q [T, h, d] act          kv_cache [2, blocks, block_size, kvh, d] act    block_tables [S, W] int32
-    positions [T] int64      out [T, h * d] act                               query_len, scale: scalars
-    Grid: T * h blocks (token t = block // h, head = block % h); GQA: kv head = head // (h / kvh).
+    q [T, h, d] act      kv_cache [2, blocks, block_size, kvh, d] act      block_tables [S, W] int32
+    positions [T] int64  part_acc [T * h, C, d] f32 out   part_max, part_sum [T * h, C] f32 out
+    Grid: T * h * C blocks, C = chunks; block b -> (row = b // C = t * h + head, chunk = b % C).
     """
-    t = cuda.blockIdx.x // q.shape[1]
-    head = cuda.blockIdx.x % q.shape[1]
+    num_chunks = part_max.shape[1]
+    row = cuda.blockIdx.x // num_chunks
+    chunk = cuda.blockIdx.x % num_chunks
+    num_heads = q.shape[1]
+    t = row // num_heads
+    head = row % num_heads
     tid = cuda.threadIdx.x
     head_dim = q.shape[2]
     block_size = kv_cache.shape[2]
-    kv_head = head // (q.shape[1] // kv_cache.shape[3])
+    kv_head = head // (num_heads // kv_cache.shape[3])
     seq = t // query_len
     num_keys = min(positions[t] + 1, block_tables.shape[1] * block_size)  # padding rows stay in range
+    first = chunk * CHUNK
+    count = min(CHUNK, num_keys - first)  # keys of this chunk (<= 0: nothing to do)
 
     q_scaled = cuda.shared.array(MAX_HEAD_DIM, float32)
-    scores = cuda.shared.array(MAX_KEYS, float32)
-    reduce = cuda.shared.array(THREADS, float32)
+    scores = cuda.shared.array(CHUNK, float32)
+    key_block = cuda.shared.array(CHUNK, int32)
+    key_offset = cuda.shared.array(CHUNK, int32)
+    partial = cuda.shared.array(THREADS, float32)
     for e in range(tid, head_dim, THREADS):
         q_scaled[e] = float32(q[t, head, e]) * float32(scale)
+    if tid < CHUNK and tid < count:
+        j = first + tid
+        key_block[tid] = block_tables[seq, j // block_size]
+        key_offset[tid] = j % block_size
     cuda.syncthreads()
 
-    # 1. scores, and this thread's max
-    local_max = float32(-math.inf)
-    for j in range(tid, num_keys, THREADS):
-        block = block_tables[seq, j // block_size]
-        offset = j % block_size
-        dot = float32(0.0)
-        for e in range(head_dim):
-            dot += q_scaled[e] * float32(kv_cache[0, block, offset, kv_head, e])
-        scores[j] = dot
-        local_max = max(local_max, dot)
-    reduce[tid] = local_max
+    # Scores: KEY_THREADS threads per key, each a strided share of the dims, 4 loads in flight.
+    key = tid // KEY_THREADS
+    part = tid % KEY_THREADS
+    dot = float32(0.0)
+    if key < count:
+        block, offset = key_block[key], key_offset[key]
+        a0, a1, a2, a3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+        step = 4 * KEY_THREADS
+        e = part
+        while e + 3 * KEY_THREADS < head_dim:
+            k0 = float32(kv_cache[0, block, offset, kv_head, e])
+            k1 = float32(kv_cache[0, block, offset, kv_head, e + KEY_THREADS])
+            k2 = float32(kv_cache[0, block, offset, kv_head, e + 2 * KEY_THREADS])
+            k3 = float32(kv_cache[0, block, offset, kv_head, e + 3 * KEY_THREADS])
+            a0 += q_scaled[e] * k0
+            a1 += q_scaled[e + KEY_THREADS] * k1
+            a2 += q_scaled[e + 2 * KEY_THREADS] * k2
+            a3 += q_scaled[e + 3 * KEY_THREADS] * k3
+            e += step
+        while e < head_dim:
+            a0 += q_scaled[e] * float32(kv_cache[0, block, offset, kv_head, e])
+            e += KEY_THREADS
+        dot = (a0 + a1) + (a2 + a3)
+    partial[tid] = dot
     cuda.syncthreads()
-    stride = THREADS // 2
-    while stride > 0:
-        if tid < stride:
-            reduce[tid] = max(reduce[tid], reduce[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
-    top = reduce[0]
-    cuda.syncthreads()
-
-    # 2. exp(score - max) in place, and the sum
-    local_sum = float32(0.0)
-    for j in range(tid, num_keys, THREADS):
-        p = math.exp(scores[j] - top)
-        scores[j] = p
-        local_sum += p
-    reduce[tid] = local_sum
-    cuda.syncthreads()
-    stride = THREADS // 2
-    while stride > 0:
-        if tid < stride:
-            reduce[tid] += reduce[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-    total = reduce[0]
+    if tid < CHUNK:
+        s = float32(0.0)
+        for p in range(KEY_THREADS):
+            s += partial[tid * KEY_THREADS + p]
+        scores[tid] = s
     cuda.syncthreads()
 
-    # 3. weighted sum of V: `groups` groups of head_dim threads, group g takes keys g, g + groups, ...
+    # The chunk's max and sum (CHUNK is small: one thread each, from shared memory).
+    top = float32(-math.inf)
+    for j in range(count):
+        top = max(top, scores[j])
+    cuda.syncthreads()
+    if tid < count:
+        scores[tid] = math.exp(scores[tid] - top)
+    cuda.syncthreads()
+
+    # acc[e] = sum_j p_j V_j[e]: groups of head_dim threads, 4 keys per round.
     groups = THREADS // head_dim
     group = tid // head_dim
     e = tid % head_dim
     acc = float32(0.0)
     if group < groups:
-        for j in range(group, num_keys, groups):
-            block = block_tables[seq, j // block_size]
-            acc += scores[j] * float32(kv_cache[1, block, j % block_size, kv_head, e])
-    reduce[tid] = acc
+        j = group
+        while j + 3 * groups < count:
+            v0 = float32(kv_cache[1, key_block[j], key_offset[j], kv_head, e])
+            v1 = float32(kv_cache[1, key_block[j + groups], key_offset[j + groups], kv_head, e])
+            v2 = float32(kv_cache[1, key_block[j + 2 * groups], key_offset[j + 2 * groups], kv_head, e])
+            v3 = float32(kv_cache[1, key_block[j + 3 * groups], key_offset[j + 3 * groups], kv_head, e])
+            acc += scores[j] * v0 + scores[j + groups] * v1 + scores[j + 2 * groups] * v2 + scores[j + 3 * groups] * v3
+            j += 4 * groups
+        while j < count:
+            acc += scores[j] * float32(kv_cache[1, key_block[j], key_offset[j], kv_head, e])
+            j += groups
+    partial[tid] = acc
     cuda.syncthreads()
     if group == 0:
         for g in range(1, groups):
-            acc += reduce[g * head_dim + e]
+            acc += partial[g * head_dim + e]
+        part_acc[row, chunk, e] = acc
+    if tid == 0:
+        total = float32(0.0)
+        for j in range(count):
+            total += scores[j]
+        part_max[row, chunk] = top  # -inf for an empty chunk
+        part_sum[row, chunk] = total
+
+
+@cuda.jit
+def attention_combine_kernel(part_acc, part_max, part_sum, out):
+    """part_acc [T * h, C, d], part_max, part_sum [T * h, C] f32 -> out [T, h * d] act.
+    Block = row (t * h + head), thread = e."""
+    row = cuda.blockIdx.x
+    head_dim = part_acc.shape[2]
+    num_heads = out.shape[1] // head_dim
+    t = row // num_heads
+    head = row % num_heads
+    top = float32(-math.inf)
+    for c in range(part_max.shape[1]):
+        top = max(top, part_max[row, c])
+    for e in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
+        acc, total = float32(0.0), float32(0.0)
+        for c in range(part_max.shape[1]):
+            if part_sum[row, c] > float32(0.0):
+                w = math.exp(part_max[row, c] - top)
+                acc += part_acc[row, c, e] * w
+                total += part_sum[row, c] * w
         out[t, head * head_dim + e] = acc / total if total > float32(0.0) else float32(0.0)
 
 
 def supports(num_heads: int, head_dim: int, max_keys: int) -> bool:
-    """Whether this kernel can serve a layout (checked on the host; otherwise use the torch path)."""
-    return head_dim <= min(THREADS, MAX_HEAD_DIM) and max_keys <= MAX_KEYS and num_heads >= 1
+    """Whether these kernels can serve a layout (checked on the host; otherwise use the torch path)."""
+    return 1 <= head_dim <= MAX_HEAD_DIM and num_heads >= 1 and max_keys >= 1
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
@@ -119,13 +177,20 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     check_tensor("block_tables", block_tables, torch.int32, 2)
     check_tensor("positions", positions, torch.int64, 1, rows=q.shape[0])
     tokens, heads, head_dim = q.shape
-    if not supports(heads, head_dim, block_tables.shape[1] * kv_cache.shape[2]):
-        raise KernelArgumentError(f"paged_attention: head_dim {head_dim} (at most {min(THREADS, MAX_HEAD_DIM)}) or "
-                                  f"{block_tables.shape[1]} blocks x {kv_cache.shape[2]} keys (at most {MAX_KEYS}) too large")
+    max_keys = block_tables.shape[1] * kv_cache.shape[2]
+    if not supports(heads, head_dim, max_keys):
+        raise KernelArgumentError(f"paged_attention: head_dim {head_dim} is too large (at most {MAX_HEAD_DIM})")
     if heads % kv_cache.shape[3] or tokens != block_tables.shape[0] * query_len:
         raise KernelArgumentError(f"paged_attention: {heads} heads over {kv_cache.shape[3]} kv heads, {tokens} tokens "
                                   f"for {block_tables.shape[0]} sequences x query_len {query_len}")
-    out = torch.empty(tokens, heads * head_dim, dtype=q.dtype, device=q.device)
-    interop.launch_tensors(paged_attention_kernel, tokens * heads, THREADS,
-                           [q, kv_cache, block_tables, positions, out, int(query_len), float(scale)])
+    chunks = -(-max_keys // CHUNK)  # host-known: the block table's width bounds every context
+    dev = q.device
+    part_acc = torch.empty(tokens * heads, chunks, head_dim, dtype=torch.float32, device=dev)
+    part_stats = torch.empty(2, tokens * heads, chunks, dtype=torch.float32, device=dev)  # max, sum
+    out = torch.empty(tokens, heads * head_dim, dtype=q.dtype, device=dev)
+    interop.launch_tensors(attention_partial_kernel, tokens * heads * chunks, THREADS,
+                           [q, kv_cache, block_tables, positions, part_acc, part_stats[0], part_stats[1],
+                            int(query_len), float(scale)])
+    interop.launch_tensors(attention_combine_kernel, tokens * heads, min(THREADS, head_dim),
+                           [part_acc, part_stats[0], part_stats[1], out])
     return out

@@ -1,0 +1,126 @@
+"""GPU time of each Numba layer kernel against the torch ops it replaces, and of a whole forward.
+
+    python -m protospec.bench.layer_kernel_cost [--model JackFram/llama-160m] [--output-json PATH]
+
+Shapes: the model's (dummy weights, float16), batch 1, a context of --context keys, T = 1 (a draft
+decode step) and T = k + 1 = 6 (a verify). Each case is captured 20 times in one CUDA graph and the
+graph replayed; time per case = replay time / 20 (CUDA events): kernels plus the gaps between them,
+as the engine's graphs run them.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from protospec.attention import paged_attention as torch_attention, plan_attention
+from protospec.bench.provenance import provenance, write_report
+from protospec.inputs import prepare_inputs
+from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
+from protospec.kernels.paged_attention import paged_attention
+from protospec.loader import load_model
+from protospec.model import apply_rope, rms_norm
+
+
+def graph_us(fn, copies: int = 20, replays: int = 20) -> float:
+    """Device microseconds per fn() call, fn replayed inside one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up: compiles Numba kernels, picks cuBLAS algorithms
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(copies):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * copies)
+
+
+def cases(model, tokens: int, context: int, block_size: int = 16) -> dict[str, tuple]:
+    cfg, dev, dtype = model.config, torch.device("cuda"), model.model.embed_tokens.weight.dtype
+    heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    blocks = -(-(context + tokens) // block_size)
+    width = 1 << (blocks - 1).bit_length()  # the graph bucket's power-of-two width
+    inputs = prepare_inputs([[5] * tokens], [context], [list(range(1, blocks + 1))], block_size, tokens, dev, width)
+    meta, pos = inputs.meta, inputs.positions
+    cache = torch.randn(2, width + 1, block_size, kv_heads, d, device=dev).to(dtype)
+    x = torch.randn(tokens, cfg.hidden_size, device=dev).to(dtype)
+    residual = torch.randn_like(x)
+    w = torch.ones(cfg.hidden_size, device=dev, dtype=dtype)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, device=dev).to(dtype)
+    gate_up = torch.randn(tokens, 2 * cfg.intermediate_size, device=dev).to(dtype)
+    q = torch.randn(tokens, heads, d, device=dev).to(dtype)
+    cos, sin = model.rope.cos.to(dtype), model.rope.sin.to(dtype)
+    rows = torch.arange(tokens, device=dev)
+    plan = plan_attention(pos, meta, dtype)
+    grid = qkv.view(tokens, -1, d)
+
+    def torch_rope():
+        apply_rope(grid[:, : heads + kv_heads], cos[pos][:, None], sin[pos][:, None])
+
+    def torch_write_and_attend():  # write_kv + gather + SDPA: the rest of the torch path's attention
+        torch_attention(q, grid[:, heads: heads + kv_heads], grid[:, heads + kv_heads:], cache, meta, plan, d ** -0.5)
+
+    return {
+        "add_rms_norm": (lambda: add_rms_norm(x, residual, w, 1e-6, rows), lambda: rms_norm(x + residual, w, 1e-6)),
+        # numba: RoPE + K/V write in one kernel; torch: RoPE only (its K/V write is in its attention below)
+        "rope_and_cache": (lambda: rope_and_cache(qkv, pos, cos, sin, cache, meta.slot_mapping, heads), torch_rope),
+        "attention": (lambda: paged_attention(q, cache, meta.block_tables, pos, tokens, d ** -0.5), torch_write_and_attend),
+        "attention_mask_plan": (None, lambda: plan_attention(pos, meta, dtype)),
+        "silu_and_mul": (lambda: silu_and_mul(gate_up), lambda: F.silu(gate_up[:, : cfg.intermediate_size]) * gate_up[:, cfg.intermediate_size:]),
+        "forward": _forward_case(model, inputs),
+    }
+
+
+def _forward_case(model, inputs):
+    caches = [torch.zeros(2, inputs.meta.block_tables.shape[1] + 1, inputs.meta.block_size, model.config.num_key_value_heads,
+                          model.config.head_dim, device="cuda", dtype=model.model.embed_tokens.weight.dtype)
+              for _ in model.model.layers]
+    kernels = model.layer_kernels
+
+    def run(use_kernels: bool):
+        def fn():
+            model.layer_kernels = kernels if use_kernels else None
+            model(inputs.input_ids, inputs.positions, caches, inputs.meta)
+            model.layer_kernels = kernels
+        return fn
+
+    return run(True), run(False)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m protospec.bench.layer_kernel_cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="JackFram/llama-160m")
+    p.add_argument("--context", type=int, default=320, help="keys already cached (256 prompt + ~64 generated)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 6])
+    p.add_argument("--output-json", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("layer_kernel_cost needs a CUDA device")
+    model = load_model(args.model, load_format="dummy", dtype=torch.float16, device=torch.device("cuda"), extra_positions=8)
+    model.enable_layer_kernels()
+    report = provenance(torch.device("cuda"), argv, "protospec.bench.layer_kernel_cost") | {"config": vars(args), "us_per_call": {}}
+    for tokens in args.tokens:
+        rows = {}
+        for name, (numba_fn, torch_fn) in cases(model, tokens, args.context).items():
+            rows[name] = {"numba": graph_us(numba_fn) if numba_fn else None, "torch": graph_us(torch_fn)}
+            n = rows[name]["numba"]
+            print(f"T={tokens} {name:>20}: numba {'-' if n is None else f'{n:7.2f}'} us   torch {rows[name]['torch']:7.2f} us", flush=True)
+        report["us_per_call"][f"T={tokens}"] = rows
+    write_report(args.output_json, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
