@@ -9,7 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; rm -rf res; mkdir -p "$OUT" res
 quiet() { grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode" -e "FutureWarning" -e "return forward_call" -e "warnings.warn" -e "_warn_once" -e "NumbaPerformanceWarning" -e "warn(errors"; }
-case " $* " in *" --no-tests "*) ;; *) timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests 2>&1 | tail -25 ;; esac
+case " $* " in *" --no-tests "*) ;; *) timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -30 ;; esac
 case " $* " in *" --launch-cost "*) timeout 60 python3 -m protospec.bench.launch_cost --output-json res/launch_cost.json 2>&1 | quiet | tail -3 ;; esac
 timeout 120 python3 -m protospec.bench.layer_kernel_cost --output-json res/layer_kernel_cost.json 2>&1 | quiet | tail -12
 timeout 100 python3 -m protospec.bench.kernel_census --modes main gpu --output-json res/kernel_census.json 2>&1 | quiet | tail -4
