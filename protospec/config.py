@@ -60,6 +60,9 @@ class EngineConfig:
     # kernels per layer instead of ~20 (layer_kernels.py). None = on CUDA for float16/float32
     # unless compile is on (torch.compile is the other way to fuse the same chains).
     layer_kernels: bool | None = None
+    # Softmax + exponential-race sample of each draft step (and the verify's softmax) as one Numba
+    # kernel writing into the spec step's buffers (kernels/sampling.py); None = on CUDA.
+    fused_sampling: bool | None = None
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

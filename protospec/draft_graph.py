@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from protospec.cuda_graphs import sync_allowed
-from protospec.sampler import SamplingTensors, sample
+from protospec.draft_sampling import sample_draft_step
+from protospec.sampler import SamplingTensors
 
 
 class DraftLoopGraph:
@@ -44,13 +45,13 @@ class DraftLoopGraph:
         for step in range(1, self.k):
             decode.advance()
             logits = model(inputs.input_ids, inputs.positions, self.runner.kv_caches, inputs.meta)  # [rows, V]
-            noise = None if self.st.all_greedy else self.noise[:, step]
-            ids, probs = sample(logits, self.st, noise, out=sampled)
-            self.draft_ids[:, step] = ids
-            self.draft_probs[:, step] = probs
+            noise = None if self.st.all_greedy else self.noise
+            sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused)
 
-    def run(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
-        """Steps 2..k for the first `batch` rows. draft_noise: [batch, k, V] or None (greedy)."""
+    def run(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int, fused_sampling: bool = False) -> None:
+        """Steps 2..k for the first `batch` rows. draft_noise: [batch, k, V] or None (greedy).
+        fused_sampling: how the captured steps sample (fixed at the first call: the capture)."""
+        self.fused = fused_sampling if self.graph is None else self.fused
         for name in ("temperature", "is_greedy", "top_k", "top_p"):
             getattr(self.st, name)[:batch].copy_(getattr(st, name))
         if draft_noise is not None:

@@ -13,12 +13,13 @@ import torch
 
 from protospec.block_manager import BlockManager, blocks_for
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
+from protospec.draft_sampling import sample_draft_step
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
 from protospec.loader import load_model
 from protospec.runner import ModelRunner
-from protospec.sampler import SamplingTensors, sample
+from protospec.sampler import SamplingTensors, exponential_noise
 from protospec.sequence import Sequence
 from protospec.speculative import SpeculativeStep
 from protospec.sync_guard import forbid_host_sync
@@ -49,6 +50,7 @@ class Engine:
                 if m is not None:
                     m.enable_compile()
         self.use_layer_kernels = self._resolve_layer_kernels()
+        self.fused_sampling = self._resolve_kernel_flag("fused_sampling", config.fused_sampling)
         if self.use_layer_kernels:
             for m in (target, draft):
                 if m is not None:
@@ -71,6 +73,15 @@ class Engine:
         self.eos_token_id = target.config.eos_token_id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+
+    def _resolve_kernel_flag(self, name: str, value: bool | None) -> bool:
+        """None = on CUDA; True elsewhere only where Numba's kernels run (the simulator on a CPU)."""
+        if value is None:
+            return self.device.type == "cuda"
+        if value and self.device.type != KERNEL_DEVICE_TYPE:
+            raise ConfigError(f"{name}=True on device {self.device}: the Numba kernels run on {KERNEL_DEVICE_TYPE} "
+                              "tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
+        return value
 
     def _resolve_layer_kernels(self) -> bool:
         cfg = self.config
@@ -111,7 +122,7 @@ class Engine:
         guard = forbid_host_sync if cfg.check_no_sync else None
         fused = cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda"
         return SpeculativeStep(self.target, self.draft, self.block_manager, self.k, mode, reason, guard,
-                               fused_rejection=fused)
+                               fused_rejection=fused, fused_sampling=self.fused_sampling)
 
     @property
     def draft_loop(self) -> str | None:
@@ -173,7 +184,7 @@ class Engine:
         if self.draft is not None:
             self.draft.execute(self.draft.prepare("prefill", prompts, starts, tables, num_logits=0))
         logits = self.target.execute(self.target.prepare("prefill", prompts, starts, tables, num_logits=1))
-        ids, _ = sample(logits, self._sampling_tensors(seqs))
+        ids = self._sample(logits, self._sampling_tensors(seqs))
         for seq, tok in zip(seqs, ids.tolist()):
             seq.num_cached_target = seq.num_cached_draft = len(seq.prompt_token_ids)
             seq.append_tokens([tok])
@@ -185,10 +196,19 @@ class Engine:
         chunks = [s.token_ids[s.num_cached_target:] for s in seqs]
         starts = [s.num_cached_target for s in seqs]
         logits = self.target.execute(self.target.prepare("decode", chunks, starts, [s.block_table for s in seqs], num_logits=1))
-        ids, _ = sample(logits, self._sampling_tensors(seqs))
+        ids = self._sample(logits, self._sampling_tensors(seqs))
         for seq, tok in zip(seqs, ids.tolist()):
             seq.num_cached_target = seq.num_tokens
             seq.append_tokens([tok])
+
+    def _sample(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        """One token per sequence (prefill, target-only decode): logits [B, V] -> ids [B], the same
+        sampler as a draft step (so target-only and speculative decoding sample alike)."""
+        batch, vocab = logits.shape
+        ids = torch.empty(batch, 1, dtype=torch.int64, device=logits.device)
+        probs = torch.empty(batch, 1, vocab, dtype=torch.float32, device=logits.device)
+        noise = None if st.all_greedy else exponential_noise((1, vocab), st.generators, logits.device)  # [B, 1, V]
+        return sample_draft_step(logits, st, 0, ids, probs, noise, None, self.fused_sampling)
 
     def _retire_finished(self) -> None:
         for seq in [s for s in self.running if s.finished]:

@@ -20,6 +20,9 @@ class SpecStepRandoms:
     uniforms: torch.Tensor            # [B, k] U[0, 1) for the accept tests
     recovered_noise: torch.Tensor     # [B, k, V] Exp(1) for recovered tokens
     bonus_noise: torch.Tensor         # [B, V] Exp(1) for the bonus token
+    # The draft noise's contiguous parent: [B, 2k + 1, V], [:, j] = draft step j's noise (j < k);
+    # the fused sampling kernel reads it in place (draft_noise is a strided view of it).
+    noise_block: torch.Tensor | None = None
 
     @classmethod
     def draw(cls, st: SamplingTensors, k: int, vocab: int, device) -> "SpecStepRandoms":
@@ -31,4 +34,4 @@ class SpecStepRandoms:
         # One Exp(1) block and one uniform block per request: [2k + 1, V] and [k].
         noise = exponential_noise((2 * k + 1, vocab), st.generators, device)  # [B, 2k + 1, V]
         uniforms = torch.stack([torch.rand(k, device=device, generator=g) for g in st.generators])
-        return cls(noise[:, :k], uniforms, noise[:, k : 2 * k], noise[:, 2 * k])
+        return cls(noise[:, :k], uniforms, noise[:, k : 2 * k], noise[:, 2 * k], noise_block=noise)

@@ -22,7 +22,8 @@ from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection
 from protospec.phase_timer import NULL_TIMER
 from protospec.randoms import SpecStepRandoms
 from protospec.runner import ModelRunner
-from protospec.sampler import SamplingTensors, compute_probs, sample
+from protospec.draft_sampling import sample_draft_step, target_probs
+from protospec.sampler import SamplingTensors
 from protospec.sequence import Sequence
 
 DRAFT_LOOP_MODES = ("main", "sampler", "gpu", "graph")
@@ -40,7 +41,7 @@ class SpeculativeStep:
 
     def __init__(self, target: ModelRunner, draft: ModelRunner, block_manager: BlockManager, k: int,
                  mode: str = "main", fallback_reason: str = "disabled_by_user", loop_guard=None,
-                 fused_rejection: bool = False):
+                 fused_rejection: bool = False, fused_sampling: bool = False):
         if mode not in DRAFT_LOOP_MODES:
             raise ValueError(f"draft loop mode must be one of {DRAFT_LOOP_MODES}, got {mode!r}")
         self.target, self.draft, self.block_manager, self.k = target, draft, block_manager, k
@@ -50,6 +51,7 @@ class SpeculativeStep:
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.timer = NULL_TIMER  # a PhaseTimer for the bench's --breakdown
         self.device = target.device
+        self.fused_sampling = fused_sampling  # kernels/sampling.py: one kernel per draft sample / verify's probs
         if fused_rejection:
             from protospec.kernels.rejection import rejection_sample_fused
             self.rejection_sample = rejection_sample_fused
@@ -117,7 +119,7 @@ class SpeculativeStep:
         timer, batch = self.timer, len(s.seqs)
         if s.loop_graph is not None and s.step == 1:
             with timer.phase("draft_loop_graph"):
-                s.loop_graph.run(s.st, s.randoms.draft_noise, batch)
+                s.loop_graph.run(s.st, s.randoms.draft_noise, batch, self.fused_sampling)
             self.draft.counters["gpu_advance"] += self.k - 1  # inside the replay
             self.draft.counters["draft_loop_graph"] += 1
             s.step = self.k
@@ -130,10 +132,8 @@ class SpeculativeStep:
             if s.randoms is None:
                 s.randoms = SpecStepRandoms.draw(s.st, self.k, self.draft.vocab_size, self.device)
             into = self.draft.decode_state.sampled_ids[:batch] if self.advances_on_gpu else None  # read by advance_step
-            noise = s.randoms.draft_noise[:, s.step] if s.randoms.draft_noise is not None else None
-            ids, probs = sample(logits, s.st, noise, out=into)  # [B], [B, V]
-            s.draft_ids[:, s.step] = ids
-            s.draft_probs[:, s.step] = probs
+            ids = sample_draft_step(logits, s.st, s.step, s.draft_ids, s.draft_probs, s.randoms.noise_block, into,
+                                    self.fused_sampling)  # [B]
             if s.proposals is not None:  # the "main" baseline: a host sync every draft step
                 for p, tok in zip(s.proposals, ids.tolist()):
                     p.append(tok)
@@ -155,7 +155,7 @@ class SpeculativeStep:
             if s.proposals is None:
                 inputs.input_ids.view(batch, k + 1)[:, 1:].copy_(s.draft_ids)
             logits = self.target.execute(inputs)  # [B * (k+1), V]
-            s.target_probs = compute_probs(logits, s.st, rows_per_seq=k + 1).view(batch, k + 1, -1)
+            s.target_probs = target_probs(logits, s.st, k + 1, self.fused_sampling).view(batch, k + 1, -1)
         return s.target_probs
 
     def reject(self, s: "StepState") -> RejectionOutput:

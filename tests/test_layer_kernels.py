@@ -165,3 +165,12 @@ def test_layer_kernels_refuse_a_dtype_they_do_not_take(tiny_target):
 
     with pytest.raises(ConfigError, match="layer_kernels=True with dtype torch.bfloat16"):
         tiny_llm(tiny_target, device=DEV, dtype="bfloat16", layer_kernels=True)
+
+
+@pytest.mark.parametrize("chunk", [8, 32])
+def test_paged_attention_is_the_same_for_any_chunk_of_keys(chunk):
+    inputs = _uniform_batch(1, [7, 45], 4, 40)
+    cache = _randn(2, 40, 4, 2, 16, dtype=torch.float32, seed=6)
+    q = _randn(2, 4, 16, dtype=torch.float32, seed=7)
+    args = (q, cache, inputs.meta.block_tables, inputs.positions, 1, 0.25)
+    torch.testing.assert_close(paged_attention(*args, chunk=chunk), paged_attention(*args), atol=1e-5, rtol=1e-5)

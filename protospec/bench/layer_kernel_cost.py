@@ -76,10 +76,36 @@ def cases(model, tokens: int, context: int, block_size: int = 16) -> dict[str, t
         # numba: RoPE + K/V write in one kernel; torch: RoPE only (its K/V write is in its attention below)
         "rope_and_cache": (lambda: rope_and_cache(qkv, pos, cos, sin, cache, meta.slot_mapping, heads), torch_rope),
         "attention": (lambda: paged_attention(q, cache, meta.block_tables, pos, tokens, d ** -0.5), torch_write_and_attend),
+        **{f"attention_chunk{c}": (lambda c=c: paged_attention(q, cache, meta.block_tables, pos, tokens, d ** -0.5, chunk=c), None)
+           for c in (16, 64)},  # the default chunk is in "attention"
         "attention_mask_plan": (None, lambda: plan_attention(pos, meta, dtype)),
         "silu_and_mul": (lambda: silu_and_mul(gate_up), lambda: F.silu(gate_up[:, : cfg.intermediate_size]) * gate_up[:, cfg.intermediate_size:]),
         "forward": _forward_case(model, inputs),
+        **_sampling_cases(cfg.vocab_size, tokens, dev),
     }
+
+
+def _sampling_cases(vocab: int, tokens: int, dev) -> dict[str, tuple]:
+    """tokens == 1: a draft step's sample into the spec step's buffers; else the verify's probs."""
+    from protospec.config import SamplingParams
+    from protospec.kernels.sampling import probs_into, sample_into
+    from protospec.sampler import SamplingTensors, compute_probs, sample
+
+    k = 5
+    st = SamplingTensors.build([SamplingParams(temperature=1.0)], [torch.Generator(device=dev)], vocab, dev)
+    logits = torch.randn(tokens, vocab, device=dev)
+    if tokens > 1:
+        out = torch.empty_like(logits)
+        return {"verify_probs": (lambda: probs_into(logits, st, out, tokens), lambda: compute_probs(logits, st, rows_per_seq=tokens))}
+    noise = torch.empty(1, 2 * k + 1, vocab, device=dev).exponential_()
+    draft_ids, draft_probs = torch.zeros(1, k, dtype=torch.int64, device=dev), torch.zeros(1, k, vocab, device=dev)
+
+    def torch_sample():
+        ids, probs = sample(logits, st, noise[:, 2])
+        draft_ids[:, 2] = ids
+        draft_probs[:, 2] = probs
+
+    return {"draft_sample": (lambda: sample_into(logits, st, 2, draft_probs, draft_ids, noise), torch_sample)}
 
 
 def _forward_case(model, inputs):
@@ -114,9 +140,9 @@ def main(argv=None) -> dict:
     for tokens in args.tokens:
         rows = {}
         for name, (numba_fn, torch_fn) in cases(model, tokens, args.context).items():
-            rows[name] = {"numba": graph_us(numba_fn) if numba_fn else None, "torch": graph_us(torch_fn)}
-            n = rows[name]["numba"]
-            print(f"T={tokens} {name:>20}: numba {'-' if n is None else f'{n:7.2f}'} us   torch {rows[name]['torch']:7.2f} us", flush=True)
+            rows[name] = {"numba": graph_us(numba_fn) if numba_fn else None, "torch": graph_us(torch_fn) if torch_fn else None}
+            cells = "   ".join(f"{lib} {'-' if v is None else f'{v:7.2f}'} us" for lib, v in rows[name].items())
+            print(f"T={tokens} {name:>20}: {cells}", flush=True)
         report["us_per_call"][f"T={tokens}"] = rows
     write_report(args.output_json, report)
     return report

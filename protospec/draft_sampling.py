@@ -1,0 +1,39 @@
+"""One draft step's sample into the spec step's buffers: the fused kernel or the torch ops.
+
+Shared by the step-by-step draft loop (speculative.py) and the captured one (draft_graph.py), so
+every mode samples the same way and the modes' outputs stay comparable token for token.
+"""
+from __future__ import annotations
+
+import torch
+
+from protospec.sampler import SamplingTensors, compute_probs, sample
+
+
+def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draft_ids: torch.Tensor,
+                      draft_probs: torch.Tensor, noise_block: torch.Tensor | None, mirror: torch.Tensor | None,
+                      fused: bool) -> torch.Tensor:
+    """logits [B, V] f32 -> draft_ids[:, step] [B] (returned, a view) and draft_probs[:, step] [B, V].
+    noise_block: [B, >= k, V] Exp(1) whose [:, step] is this step's noise (None: all greedy).
+    mirror: an int64 [B] buffer that also gets the ids (advance_step reads it), or None."""
+    if fused:
+        from protospec.kernels.sampling import fused_applies, sample_into
+
+        if fused_applies(st):
+            sample_into(logits, st, step, draft_probs, draft_ids, noise_block, mirror)
+            return draft_ids[:, step]
+    noise = noise_block[:, step] if noise_block is not None else None
+    ids, probs = sample(logits, st, noise, out=mirror)  # [B], [B, V]
+    draft_ids[:, step] = ids
+    draft_probs[:, step] = probs
+    return draft_ids[:, step]
+
+
+def target_probs(logits: torch.Tensor, st: SamplingTensors, rows_per_seq: int, fused: bool) -> torch.Tensor:
+    """The verify's probabilities: logits [B * rows_per_seq, V] f32 -> [B * rows_per_seq, V] f32."""
+    if fused:
+        from protospec.kernels.sampling import fused_applies, probs_into
+
+        if fused_applies(st):
+            return probs_into(logits, st, torch.empty_like(logits), rows_per_seq)
+    return compute_probs(logits, st, rows_per_seq=rows_per_seq)

@@ -1,0 +1,72 @@
+"""The fused sampling kernel against the torch sampler (simulator on CPU, the GPU where there is
+one): probabilities to float32 rounding, the same ids, greedy rows one-hot, the verify's layout."""
+import pytest
+import torch
+
+from protospec.config import SamplingParams
+from protospec.errors import KernelArgumentError
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.sampling import fused_applies, probs_into, sample_into
+from protospec.sampler import SamplingTensors, compute_probs, exponential_noise, sample
+
+DEV = KERNEL_DEVICE_TYPE
+
+
+def _tensors(temperatures, vocab):
+    params = [SamplingParams(temperature=t) for t in temperatures]
+    gens = [torch.Generator(device=DEV).manual_seed(i) for i in range(len(params))]
+    return SamplingTensors.build(params, gens, vocab, DEV)
+
+
+@pytest.mark.parametrize("temperatures", [[0.7, 1.0, 1.3], [1.0, 0.0, 0.5], [0.0, 0.0]])
+def test_draft_step_sample_matches_the_torch_sampler(temperatures):
+    batch, k, vocab, step = len(temperatures), 3, 300, 1
+    st = _tensors(temperatures, vocab)
+    logits = (torch.randn(batch, vocab, generator=torch.Generator().manual_seed(0)) * 3).to(DEV)
+    noise = None if st.all_greedy else exponential_noise((2 * k + 1, vocab), st.generators, DEV)  # the spec step's block
+    ref_ids, ref_probs = sample(logits, st, None if noise is None else noise[:, step])
+
+    draft_ids = torch.full((batch, k), -7, dtype=torch.int64, device=DEV)
+    draft_probs = torch.zeros(batch, k, vocab, device=DEV)
+    mirror = torch.full((batch + 2,), -7, dtype=torch.int64, device=DEV)
+    sample_into(logits, st, step, draft_probs, draft_ids, noise, mirror)
+    assert draft_ids[:, step].tolist() == ref_ids.tolist() == mirror[:batch].tolist()
+    assert mirror[batch:].tolist() == [-7, -7] and (draft_ids[:, [0, 2]] == -7).all()  # nothing else written
+    torch.testing.assert_close(draft_probs[:, step], ref_probs, atol=1e-6, rtol=1e-5)
+    assert draft_probs[:, [0, 2]].abs().sum() == 0
+    for b, t in enumerate(temperatures):
+        if t == 0:  # greedy: one-hot at the argmax
+            assert draft_probs[b, step].sum() == 1 and draft_probs[b, step, logits[b].argmax()] == 1
+
+
+def test_verify_probs_follow_each_sequences_temperature():
+    batch, rows_per_seq, vocab = 2, 3, 50
+    st = _tensors([0.5, 0.0], vocab)
+    logits = torch.randn(batch * rows_per_seq, vocab, generator=torch.Generator().manual_seed(1)).to(DEV)
+    got = probs_into(logits, st, torch.empty_like(logits), rows_per_seq)
+    torch.testing.assert_close(got, compute_probs(logits, st, rows_per_seq=rows_per_seq), atol=1e-6, rtol=1e-5)
+
+
+def test_filtered_batches_keep_the_torch_path_and_bad_buffers_are_named():
+    st = SamplingTensors.build([SamplingParams(temperature=1.0, top_k=5)], [torch.Generator(device=DEV)], 50, DEV)
+    assert not fused_applies(st) and fused_applies(_tensors([1.0], 50))
+    logits = torch.zeros(1, 50, device=DEV)
+    with pytest.raises(KernelArgumentError, match="probs_out"):
+        sample_into(logits, _tensors([1.0], 50), 0, torch.zeros(1, 2, 49, device=DEV), torch.zeros(1, 2, dtype=torch.int64, device=DEV),
+                    torch.ones(1, 2, 50, device=DEV))
+    with pytest.raises(KernelArgumentError, match="noise"):
+        sample_into(logits, _tensors([1.0], 50), 0, torch.zeros(1, 2, 50, device=DEV), torch.zeros(1, 2, dtype=torch.int64, device=DEV), None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["main", "gpu", "graph"])
+def test_the_engine_gives_the_same_greedy_tokens_with_either_sampler(tiny_target, tiny_draft, mode):
+    from tiny import random_prompts, tiny_llm
+
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    runs = {}
+    for fused in (False, True):
+        llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", fused_sampling=fused, draft_loop=mode)
+        runs[fused] = [o.token_ids for o in llm.generate(random_prompts(3, seed=8), params)]
+    assert runs[True] == runs[False]
