@@ -74,10 +74,8 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
-    def _resolve_kernel_flag(self, name: str, value: bool | None) -> bool:
-        """None = on CUDA; True elsewhere only where Numba's kernels run (the simulator on a CPU)."""
-        if value is None:
-            return self.device.type == "cuda"
+    def _resolve_kernel_flag(self, name: str, value: bool) -> bool:
+        """True only where Numba's kernels run (CUDA, or the simulator on a CPU)."""
         if value and self.device.type != KERNEL_DEVICE_TYPE:
             raise ConfigError(f"{name}=True on device {self.device}: the Numba kernels run on {KERNEL_DEVICE_TYPE} "
                               "tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
