@@ -16,7 +16,7 @@ real_launch, real_fused = interop._cu_launch, rej.rejection_sample_fused
 def timed_launch(*a, **k):
     t = time.perf_counter()
     real_launch(*a, **k)
-    times[("cu_launch", a[2])].append(time.perf_counter() - t)
+    times[("cu_launch", a[0].value, a[2])].append(time.perf_counter() - t)
 
 
 def timed_fused(*a, **k):
