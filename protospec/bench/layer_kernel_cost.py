@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from protospec.attention import paged_attention as torch_attention, plan_attention
+from protospec.bench.launch_cost import graph_replay_us
 from protospec.bench.provenance import provenance, write_report
 from protospec.inputs import prepare_inputs
 from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
@@ -24,26 +25,8 @@ from protospec.model import apply_rope, rms_norm
 
 
 def graph_us(fn, copies: int = 20, replays: int = 20) -> float:
-    """Device microseconds per fn() call, fn replayed inside one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm-up: compiles Numba kernels, picks cuBLAS algorithms
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(copies):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * copies)
+    """Device microseconds per fn() call, fn captured `copies` times in one CUDA graph."""
+    return graph_replay_us(fn, copies, replays) / copies
 
 
 def cases(model, tokens: int, context: int, block_size: int = 16) -> dict[str, tuple]:

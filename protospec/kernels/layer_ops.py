@@ -21,6 +21,7 @@ from numba import float32
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
+from protospec.kernels.reductions import tree_sum
 
 ACTIVATION_DTYPES = (torch.float16, torch.float32)
 # Threads per block (powers of two, for the tree reductions); the simulator runs a Python thread
@@ -52,12 +53,7 @@ def add_rms_norm_kernel(x, residual, weight, rows, out, eps, add):
         acc += v * v
     partial[tid] = acc
     cuda.syncthreads()
-    stride = NORM_THREADS // 2
-    while stride > 0:
-        if tid < stride:
-            partial[tid] += partial[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
+    tree_sum(partial, tid, NORM_THREADS)
     inv_rms = float32(1.0) / math.sqrt(partial[0] / float32(hidden) + float32(eps))
     for j in range(tid, hidden, NORM_THREADS):
         v = float32(residual[r, j]) if add else float32(x[r, j])

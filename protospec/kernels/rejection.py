@@ -20,6 +20,7 @@ from numba import float32, int64
 
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
+from protospec.kernels.reductions import tree_argmax
 from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 # Threads per block (a power of two, for the tree reduction). Each thread strides over the vocab,
@@ -79,7 +80,7 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
             value, index = score, v
     best_value[tid], best_index[tid], any_mass[tid] = value, index, mass
     cuda.syncthreads()
-    _reduce_argmax(best_value, best_index, any_mass, tid)
+    tree_argmax(best_value, best_index, any_mass, tid, THREADS)
 
     # Pass 2, only if the residual was all zero (p == q at n): race over p_n itself.
     if n < k and any_mass[0] == 0:
@@ -91,7 +92,7 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
                 value, index = score, v
         best_value[tid], best_index[tid] = value, index
         cuda.syncthreads()
-        _reduce_argmax(best_value, best_index, any_mass, tid)
+        tree_argmax(best_value, best_index, any_mass, tid, THREADS)
 
     if tid == 0:
         for i in range(k + 1):
@@ -103,31 +104,9 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
                 out_ids[row, i] = PLACEHOLDER_TOKEN_ID
 
 
-@cuda.jit(device=True)
-def _reduce_argmax(best_value, best_index, any_mass, tid):
-    """Tree reduction in shared memory: the largest value, ties to the lowest index (torch.argmax's
-    rule); any_mass[0] becomes the OR of all threads' flags."""
-    stride = THREADS // 2
-    while stride > 0:
-        if tid < stride:
-            other = tid + stride
-            if best_value[other] > best_value[tid] or (best_value[other] == best_value[tid]
-                                                       and best_index[other] < best_index[tid]):
-                best_value[tid] = best_value[other]
-                best_index[tid] = best_index[other]
-            if any_mass[other] != 0:
-                any_mass[tid] = 1
-        cuda.syncthreads()
-        stride //= 2
-
-
-_launcher = None
-
-
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
                            bonus_noise) -> RejectionOutput:
     """Same arguments and result as protospec.rejection.rejection_sample, in one kernel launch."""
-    global _launcher
     batch, k = draft_token_ids.shape
     vocab = target_probs.shape[-1]
     # Slices of the spec step's noise block are contiguous at batch 1; copy them otherwise.
@@ -151,11 +130,6 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     masks = torch.empty(2, batch, k, dtype=torch.uint8, device=device)  # accepted, passed
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
             out_ids, num_accepted, masks[0], masks[1]]
-    if interop.SIMULATOR:
-        rejection_sample_kernel[batch, THREADS](*[interop.as_numba(a) for a in args])
-    else:
-        if _launcher is None:
-            _launcher = interop.TensorLaunch(rejection_sample_kernel)
-        _launcher(batch, THREADS, args)
+    interop.launch_tensors(rejection_sample_kernel, batch, THREADS, args)
     masks = masks.bool()
     return RejectionOutput(out_ids, num_accepted, masks[0], masks[1])

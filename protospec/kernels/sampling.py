@@ -28,6 +28,7 @@ from numba import float32, int64
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
+from protospec.kernels.reductions import tree_argmax, tree_sum
 from protospec.sampler import SamplingTensors
 
 THREADS = 32 if interop.SIMULATOR else 1024  # one block per row: at batch 1 its width is the parallelism
@@ -49,6 +50,8 @@ def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, probs_
     seq = row // rows_per_seq
     best_value = cuda.shared.array(THREADS, float32)
     best_index = cuda.shared.array(THREADS, int64)
+    no_flags = cuda.shared.array(THREADS, int64)  # tree_argmax's OR, unused here
+    no_flags[tid] = 0
 
     value, index = float32(-math.inf), int64(vocab)
     for v in range(tid, vocab, THREADS):
@@ -57,7 +60,7 @@ def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, probs_
             value, index = x, v
     best_value[tid], best_index[tid] = value, index
     cuda.syncthreads()
-    _reduce_argmax(best_value, best_index, tid)
+    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
     top, chosen = best_value[0], best_index[0]
     cuda.syncthreads()
 
@@ -72,12 +75,7 @@ def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, probs_
             total += math.exp(logits[row, v] / t - shift)
         best_value[tid] = total
         cuda.syncthreads()
-        stride = THREADS // 2
-        while stride > 0:
-            if tid < stride:
-                best_value[tid] += best_value[tid + stride]
-            cuda.syncthreads()
-            stride //= 2
+        tree_sum(best_value, tid, THREADS)
         total = best_value[0]
         cuda.syncthreads()
         value, index = float32(-1.0), int64(vocab)
@@ -91,27 +89,12 @@ def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, probs_
         if do_sample:
             best_value[tid], best_index[tid] = value, index
             cuda.syncthreads()
-            _reduce_argmax(best_value, best_index, tid)
+            tree_argmax(best_value, best_index, no_flags, tid, THREADS)
             chosen = best_index[0]
     if do_sample and tid == 0:
         ids_out[row, out_step] = chosen
         if use_mirror:
             mirror[row] = chosen
-
-
-@cuda.jit(device=True)
-def _reduce_argmax(best_value, best_index, tid):
-    """Shared-memory tree: the largest value, ties to the lowest index."""
-    stride = THREADS // 2
-    while stride > 0:
-        if tid < stride:
-            other = tid + stride
-            if best_value[other] > best_value[tid] or (best_value[other] == best_value[tid]
-                                                       and best_index[other] < best_index[tid]):
-                best_value[tid] = best_value[other]
-                best_index[tid] = best_index[other]
-        cuda.syncthreads()
-        stride //= 2
 
 
 def fused_applies(st: SamplingTensors) -> bool:

@@ -3,11 +3,8 @@
 # torch.compile in 3 interleaved rounds. Results land in $OUT/results.tgz.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/census.sh
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" res
-quiet() { grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode" -e "FutureWarning" -e "return forward_call" -e "warnings.warn"; }
+source "$(dirname "$0")/env.sh"
+mkdir -p res
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -2
 timeout 90 python3 -m protospec.bench.kernel_census --output-json res/kernel_census_eager.json 2>&1 | quiet | tail -4
 timeout 150 python3 -m protospec.bench.kernel_census --compile --output-json res/kernel_census_compile.json 2>&1 | quiet | tail -4

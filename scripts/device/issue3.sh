@@ -3,10 +3,7 @@
 # Run by the device tool from the repo root with .whl carried (numpy 2.4 for numba-cuda), e.g.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/issue3.sh
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import numpy, numba, torch, transformers; print('numpy', numpy.__version__, 'numba', numba.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 python3 -m pytest -q -x -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log" | tail -25

@@ -5,11 +5,8 @@
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/issue4.sh [--full-tests]
 # (The sweep: bench 300 --sweep --num-iters-warmup 1 --num-iters 3, in a call of its own.)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; rm -rf res; mkdir -p "$OUT" res
-quiet() { grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode" -e "FutureWarning" -e "return forward_call" -e "warnings.warn" -e "_warn_once"; }
+source "$(dirname "$0")/env.sh"
+rm -rf res; mkdir -p res
 bench() { timeout "$1" python3 -m protospec.bench "${@:2}" --output-dir res 2>&1 | quiet | grep -v -e "^|" -e "^$" -e "mode .* (round"; }
 if [ "${1:-}" = "--full-tests" ]; then  # the whole suite on the GPU (kernel tests included), ~2-3 min
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -3

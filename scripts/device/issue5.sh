@@ -3,10 +3,7 @@
 # (greedy and T=1); bring the checkpoints back in $OUT/pair.tgz. Timing runs separately (issue4.sh).
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/issue5.sh [extra train flags]
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/env.sh"
 t0=$SECONDS
 python3 -m protospec.train --out data/models --max-minutes 7.2 "$@" 2>&1 \
   | grep -v -e Writing -e FutureWarning -e "return forward_call"

@@ -4,11 +4,8 @@
 # (2 interleaved rounds, protospec peers only). Results land in $OUT/results.tgz.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/probe.sh [--no-tests] [--launch-cost]
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; rm -rf res; mkdir -p "$OUT" res
-quiet() { grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode" -e "FutureWarning" -e "return forward_call" -e "warnings.warn" -e "_warn_once" -e "NumbaPerformanceWarning" -e "warn(errors"; }
+source "$(dirname "$0")/env.sh"
+rm -rf res; mkdir -p res
 case " $* " in *" --no-tests "*) ;; *) timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -30 ;; esac
 case " $* " in *" --launch-cost "*) timeout 60 python3 -m protospec.bench.launch_cost --output-json res/launch_cost.json 2>&1 | quiet | tail -3 ;; esac
 timeout 120 python3 -m protospec.bench.layer_kernel_cost --output-json res/layer_kernel_cost.json 2>&1 | quiet | tail -12

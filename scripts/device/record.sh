@@ -5,11 +5,8 @@
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/record.sh
 # The sweep runs in a call of its own: python -m protospec.bench --sweep --num-iters-warmup 1 --num-iters 3
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; rm -rf res; mkdir -p "$OUT" res
-quiet() { grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode" -e "FutureWarning" -e "return forward_call" -e "warnings.warn" -e "_warn_once" -e "NumbaPerformanceWarning" -e "warn(errors"; }
+source "$(dirname "$0")/env.sh"
+rm -rf res; mkdir -p res
 bench() { timeout "$1" python3 -m protospec.bench "${@:2}" --output-dir res 2>&1 | quiet | grep -E "^\| (main|sampler|gpu|graph|target|hf)|each round|^breakdown|^wrote"; }
 timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -1
 timeout 70 python3 -m protospec.train.evaluate --models data/models --prompts-json data/models/heldout_prompts.json \

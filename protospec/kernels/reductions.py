@@ -1,0 +1,37 @@
+"""Block-wide tree reductions in shared memory, shared by the kernels (device functions).
+
+`width` is the number of threads taking part, a power of two; every thread of the block must call
+(they synchronise). The result lands in slot 0.
+"""
+from __future__ import annotations
+
+from protospec.kernels.interop import cuda
+
+
+@cuda.jit(device=True)
+def tree_sum(values, tid, width):
+    """values[0] = the sum of values[:width]."""
+    stride = width // 2
+    while stride > 0:
+        if tid < stride:
+            values[tid] += values[tid + stride]
+        cuda.syncthreads()
+        stride //= 2
+
+
+@cuda.jit(device=True)
+def tree_argmax(best_value, best_index, flags, tid, width):
+    """(best_value[0], best_index[0]) = the largest value and its index, ties to the lowest index
+    (torch.argmax's rule); flags[0] = 1 if any flags[:width] is non-zero (an OR riding along)."""
+    stride = width // 2
+    while stride > 0:
+        if tid < stride:
+            other = tid + stride
+            if best_value[other] > best_value[tid] or (best_value[other] == best_value[tid]
+                                                       and best_index[other] < best_index[tid]):
+                best_value[tid] = best_value[other]
+                best_index[tid] = best_index[other]
+            if flags[other] != 0:
+                flags[tid] = 1
+        cuda.syncthreads()
+        stride //= 2
