@@ -11,8 +11,9 @@ A query at position pos sees keys 0..pos: causal inside a verify window, blind t
 the sequence's end, as the torch path's mask.
 
 Why the layout: a first version ran one block per (token, head) and walked all keys in it; at batch
-1 that is 12 blocks on 132 SMs, each thread waiting on one dependent load per key: ~27 us per call
-on the H200 (the torch path's whole attention takes less). Loads here are unrolled by four so each
+1 that is 12 blocks on 132 SMs, each thread waiting on one dependent load per key. With it the GPU
+was busy 146 ms per generate() instead of 81 ms with torch's ops, although the kernels per spec
+step had halved (kernel census, H200, commit a652403). Loads here are unrolled by four so each
 thread keeps several in flight, and short chunks make many blocks: latency, not bandwidth, is what
 a decode step's attention waits on.
 
@@ -33,7 +34,7 @@ from protospec.kernels.interop import check_tensor, cuda
 
 THREADS = 32 if interop.SIMULATOR else 128  # per block; also the largest head_dim served
 # Keys per partial block; THREADS / CHUNK threads share a key's dot product. On the H200 (batch 1,
-# 320 keys, float16): CHUNK 64 with 2 threads per key took 14.7 us per call (both kernels).
+# 320 keys, float16, both kernels, graph-replayed): 16 keys 17.3 us, 32 keys 14.4 us, 64 keys 14.7 us.
 CHUNK = 16 if interop.SIMULATOR else 32
 MAX_HEAD_DIM = THREADS
 
