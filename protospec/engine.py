@@ -19,7 +19,7 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
 from protospec.loader import load_model
 from protospec.runner import ModelRunner
-from protospec.sampler import SamplingTensors, exponential_noise
+from protospec.sampler import SamplingTensors, exponential_noise, sample
 from protospec.sequence import Sequence
 from protospec.speculative import SpeculativeStep
 from protospec.sync_guard import forbid_host_sync
@@ -200,13 +200,15 @@ class Engine:
             seq.append_tokens([tok])
 
     def _sample(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-        """One token per sequence (prefill, target-only decode): logits [B, V] -> ids [B], the same
-        sampler as a draft step (so target-only and speculative decoding sample alike)."""
+        """One token per sequence (prefill, target-only decode): logits [B, V] -> ids [B], with the
+        sampler the draft steps use (torch ops, or the fused kernel when fused_sampling is on)."""
+        if not self.fused_sampling:
+            return sample(logits, st)[0]  # no buffers to fill: the target-only baseline stays lean
         batch, vocab = logits.shape
         ids = torch.empty(batch, 1, dtype=torch.int64, device=logits.device)
         probs = torch.empty(batch, 1, vocab, dtype=torch.float32, device=logits.device)
         noise = None if st.all_greedy else exponential_noise((1, vocab), st.generators, logits.device)  # [B, 1, V]
-        return sample_draft_step(logits, st, 0, ids, probs, noise, None, self.fused_sampling)
+        return sample_draft_step(logits, st, 0, ids, probs, noise, None, fused=True)
 
     def _retire_finished(self) -> None:
         for seq in [s for s in self.running if s.finished]:
