@@ -20,7 +20,7 @@ from protospec.sampler import SamplingTensors
 
 
 class DraftLoopGraph:
-    def __init__(self, runner, k: int, rows: int, width: int, st: SamplingTensors):
+    def __init__(self, runner, k: int, rows: int, width: int, st: SamplingTensors, fused_sampling: bool = False):
         device, vocab = runner.device, runner.vocab_size
         self.runner, self.k, self.rows, self.width = runner, k, rows, width
         self.draft_ids = torch.zeros(rows, k, dtype=torch.int64, device=device)         # [rows, k]
@@ -32,6 +32,7 @@ class DraftLoopGraph:
             top_k=torch.full((rows,), vocab, dtype=torch.int64, device=device), top_p=torch.ones(rows, device=device),
             generators=[], all_greedy=st.all_greedy, any_greedy=st.any_greedy, needs_filter=st.needs_filter,
         )
+        self.fused = fused_sampling  # how the captured steps sample (draft_sampling.sample_draft_step)
         self.graph: torch.cuda.CUDAGraph | None = None
 
     @staticmethod
@@ -48,10 +49,8 @@ class DraftLoopGraph:
             noise = None if self.st.all_greedy else self.noise
             sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused)
 
-    def run(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int, fused_sampling: bool = False) -> None:
-        """Steps 2..k for the first `batch` rows. draft_noise: [batch, k, V] or None (greedy).
-        fused_sampling: how the captured steps sample (fixed at the first call: the capture)."""
-        self.fused = fused_sampling if self.graph is None else self.fused
+    def run(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
+        """Steps 2..k for the first `batch` rows. draft_noise: [batch, k, V] or None (greedy)."""
         for name in ("temperature", "is_greedy", "top_k", "top_p"):
             getattr(self.st, name)[:batch].copy_(getattr(st, name))
         if draft_noise is not None:

@@ -86,12 +86,9 @@ class Engine:
         supported = self.dtype in ACTIVATION_DTYPES
         if cfg.layer_kernels is None:
             return self.device.type == "cuda" and supported and not cfg.compile
-        if cfg.layer_kernels and self.device.type != KERNEL_DEVICE_TYPE:
-            raise ConfigError(f"layer_kernels=True on device {self.device}: the Numba kernels run on "
-                              f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
         if cfg.layer_kernels and not supported:
             raise ConfigError(f"layer_kernels=True with dtype {self.dtype}: the kernels take {ACTIVATION_DTYPES}")
-        return cfg.layer_kernels
+        return self._resolve_kernel_flag("layer_kernels", cfg.layer_kernels)
 
     def set_draft_loop(self, mode: str) -> None:
         """Switch the draft loop's input path (main / sampler / gpu / auto) between generate()

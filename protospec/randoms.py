@@ -16,13 +16,18 @@ from protospec.sampler import SamplingTensors, exponential_noise
 
 @dataclass
 class SpecStepRandoms:
-    draft_noise: torch.Tensor | None  # [B, k, V] Exp(1) for the draft's samples; None if all greedy
     uniforms: torch.Tensor            # [B, k] U[0, 1) for the accept tests
     recovered_noise: torch.Tensor     # [B, k, V] Exp(1) for recovered tokens
     bonus_noise: torch.Tensor         # [B, V] Exp(1) for the bonus token
-    # The draft noise's contiguous parent: [B, 2k + 1, V], [:, j] = draft step j's noise (j < k);
-    # the fused sampling kernel reads it in place (draft_noise is a strided view of it).
-    noise_block: torch.Tensor | None = None
+    # Exp(1) for the draft's samples, [B, 2k + 1, V]: [:, j] is draft step j's noise (j < k); the
+    # rest backs recovered_noise and bonus_noise. None if all greedy. Kept whole (contiguous): the
+    # fused sampling kernel reads it in place.
+    noise_block: torch.Tensor | None
+
+    @property
+    def draft_noise(self) -> torch.Tensor | None:
+        """[B, k, V] the draft steps' noise (a view of noise_block), None if all greedy."""
+        return None if self.noise_block is None else self.noise_block[:, : self.uniforms.shape[1]]
 
     @classmethod
     def draw(cls, st: SamplingTensors, k: int, vocab: int, device) -> "SpecStepRandoms":
@@ -30,8 +35,8 @@ class SpecStepRandoms:
         if st.all_greedy:  # one-hot probabilities make every draw irrelevant: skip the work
             # Two contiguous blocks (not slices of one): the fused rejection kernel takes them as is.
             ones_k, ones_bonus = torch.ones(batch, k, vocab, device=device), torch.ones(batch, vocab, device=device)
-            return cls(None, torch.zeros(batch, k, device=device), ones_k, ones_bonus)
+            return cls(torch.zeros(batch, k, device=device), ones_k, ones_bonus, noise_block=None)
         # One Exp(1) block and one uniform block per request: [2k + 1, V] and [k].
         noise = exponential_noise((2 * k + 1, vocab), st.generators, device)  # [B, 2k + 1, V]
         uniforms = torch.stack([torch.rand(k, device=device, generator=g) for g in st.generators])
-        return cls(noise[:, :k], uniforms, noise[:, k : 2 * k], noise[:, 2 * k], noise_block=noise)
+        return cls(uniforms, noise[:, k : 2 * k], noise[:, 2 * k], noise_block=noise)

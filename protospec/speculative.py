@@ -17,12 +17,12 @@ import torch
 from protospec.block_manager import BlockManager
 from protospec.cuda_graphs import bucket
 from protospec.draft_graph import DraftLoopGraph
+from protospec.draft_sampling import sample_draft_step, target_probs
 from protospec.errors import AdvanceStepError
 from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
 from protospec.phase_timer import NULL_TIMER
 from protospec.randoms import SpecStepRandoms
 from protospec.runner import ModelRunner
-from protospec.draft_sampling import sample_draft_step, target_probs
 from protospec.sampler import SamplingTensors
 from protospec.sequence import Sequence
 
@@ -67,7 +67,7 @@ class SpeculativeStep:
         width = bucket(width, self.draft.decode_state.block_tables.shape[1], smallest=8)
         key = DraftLoopGraph.key(rows, width, st)
         if key not in self.loop_graphs:
-            self.loop_graphs[key] = DraftLoopGraph(self.draft, self.k, rows, width, st)
+            self.loop_graphs[key] = DraftLoopGraph(self.draft, self.k, rows, width, st, self.fused_sampling)
         return self.loop_graphs[key]
 
     # ---- the stages of one spec step; __call__ runs them in order, a debugger may pause between ----
@@ -119,7 +119,7 @@ class SpeculativeStep:
         timer, batch = self.timer, len(s.seqs)
         if s.loop_graph is not None and s.step == 1:
             with timer.phase("draft_loop_graph"):
-                s.loop_graph.run(s.st, s.randoms.draft_noise, batch, self.fused_sampling)
+                s.loop_graph.run(s.st, s.randoms.draft_noise, batch)
             self.draft.counters["gpu_advance"] += self.k - 1  # inside the replay
             self.draft.counters["draft_loop_graph"] += 1
             s.step = self.k
