@@ -64,6 +64,10 @@ class EngineConfig:
     # kernel writing into the spec step's buffers (kernels/sampling.py). Off by default: at batch 1
     # its one block per row is slower than torch's kernels on the H200 (33 vs 24 us per draft sample).
     fused_sampling: bool = False
+    # gpu / graph modes: build the next spec step's draft step 1 on the device (first_draft_step
+    # kernel) and queue it before the commit's host sync, so the device works while the host
+    # commits. Beyond vLLM's change, which prepared that step on the CPU after the sync (False).
+    overlap_commit: bool = True
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

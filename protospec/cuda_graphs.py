@@ -5,7 +5,8 @@ An eager 12-layer forward is CPU-launch-bound (~800 kernel launches); replayed a
 one launch. vLLM captured its decode forward the same way in the study we reproduce, so the draft
 loop's input preparation is what is left to compare. A graph reads fixed addresses, so each
 layout gets persistent buffers (StaticBatch): CPU-prepared inputs are copied in (device to
-device), while the GPU advance path captures the draft decode buffers themselves (no copies).
+device), while device-built inputs (the draft's decode buffers, advanced by advance_step, and its
+first-step buffers, built by first_draft_step) are captured themselves (no copies).
 Batches are padded up to a power-of-two row count and block tables to a power-of-two width.
 """
 from __future__ import annotations
@@ -112,8 +113,8 @@ class GraphCache:
         seqs, width = inputs.meta.block_tables.shape
         rows = bucket(seqs, self.max_rows)
         width = bucket(width, self.max_blocks, smallest=8)
-        if inputs.decode_state is not None:  # GPU advance path: capture the decode buffers themselves
-            key = ("advance", rows, width)
+        if inputs.decode_state is not None:  # device-built inputs: capture their persistent buffers themselves
+            key = (type(inputs.decode_state).__name__, rows, width)
             if key not in self.graphs:
                 static_inputs = inputs.decode_state.inputs(rows, width)
         else:

@@ -119,6 +119,9 @@ class DraftLoopDebugger:
         seqs = list(eng.running)
         if not seqs:
             raise RuntimeError("no running sequence: add() prompts first (or all have finished)")
+        # A step launched ahead by an overlapped commit (engine.step) is set aside: stepping by hand
+        # starts from draft step 1, so its inputs can be compared with their CPU twin.
+        eng.spec_step.discard_pending()
         self._counters_before = {name: dict(r.counters) for name, r in (("target", eng.target), ("draft", eng.draft))}
         self.state = eng.spec_step.begin(seqs, eng._sampling_tensors(seqs))
         bs, k = eng.config.block_size, eng.k

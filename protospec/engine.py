@@ -90,14 +90,17 @@ class Engine:
             raise ConfigError(f"layer_kernels=True with dtype {self.dtype}: the kernels take {ACTIVATION_DTYPES}")
         return self._resolve_kernel_flag("layer_kernels", cfg.layer_kernels)
 
-    def set_draft_loop(self, mode: str) -> None:
-        """Switch the draft loop's input path (main / sampler / gpu / auto) between generate()
-        calls, keeping weights, KV pool and captured graphs: the ablation compares like with like."""
+    def set_draft_loop(self, mode: str, overlap_commit: bool | None = None) -> None:
+        """Switch the draft loop's input path (main / sampler / gpu / graph / auto; overlap_commit
+        None = unchanged) between generate() calls, keeping weights, KV pool and captured graphs:
+        the ablation compares like with like."""
         if self.spec_step is None:
             raise ConfigError("set_draft_loop needs a speculative model")
         if self.running or self.waiting:
             raise ConfigError("set_draft_loop between generate() calls only")
         self.config.draft_loop = mode
+        if overlap_commit is not None:
+            self.config.overlap_commit = overlap_commit
         self.config.__post_init__()
         self.spec_step = self._build_spec_step()
 
@@ -117,7 +120,8 @@ class Engine:
         guard = forbid_host_sync if cfg.check_no_sync else None
         fused = cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda"
         return SpeculativeStep(self.target, self.draft, self.block_manager, self.k, mode, reason, guard,
-                               fused_rejection=fused, fused_sampling=self.fused_sampling)
+                               fused_rejection=fused, fused_sampling=self.fused_sampling,
+                               overlap_commit=cfg.overlap_commit)
 
     @property
     def draft_loop(self) -> str | None:
@@ -230,6 +234,8 @@ class Engine:
 
     def abort_all(self) -> None:
         """Drop every request and return its blocks (used when a generate() call fails midway)."""
+        if self.spec_step is not None:
+            self.spec_step.drop_pending()
         for seq in self.running + list(self.waiting):
             self.block_manager.free(seq.block_table)
         self.running.clear()

@@ -30,13 +30,25 @@ class SpecStepRandoms:
         return None if self.noise_block is None else self.noise_block[:, : self.uniforms.shape[1]]
 
     @classmethod
-    def draw(cls, st: SamplingTensors, k: int, vocab: int, device) -> "SpecStepRandoms":
+    def draw(cls, st: SamplingTensors, k: int, vocab: int, device, kept: list | None = None) -> "SpecStepRandoms":
+        """kept: per row None, or (uniforms [k], noise [2k + 1, V]) that row's request drew already
+        (a discarded overlapped step); those rows reuse them and leave their generator alone."""
         batch = len(st.generators)
         if st.all_greedy:  # one-hot probabilities make every draw irrelevant: skip the work
             # Two contiguous blocks (not slices of one): the fused rejection kernel takes them as is.
             ones_k, ones_bonus = torch.ones(batch, k, vocab, device=device), torch.ones(batch, vocab, device=device)
             return cls(torch.zeros(batch, k, device=device), ones_k, ones_bonus, noise_block=None)
-        # One Exp(1) block and one uniform block per request: [2k + 1, V] and [k].
-        noise = exponential_noise((2 * k + 1, vocab), st.generators, device)  # [B, 2k + 1, V]
-        uniforms = torch.stack([torch.rand(k, device=device, generator=g) for g in st.generators])
+        if kept is None or not any(row is not None for row in kept):
+            # One Exp(1) block and one uniform block per request: [2k + 1, V] and [k].
+            noise = exponential_noise((2 * k + 1, vocab), st.generators, device)  # [B, 2k + 1, V]
+            uniforms = torch.stack([torch.rand(k, device=device, generator=g) for g in st.generators])
+        else:  # the same per-request draws (noise, then uniforms, from each generator), row by row
+            rows = [row or cls._draw_row(g, k, vocab, device) for g, row in zip(st.generators, kept)]
+            noise = torch.stack([n for _, n in rows])  # [B, 2k + 1, V]
+            uniforms = torch.stack([u for u, _ in rows])
         return cls(uniforms, noise[:, k : 2 * k], noise[:, 2 * k], noise_block=noise)
+
+    @staticmethod
+    def _draw_row(generator: torch.Generator, k: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        noise = exponential_noise((2 * k + 1, vocab), [generator], device)[0]  # [2k + 1, V]
+        return torch.rand(k, device=device, generator=generator), noise

@@ -7,6 +7,7 @@ import torch
 
 from protospec.cuda_graphs import GraphCache
 from protospec.decode_state import DraftDecodeState
+from protospec.first_step_state import FirstStepState
 from protospec.inputs import ForwardInputs, prepare_inputs
 from protospec.model import LlamaForCausalLM
 
@@ -15,7 +16,8 @@ class ModelRunner:
     """Counters (see `counters`): every CPU prepare is counted under `cpu_prepare` and under
     `cpu_prepare:<why>` (prefill, first_draft_step, verify, decode); a draft step 2..k that could
     have been advanced on the GPU but was CPU-prepared counts as `fallback:<reason>`; each
-    advance_step launch counts as `gpu_advance`."""
+    advance_step launch counts as `gpu_advance`, each first draft step built on the device (the
+    overlapped commit) as `gpu_first_step`."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int):
         cfg = model.config
@@ -31,6 +33,7 @@ class ModelRunner:
         ]
         self.counters: Counter[str] = Counter()
         self.decode_state: DraftDecodeState | None = None
+        self.first_step: FirstStepState | None = None
         self.graphs: GraphCache | None = None
         self.max_graph_query_len = 0
 
@@ -40,8 +43,10 @@ class ModelRunner:
         self.max_graph_query_len = max_query_len
 
     def enable_gpu_advance(self, max_num_seqs: int, max_blocks: int) -> None:
-        """Allocate the persistent decode buffers and bind the advance_step kernel to them."""
+        """Allocate the persistent decode buffers (steps 2..k, and the first step when it is built on
+        the device) and bind the advance_step kernel to them."""
         self.decode_state = DraftDecodeState(max_num_seqs, max_blocks, self.block_size, self.device)
+        self.first_step = FirstStepState(max_num_seqs, max_blocks, self.block_size, self.decode_state.error_row, self.device)
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -61,6 +66,11 @@ class ModelRunner:
         self.counters["gpu_advance"] += 1
         self.decode_state.advance()
         return self.decode_state.inputs()
+
+    def first_step_on_device(self, result, block_tables, lengths, last_tokens) -> ForwardInputs:
+        """The next first draft step's inputs, built on the device from a rejection output."""
+        self.counters["gpu_first_step"] += 1
+        return self.first_step.build(result, block_tables, lengths, last_tokens)
 
     def execute(self, inputs: ForwardInputs) -> torch.Tensor:
         """Forward; returns logits [num_logits, vocab] float32 on the device."""

@@ -6,6 +6,15 @@ Positions for a sequence of L tokens (t_0 .. t_{L-1}, the last one not yet in ei
   draft step j  feeds d_{j-1} at position L - 2 + j, samples d_j               (j = 2..k)
   verify        feeds t_{L-1}, d_1..d_k at positions L-1 .. L-1+k: k+1 target distributions
 So the target writes k+1 lookahead slots, reserved up front; the draft writes k of them.
+
+Overlapped commit (gpu and graph modes, on by default; beyond vLLM's change, which prepared draft
+step 1 on the CPU after the host sync): after the rejection sampler is queued, the commit's copy
+to the host is queued, then the NEXT spec step's draft step 1 with inputs the first_draft_step
+kernel builds from the rejection output (L' = L + accepted + 1 and the last two tokens are on the
+device already). The host then waits only for the copy and commits while the device runs that
+step. The next `begin` takes the launched step if the batch is the same; otherwise (a request
+finished or joined) it discards it: its K/V writes are rewritten with the same values, and its
+random numbers stay with their requests, so outputs do not depend on whether the commit overlapped.
 """
 from __future__ import annotations
 
@@ -35,13 +44,15 @@ class SpeculativeStep:
       sampler  CPU prepare every draft step, draft ids stay on the device (no per-step sync)
       gpu      CPU prepare for draft step 1, advance_step kernel for steps 2..k, no sync
       graph    as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph
+    overlap_commit: in the gpu and graph modes, build the next draft step 1 on the device and queue
+    it before the commit's host sync (module docstring); ignored by the CPU-prepare modes.
     fallback_reason labels the CPU-prepared steps 2..k of the CPU modes in the counters.
     loop_guard(device) wraps the draft loop (sync_guard.forbid_host_sync to check invariant 2).
     """
 
     def __init__(self, target: ModelRunner, draft: ModelRunner, block_manager: BlockManager, k: int,
                  mode: str = "main", fallback_reason: str = "disabled_by_user", loop_guard=None,
-                 fused_rejection: bool = False, fused_sampling: bool = False):
+                 fused_rejection: bool = False, fused_sampling: bool = False, overlap_commit: bool = False):
         if mode not in DRAFT_LOOP_MODES:
             raise ValueError(f"draft loop mode must be one of {DRAFT_LOOP_MODES}, got {mode!r}")
         self.target, self.draft, self.block_manager, self.k = target, draft, block_manager, k
@@ -52,6 +63,11 @@ class SpeculativeStep:
         self.timer = NULL_TIMER  # a PhaseTimer for the bench's --breakdown
         self.device = target.device
         self.fused_sampling = fused_sampling  # kernels/sampling.py: one kernel per draft sample / verify's probs
+        self.overlap_commit = overlap_commit and self.advances_on_gpu
+        self.pending: StepState | None = None  # the next spec step, its draft step 1 launched before the commit
+        # Random numbers of a discarded pending step, per request (seq_id -> (uniforms [k], noise
+        # [2k + 1, V])): its next step reuses them, as if the commit had not overlapped.
+        self._predrawn: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if fused_rejection:
             from protospec.kernels.rejection import rejection_sample_fused
             self.rejection_sample = rejection_sample_fused
@@ -73,12 +89,46 @@ class SpeculativeStep:
     # ---- the stages of one spec step; __call__ runs them in order, a debugger may pause between ----
     def begin(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState":
         """Reserve lookahead slots, make the draft output buffers. (The step's random numbers are
-        drawn once draft step 1's forward is queued: the device runs it while the host draws.)"""
+        drawn once draft step 1's forward is queued: the device runs it while the host draws.)
+        With the commit overlapped, the step launched by the last commit, if made for this batch."""
         with self.timer.phase("begin"):
-            return self._begin(seqs, st)
+            pending = self._take_pending(seqs, st)
+            if pending is not None:
+                return pending
+            self.reserve_lookahead(seqs)
+            return self._new_state(seqs, st)
 
-    def _begin(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState":
-        self.reserve_lookahead(seqs)
+    def _take_pending(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState | None":
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        same_batch = pending.st is st and len(pending.seqs) == len(seqs) and all(a is b for a, b in zip(pending.seqs, seqs))
+        covered = all(len(seq.block_table) * self.block_manager.block_size >= seq.num_tokens + self.k for seq in seqs)
+        if same_batch and covered:
+            return pending
+        self.discard_pending(pending)
+        return None
+
+    def discard_pending(self, pending: "StepState | None" = None) -> None:
+        """Drop a launched next step (the batch changed, or a debugger takes over). What it wrote
+        to the draft's cache is written again by the step that replaces it; its random numbers are
+        kept for their requests."""
+        pending = pending or self.pending
+        self.pending = None
+        if pending is None:
+            return
+        self.draft.counters["first_step_discarded"] += 1
+        r = pending.randoms
+        if r is not None and r.noise_block is not None:
+            for row, seq in enumerate(pending.seqs):
+                self._predrawn[seq.seq_id] = (r.uniforms[row], r.noise_block[row])
+
+    def drop_pending(self) -> None:
+        """Forget any launched step and kept random numbers (the engine aborted its requests)."""
+        self.pending = None
+        self._predrawn.clear()
+
+    def _new_state(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState":
         k, batch = self.k, len(seqs)
         max_blocks = max(len(seq.block_table) for seq in seqs)
         graph = self._loop_graph(batch, max_blocks, st) if self.mode == "graph" and self.advances_on_gpu else None
@@ -92,6 +142,8 @@ class SpeculativeStep:
 
     def _draft_inputs(self, s: "StepState"):
         step, seqs, tables = s.step, s.seqs, [seq.block_table for seq in s.seqs]
+        if step == 0 and s.first_inputs is not None:  # built on the device by the last commit's launch
+            return s.first_inputs
         if step == 0:
             # The draft lacks t_{L-1}, and after a full accept d_k (at L-2) too. Feed the last two
             # tokens always: one fixed layout (a CUDA graph can replay it), and rewriting the K/V of
@@ -130,7 +182,7 @@ class SpeculativeStep:
             logits = self.draft.execute(inputs)
         with timer.phase("sampling"):
             if s.randoms is None:
-                s.randoms = SpecStepRandoms.draw(s.st, self.k, self.draft.vocab_size, self.device)
+                s.randoms = self._draw_randoms(s)
             into = self.draft.decode_state.sampled_ids[:batch] if self.advances_on_gpu else None  # read by advance_step
             ids = sample_draft_step(logits, s.st, s.step, s.draft_ids, s.draft_probs, s.randoms.noise_block, into,
                                     self.fused_sampling)  # [B]
@@ -139,6 +191,13 @@ class SpeculativeStep:
                     p.append(tok)
         s.step += 1
         return inputs
+
+    def _draw_randoms(self, s: "StepState") -> SpecStepRandoms:
+        kept = None
+        if self._predrawn:  # a discarded pending step drew these requests' numbers already
+            kept = [self._predrawn.get(seq.seq_id) for seq in s.seqs]
+            self._predrawn.clear()
+        return SpecStepRandoms.draw(s.st, self.k, self.draft.vocab_size, self.device, kept)
 
     def verify(self, s: "StepState") -> torch.Tensor:
         """Target forward over k+1 positions per sequence -> target probs [B, k+1, V]."""
@@ -165,21 +224,59 @@ class SpeculativeStep:
                                              r.bonus_noise)
         return s.result
 
-    def commit(self, s: "StepState") -> None:
+    def queue_commit_copy(self, s: "StepState") -> None:
+        """Queue the one device-to-host copy the commit reads: per row the k + 1 output ids, the
+        accepted and the passed counts; then advance_step's error flag (0 = none). Queued before
+        any work of the next step, so the commit waits for this copy only."""
         with self.timer.phase("commit"):
             r, decode = s.result, self.draft.decode_state
-            # One device-to-host copy (the spec step's first host sync on the no-sync paths): per
-            # row the k + 1 output ids, the accepted and the passed counts; then advance_step's
-            # error flag (0 = none).
             parts = [torch.cat([r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)], 1).flatten()]
             if self.advances_on_gpu:
                 parts.append(decode.error_row.long())
-            flat = torch.cat(parts).tolist()
+            flat = torch.cat(parts)  # [B * (k + 3) (+ 1)] int64
+            if flat.device.type != "cuda":
+                s.commit_copy = (flat, None)
+                return
+            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            s.commit_copy = (host, done)
+
+    def launch_next(self, s: "StepState") -> None:
+        """Overlapped commit: queue the next spec step's draft step 1, its inputs built on the device
+        from this step's rejection output, before the commit's host sync. Not when a sequence may
+        reach max_tokens in this step: it may have no next step, and the next step's lookahead
+        could pass the blocks its admission promised."""
+        if not self.overlap_commit or any(seq.num_remaining <= self.k + 1 for seq in s.seqs):
+            return
+        seqs = list(s.seqs)  # a copy: the engine's running list changes when requests finish
+        for seq in seqs:  # L' <= L + k + 1, and the next step writes up to position L' - 1 + k
+            self.block_manager.ensure_capacity(seq.block_table, seq.num_tokens + 2 * self.k + 1)
+        nxt = self._new_state(seqs, s.st)
+        with self.timer.phase("prepare"):
+            nxt.first_inputs = self.draft.first_step_on_device(
+                s.result, [seq.block_table for seq in seqs], [seq.num_tokens for seq in seqs],
+                [seq.last_token_id for seq in seqs])
+            self.draft.decode_state.seed(nxt.first_inputs.meta)
+        self.draft_step(nxt)
+        self.pending = nxt
+
+    def commit(self, s: "StepState") -> None:
+        if s.commit_copy is None:
+            self.queue_commit_copy(s)
+        with self.timer.phase("commit"):
+            decode = self.draft.decode_state
+            host, done = s.commit_copy
+            if done is not None:
+                done.synchronize()  # the spec step's first host sync on the no-sync paths
+            flat = host.tolist()
             width = self.k + 3
             rows = [flat[i * width : (i + 1) * width] for i in range(len(s.seqs))]
             bad_row = flat[-1] if self.advances_on_gpu else 0
             if bad_row:
                 decode.error_row.zero_()
+                self.drop_pending()
                 raise AdvanceStepError(f"advance_step: row {bad_row - 1} reached a position its block table does "
                                        "not cover; its K/V write was skipped (the lookahead reservation is broken)")
             for seq, (*row, accepted, passed) in zip(s.seqs, rows):
@@ -190,7 +287,9 @@ class SpeculativeStep:
                 # Target has K/V for t_{L-1}, d_1..d_accepted; the draft never ran on d_k.
                 seq.num_cached_target = length + accepted
                 seq.num_cached_draft = length + min(accepted, self.k - 1)
-                self.block_manager.shrink(seq.block_table, seq.num_tokens)
+                # A launched next step keeps its lookahead (the device's block tables list it).
+                lookahead = self.k if self.pending is not None else 0
+                self.block_manager.shrink(seq.block_table, seq.num_tokens + lookahead)
 
     def __call__(self, seqs: list[Sequence], st: SamplingTensors) -> RejectionOutput:
         state = self.begin(seqs, st)
@@ -199,6 +298,9 @@ class SpeculativeStep:
                 self.draft_step(state)
         self.verify(state)
         self.reject(state)
+        self.queue_commit_copy(state)
+        with self.loop_guard(self.device):  # the next step's draft step 1 needs no sync either
+            self.launch_next(state)
         self.commit(state)
         return state.result
 
@@ -218,3 +320,5 @@ class StepState:
     step: int = 0                         # draft steps done
     target_probs: torch.Tensor | None = None  # [B, k+1, V] after verify
     result: RejectionOutput | None = None     # after reject
+    first_inputs: object | None = None        # ForwardInputs of draft step 1 when built on the device
+    commit_copy: tuple | None = None          # (host int64 tensor, CUDA event or None): what commit reads

@@ -30,7 +30,7 @@ def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_pa
     files = {p.suffix: p for p in tmp_path.iterdir() if "breakdown" not in p.name}
     report = json.loads(files[".json"].read_text())
     assert {"device", "date", "git_commit", "command", "config", "modes"} <= report.keys()
-    assert set(report["modes"]) == {"main", "sampler", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only"}
+    assert set(report["modes"]) == {"main", "sampler", "gpu_sync_commit", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only"}
     if not torch.cuda.is_available():
         assert "CUDA" in report["modes"]["graph"]["skipped"]  # CPU: the graph mode says why it did not run
     for name, entry in report["modes"].items():
@@ -39,10 +39,13 @@ def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_pa
         assert len(entry["latencies_s"]) == 2
         for key in ("p10_s", "p25_s", "p50_s", "p75_s", "p90_s", "p99_s", "avg_s"):
             assert entry[key] > 0, (name, key)
-    for mode in ("main", "sampler", "gpu"):
+    for mode in ("main", "sampler", "gpu_sync_commit", "gpu"):
         entry = report["modes"][mode]
         assert 0 <= entry["acceptance_rate"] <= 1 and entry["system_efficiency"] > 0 and entry["mean_accepted_len"] >= 1
         assert "draft" in entry["counters"] and "breakdown_ms_per_call" in entry
+    # gpu_sync_commit is vLLM's change: every draft step 1 CPU-prepared; gpu builds most on the device
+    assert "gpu_first_step" not in report["modes"]["gpu_sync_commit"]["counters"]["draft"]
+    assert report["modes"]["gpu"]["counters"]["draft"]["gpu_first_step"] > 0
     assert report["modes"]["gpu"]["counters"]["draft"]["gpu_advance"] > 0
     assert "gpu_advance" not in report["modes"]["main"]["counters"]["draft"]
     assert files[".png"].stat().st_size > 10_000

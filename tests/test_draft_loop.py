@@ -34,8 +34,12 @@ def test_gpu_path_advances_k_minus_1_times_per_spec_step(tiny_target, tiny_draft
     draft = llm.counters["draft"]
     assert engine_steps > 0 and steps >= engine_steps
     assert draft["gpu_advance"] == 3 * engine_steps
-    assert draft["cpu_prepare:first_draft_step"] == engine_steps
-    assert draft["cpu_prepare"] == engine_steps + draft["cpu_prepare:prefill"]
+    # Draft step 1: built on the device by the previous commit (overlapped), or on the CPU after a
+    # prefill and where a request may end within the step; none discarded (ignore_eos, one batch).
+    first_on_cpu = draft["cpu_prepare:first_draft_step"]
+    assert draft["gpu_first_step"] > first_on_cpu > 0 and "first_step_discarded" not in draft
+    assert first_on_cpu + draft["gpu_first_step"] == engine_steps
+    assert draft["cpu_prepare"] == first_on_cpu + draft["cpu_prepare:prefill"]
     assert not any(key.startswith("fallback:") for key in draft)
 
 
@@ -123,7 +127,8 @@ def test_graph_mode_replays_the_whole_draft_tail(tiny_target, tiny_draft):
     steps = llm.counters["target"]["cpu_prepare:verify"]
     draft = llm.counters["draft"]
     assert draft["draft_loop_graph"] == steps and draft["gpu_advance"] == 3 * steps
-    assert draft["cpu_prepare:first_draft_step"] == steps and not any(key.startswith("fallback:") for key in draft)
+    assert draft["cpu_prepare:first_draft_step"] + draft["gpu_first_step"] == steps and draft["gpu_first_step"] > 0
+    assert not any(key.startswith("fallback:") for key in draft)
 
 
 @pytest.mark.gpu

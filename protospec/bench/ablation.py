@@ -1,7 +1,9 @@
 """The ablation: the draft-loop modes and the peers, in one process, on the same prompts and seeds.
 
-modes   main, sampler, gpu, graph (CUDA only): one engine (same weights, KV pool and CUDA graphs), switched between
-        generate() calls with Engine.set_draft_loop
+modes   main, sampler, gpu_sync_commit, gpu, graph (CUDA only): one engine (same weights, KV pool and CUDA
+        graphs), switched between generate() calls with Engine.set_draft_loop. gpu_sync_commit is vLLM's
+        change as it was (draft step 1 CPU-prepared after the commit's host sync); gpu and graph also
+        build draft step 1 on the device and overlap the commit (speculative.py)
 peers   target_only     protospec without a draft
         hf_assisted     transformers generate(assistant_model=draft), constant k, same weights
         hf_target_only  transformers generate() of the target alone
@@ -21,7 +23,10 @@ from protospec.llm import LLM
 from protospec.metrics import RATE_KEYS
 from protospec.phase_timer import NULL_TIMER, PhaseTimer
 
-MODES = ("main", "sampler", "gpu", "graph")
+MODES = ("main", "sampler", "gpu_sync_commit", "gpu", "graph")
+# mode -> (Engine draft_loop, overlap_commit)
+MODE_SETTINGS = {"main": ("main", False), "sampler": ("sampler", False), "gpu_sync_commit": ("gpu", False),
+                 "gpu": ("gpu", True), "graph": ("graph", True)}
 PEERS = ("target_only", "hf_assisted", "hf_target_only")
 
 
@@ -67,7 +72,7 @@ def _release_memory() -> None:
 
 def run_mode(llm: LLM, setup: BenchSetup, mode: str, breakdown: bool, progress=None) -> dict:
     try:
-        llm.engine.set_draft_loop(mode)
+        llm.engine.set_draft_loop(*MODE_SETTINGS.get(mode, (mode, None)))  # "auto": as configured
     except ConfigError as exc:  # e.g. the graph mode on a machine without CUDA
         return {"skipped": str(exc)}
     for runner in (llm.engine.target, llm.engine.draft):

@@ -6,7 +6,7 @@ offline):
       --batch-size 1 --use-v2-block-manager --speculative-model JackFram/llama-68m \\
       --num-speculative-tokens 5 --num-iters-warmup 5 --num-iters 10
 
---ablation runs the draft-loop modes (main, sampler, gpu) and the peers (target_only, hf_assisted,
+--ablation runs the draft-loop modes (main, sampler, gpu_sync_commit, gpu, graph) and the peers (target_only, hf_assisted,
 hf_target_only) in one process and writes JSON, markdown and PNG under --output-dir.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from protospec.bench.ablation import MODES, PEERS, BenchSetup, run_ablation, run_mode, run_sweep
+from protospec.bench.ablation import MODE_SETTINGS, MODES, PEERS, BenchSetup, run_ablation, run_mode, run_sweep
 from protospec.bench.latency import PERCENTILES
 from protospec.bench.provenance import provenance
 from protospec.bench.report import markdown_table, write_report
@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--draft-loop", default="auto", choices=["auto", *MODES],
                    help="draft input path: main (CPU prepare + sync per step), sampler (CPU prepare, no sync), "
-                        "gpu (advance_step kernel, no sync), graph (steps 2..k as one CUDA graph); "
-                        "auto = gpu on CUDA, main on CPU")
+                        "gpu_sync_commit (advance_step kernel for steps 2..k, no sync: vLLM's change), gpu (as "
+                        "gpu_sync_commit, and draft step 1 built on the device, launched before the commit's sync), "
+                        "graph (gpu with steps 2..k as one CUDA graph); auto = gpu on CUDA, main on CPU")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"iters={setup.num_iters_warmup}+{setup.num_iters}", flush=True)
     if args.ablation or args.sweep:
         return run_report(args, setup, argv)
-    llm = setup.llm(speculative=setup.speculative_model is not None, draft_loop=args.draft_loop)
+    loop = MODE_SETTINGS.get(args.draft_loop, (args.draft_loop, None))[0]
+    llm = setup.llm(speculative=setup.speculative_model is not None, draft_loop=loop)
     print(f"device={llm.engine.device} dtype={llm.engine.dtype} kv_blocks={llm.engine.num_blocks} "
           f"draft_loop={llm.engine.draft_loop} cuda_graphs={llm.engine.use_cuda_graphs} "
           f"layer_kernels={llm.engine.use_layer_kernels}", flush=True)

@@ -15,7 +15,7 @@ from collections import Counter
 
 import torch
 
-from protospec.bench.ablation import BenchSetup
+from protospec.bench.ablation import MODE_SETTINGS, BenchSetup
 from protospec.bench.provenance import provenance, write_report
 from protospec.phase_timer import NULL_TIMER, ProfilerPhases
 
@@ -53,7 +53,7 @@ def idle_by_phase(kernels: list[tuple[float, float]], phases: list[tuple[float, 
 def census(llm, setup: BenchSetup, mode: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    llm.engine.set_draft_loop(mode)
+    llm.engine.set_draft_loop(*MODE_SETTINGS.get(mode, (mode, None)))
     prompts, params = setup.prompts(llm.engine.vocab_size), setup.params()
     for _ in range(3):  # warm-up: graphs captured, kernels loaded
         llm.generate(prompts, params)
@@ -91,7 +91,7 @@ def main(argv=None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="JackFram/llama-160m")
     p.add_argument("--speculative-model", default="JackFram/llama-68m")
-    p.add_argument("--modes", nargs="+", default=["main", "gpu", "graph"])
+    p.add_argument("--modes", nargs="+", default=["main", "gpu_sync_commit", "gpu", "graph"])
     p.add_argument("--compile", action="store_true")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--output-json", default=None)

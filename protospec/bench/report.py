@@ -7,7 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-PLOT_ORDER = ("main", "sampler", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only")
+PLOT_ORDER = ("main", "sampler", "gpu_sync_commit", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only")
 
 
 def timed_entries(modes: dict) -> list[tuple[str, dict]]:
