@@ -7,6 +7,9 @@
     dbg.begin(); d = dbg.draft_step()         # d.device_inputs, d.cpu_twin, d.differences
     dbg.draft_step(); ...; dbg.verify(); dbg.reject(); dbg.commit()
     trace.verdicts                            # per sequence and position: accepted / rejected / ...
+    trace = dbg.commit(overlap=True)          # gpu mode: launch the next draft step 1 first (built on
+    trace.next_first_step                     # the device), compared with its CPU twin after the commit;
+                                              # the next begin() continues from it
 
 For every draft step the debugger copies the device inputs to the host (a sync: debugging only) and
 builds the CPU prepare_inputs twin from the host-side sequence state, so the GPU advance path and the
@@ -57,6 +60,7 @@ class SpecStepTrace:
     written_slots: dict[str, list[int]] = field(default_factory=dict)  # model -> KV slots written
     block_tables: list[list[int]] = field(default_factory=list)         # per sequence, during the step
     counters: dict = field(default_factory=dict)
+    next_first_step: DraftStepTrace | None = None  # commit(overlap=True): the next step's device-built draft step 1
 
 
 def inputs_table(d: DraftStepTrace) -> str:
@@ -87,6 +91,7 @@ class DraftLoopDebugger:
             raise ValueError("DraftLoopDebugger needs an LLM with a speculative model")
         self.llm, self.engine = llm, llm.engine
         self.seqs: list[Sequence] = []
+        self._launched: DraftStepTrace | None = None  # draft step 1 launched by commit(overlap=True)
 
     def add(self, prompts, params: SamplingParams) -> list[Sequence]:
         """Admit prompts (text or ids) and prefill both models. Returns the live sequences."""
@@ -119,13 +124,17 @@ class DraftLoopDebugger:
         seqs = list(eng.running)
         if not seqs:
             raise RuntimeError("no running sequence: add() prompts first (or all have finished)")
-        # A step launched ahead by an overlapped commit (engine.step) is set aside: stepping by hand
-        # starts from draft step 1, so its inputs can be compared with their CPU twin.
-        eng.spec_step.discard_pending()
+        launched, self._launched = self._launched, None
+        if launched is None:
+            # A step launched ahead by an overlapped commit inside engine.step() is set aside:
+            # stepping by hand starts from draft step 1, so its inputs get compared with their twin.
+            eng.spec_step.discard_pending()
         self._counters_before = {name: dict(r.counters) for name, r in (("target", eng.target), ("draft", eng.draft))}
         self.state = eng.spec_step.begin(seqs, eng._sampling_tensors(seqs))
         bs, k = eng.config.block_size, eng.k
         self.trace = SpecStepTrace(block_tables=[list(seq.block_table) for seq in seqs])
+        if launched is not None and self.state.step == 1:  # continuing from the launched draft step 1
+            self.trace.draft_steps.append(launched)
         # Where the verify will write: positions L-1 .. L-1+k of every sequence.
         self.trace.written_slots["target"] = sorted(
             t[p // bs] * bs + p % bs for seq, t in zip(seqs, self.trace.block_tables) for p in range(seq.num_tokens - 1, seq.num_tokens + k))
@@ -160,13 +169,28 @@ class DraftLoopDebugger:
         self.trace.verdicts = self._verdicts(result)
         return self.trace.verdicts
 
-    def commit(self) -> SpecStepTrace:
-        """Append the emitted tokens, roll the caches' lengths forward, free unused lookahead."""
+    def commit(self, overlap: bool = False) -> SpecStepTrace:
+        """Append the emitted tokens, roll the caches' lengths forward, free unused lookahead.
+        overlap=True (gpu / graph modes): first launch the next step's draft step 1, built on the
+        device from the rejection output, as generate() does; after the commit its inputs are
+        compared with the CPU twin built from the committed state (trace.next_first_step)."""
         if self.state.result is None:
             self.reject()
-        eng = self.engine
-        eng.spec_step.commit(self.state)
+        eng, spec = self.engine, self.engine.spec_step
+        if overlap:
+            if not spec.overlap_commit:
+                raise ValueError(f"commit(overlap=True) needs the gpu or graph mode with overlap_commit on "
+                                 f"(mode {spec.mode!r}, overlap_commit={spec.overlap_commit})")
+            spec.queue_commit_copy(self.state)
+            spec.launch_next(self.state)
+        spec.commit(self.state)
         eng._retire_finished()
+        pending = spec.pending
+        if pending is not None:
+            seqs = pending.seqs
+            self._launched = self.trace.next_first_step = DraftStepTrace(
+                0, "gpu_first_step", _host_inputs(pending.first_inputs),
+                self._twin(0, seqs, [seq.block_table for seq in seqs], []), pending.draft_ids[:, 0].tolist())
         self.trace.written_slots["draft"] = sorted(
             {int(x) for d in self.trace.draft_steps for x in d.device_inputs["slot_mapping"] if x >= 0})
         before = self._counters_before
@@ -174,10 +198,10 @@ class DraftLoopDebugger:
                                for name, r in (("target", eng.target), ("draft", eng.draft))}
         return self.trace
 
-    def spec_step(self) -> SpecStepTrace:
+    def spec_step(self, overlap: bool = False) -> SpecStepTrace:
         """One whole spec step (all the stages above) for every running sequence."""
         self.begin()
-        return self.commit()
+        return self.commit(overlap)
 
     def _verdicts(self, result) -> list[list[dict]]:
         k = self.engine.k

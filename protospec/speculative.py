@@ -42,10 +42,11 @@ class SpeculativeStep:
     """mode (the three arms of the original ablation, and one beyond it):
       main     CPU prepare every draft step, draft ids copied to the host every step (a sync)
       sampler  CPU prepare every draft step, draft ids stay on the device (no per-step sync)
-      gpu      CPU prepare for draft step 1, advance_step kernel for steps 2..k, no sync
+      gpu      advance_step kernel for steps 2..k, no sync; draft step 1 CPU-prepared after the
+               commit's sync, or with overlap_commit built on the device and launched before it
       graph    as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph
-    overlap_commit: in the gpu and graph modes, build the next draft step 1 on the device and queue
-    it before the commit's host sync (module docstring); ignored by the CPU-prepare modes.
+    overlap_commit: in the gpu and graph modes (module docstring); ignored by the CPU-prepare modes
+    and for k = 1 (no decode buffers). The bench calls gpu without it "gpu_sync_commit".
     fallback_reason labels the CPU-prepared steps 2..k of the CPU modes in the counters.
     loop_guard(device) wraps the draft loop (sync_guard.forbid_host_sync to check invariant 2).
     """

@@ -49,3 +49,37 @@ def test_stage_by_stage_stepping_generates_what_generate_does(tiny_target, tiny_
         assert len(verdicts) == len(dbg.state.seqs)
         dbg.commit()
     assert [s.output_token_ids for s in seqs] == reference
+
+
+def test_debugger_shows_the_overlapped_commits_device_built_first_step(tiny_target, tiny_draft):
+    """commit(overlap=True) launches the next draft step 1 as generate() does; its inputs, built on
+    the device from the rejection output, equal the CPU twin built after the commit, and the next
+    step continues from it. The tokens are generate()'s."""
+    params = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True, seed=5)
+    prompts = random_prompts(2, seed=6)
+    reference = [o.token_ids for o in tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="gpu", device=DEV).generate(prompts, params)]
+    dbg = DraftLoopDebugger(tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="gpu", device=DEV, block_size=4))
+    seqs = dbg.add(prompts, params)
+    launched = 0
+    while dbg.engine.running:
+        had_launch = dbg._launched is not None
+        trace = dbg.spec_step(overlap=True)
+        paths = [d.path for d in trace.draft_steps]
+        assert paths == (["gpu_first_step"] if had_launch else ["cpu_prepare"]) + ["gpu_advance"] * 2
+        for d in trace.draft_steps:
+            assert d.differences == {"input_ids": 0, "positions": 0, "seq_lens": 0, "slot_mapping": 0}, d.path
+        if trace.next_first_step is not None:
+            launched += 1
+            assert trace.next_first_step.differences == {"input_ids": 0, "positions": 0, "seq_lens": 0, "slot_mapping": 0}
+    assert launched > 3 and "first_step_discarded" not in dbg.engine.draft.counters
+    assert [s.output_token_ids for s in seqs] == reference
+
+
+def test_debugger_refuses_an_overlap_the_mode_cannot_do(tiny_target, tiny_draft):
+    import pytest
+
+    dbg = DraftLoopDebugger(tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="main"))
+    dbg.add(random_prompts(1), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    dbg.begin()
+    with pytest.raises(ValueError, match="overlap_commit"):
+        dbg.commit(overlap=True)

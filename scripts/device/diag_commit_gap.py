@@ -3,7 +3,9 @@
 Per spec step: event A when the host enters commit (the device reaches it once the rejection
 kernel is done), event B when the host launches the next spec step's first draft forward. With the
 device idle in between (only the commit's small copies run), B - A is the post-sync gap a pipelined
-draft step 1 could hide. Also host times of commit, begin and step-1 prepare, per mode.
+draft step 1 could hide. Also host times of commit, begin and step-1 prepare, per mode. With the
+commit overlapped (gpu, graph) A comes after the next draft step 1 is queued, so there B - A is not
+that gap: read it for main and gpu_sync_commit only.
 """
 import time
 from collections import defaultdict
