@@ -115,7 +115,7 @@ class Engine:
         if mode in ("gpu", "graph") and self.device.type != KERNEL_DEVICE_TYPE:
             raise ConfigError(f"draft_loop='gpu' on device {self.device}: the advance_step kernel runs on "
                               f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
-        if mode in ("gpu", "graph") and self.k > 1 and self.draft.decode_state is None:
+        if mode in ("gpu", "graph") and self.draft.decode_state is None:  # k = 1 too: the first-step buffers
             self.draft.enable_gpu_advance(cfg.max_num_seqs, self.max_blocks_per_seq)
         guard = forbid_host_sync if cfg.check_no_sync else None
         fused = cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda"

@@ -45,8 +45,9 @@ class SpeculativeStep:
       gpu      advance_step kernel for steps 2..k, no sync; draft step 1 CPU-prepared after the
                commit's sync, or with overlap_commit built on the device and launched before it
       graph    as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph
-    overlap_commit: in the gpu and graph modes (module docstring); ignored by the CPU-prepare modes
-    and for k = 1 (no decode buffers). The bench calls gpu without it "gpu_sync_commit".
+    overlap_commit: in the gpu and graph modes (module docstring; for k = 1 too, where it is the
+    only device-built step); ignored by the CPU-prepare modes. The bench calls gpu without it
+    "gpu_sync_commit".
     fallback_reason labels the CPU-prepared steps 2..k of the CPU modes in the counters.
     loop_guard(device) wraps the draft loop (sync_guard.forbid_host_sync to check invariant 2).
     """
@@ -58,13 +59,14 @@ class SpeculativeStep:
             raise ValueError(f"draft loop mode must be one of {DRAFT_LOOP_MODES}, got {mode!r}")
         self.target, self.draft, self.block_manager, self.k = target, draft, block_manager, k
         self.mode, self.fallback_reason = mode, fallback_reason
-        self.advances_on_gpu = mode in ("gpu", "graph") and k > 1  # k = 1 has no step 2 to advance
+        self.builds_on_device = mode in ("gpu", "graph")  # the draft's device buffers exist (engine.py)
+        self.advances_on_gpu = self.builds_on_device and k > 1  # k = 1 has no step 2 to advance
         self.loop_graphs: dict[tuple, DraftLoopGraph] = {}
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.timer = NULL_TIMER  # a PhaseTimer for the bench's --breakdown
         self.device = target.device
         self.fused_sampling = fused_sampling  # kernels/sampling.py: one kernel per draft sample / verify's probs
-        self.overlap_commit = overlap_commit and self.advances_on_gpu
+        self.overlap_commit = overlap_commit and self.builds_on_device
         self.pending: StepState | None = None  # the next spec step, its draft step 1 launched before the commit
         # Random numbers of a discarded pending step, per request (seq_id -> (uniforms [k], noise
         # [2k + 1, V])): its next step reuses them, as if the commit had not overlapped.
@@ -227,12 +229,12 @@ class SpeculativeStep:
 
     def queue_commit_copy(self, s: "StepState") -> None:
         """Queue the one device-to-host copy the commit reads: per row the k + 1 output ids, the
-        accepted and the passed counts; then advance_step's error flag (0 = none). Queued before
-        any work of the next step, so the commit waits for this copy only."""
+        accepted and the passed counts; then the device-built inputs' error flag (0 = none). Queued
+        before any work of the next step, so the commit waits for this copy only."""
         with self.timer.phase("commit"):
             r, decode = s.result, self.draft.decode_state
             parts = [torch.cat([r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)], 1).flatten()]
-            if self.advances_on_gpu:
+            if self.builds_on_device:
                 parts.append(decode.error_row.long())
             flat = torch.cat(parts)  # [B * (k + 3) (+ 1)] int64
             if flat.device.type != "cuda":
@@ -259,7 +261,8 @@ class SpeculativeStep:
             nxt.first_inputs = self.draft.first_step_on_device(
                 s.result, [seq.block_table for seq in seqs], [seq.num_tokens for seq in seqs],
                 [seq.last_token_id for seq in seqs])
-            self.draft.decode_state.seed(nxt.first_inputs.meta)
+            if self.advances_on_gpu:
+                self.draft.decode_state.seed(nxt.first_inputs.meta)
         self.draft_step(nxt)
         self.pending = nxt
 
@@ -274,12 +277,13 @@ class SpeculativeStep:
             flat = host.tolist()
             width = self.k + 3
             rows = [flat[i * width : (i + 1) * width] for i in range(len(s.seqs))]
-            bad_row = flat[-1] if self.advances_on_gpu else 0
+            bad_row = flat[-1] if self.builds_on_device else 0
             if bad_row:
                 decode.error_row.zero_()
                 self.drop_pending()
-                raise AdvanceStepError(f"advance_step: row {bad_row - 1} reached a position its block table does "
-                                       "not cover; its K/V write was skipped (the lookahead reservation is broken)")
+                raise AdvanceStepError(f"advance_step / first_draft_step: row {bad_row - 1} reached a position its "
+                                       "block table does not cover; its K/V write was skipped (the lookahead "
+                                       "reservation is broken)")
             for seq, (*row, accepted, passed) in zip(s.seqs, rows):
                 length = seq.num_tokens
                 emitted = [t for t in row if t != PLACEHOLDER_TOKEN_ID]

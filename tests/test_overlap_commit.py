@@ -185,3 +185,17 @@ def test_overlap_off_prepares_every_first_step_on_the_cpu(tiny_target, tiny_draf
     llm.engine.set_draft_loop("gpu", overlap_commit=True)
     llm.generate(random_prompts(2), SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
     assert llm.counters["draft"]["gpu_first_step"] > 0
+
+
+def test_k_1_overlaps_its_commit_too(tiny_target, tiny_draft):
+    """k = 1 has no draft step 2 to advance, but its single draft step can still be built on the
+    device and launched before the commit: same tokens as main and as the synced commit."""
+    prompts, params = random_prompts(3, seed=2), SamplingParams(temperature=1.0, max_tokens=25, ignore_eos=True, seed=3)
+    outs, counters = {}, {}
+    for name, mode, overlap in (("main", "main", True), ("synced", "gpu", False), ("overlapped", "gpu", True)):
+        llm = tiny_llm(tiny_target, tiny_draft, k=1, device=KERNEL_DEVICE_TYPE, draft_loop=mode, overlap_commit=overlap)
+        outs[name] = _outputs(llm, prompts, params)
+        counters[name] = llm.counters["draft"]
+    assert outs["overlapped"] == outs["synced"] == outs["main"]
+    assert counters["overlapped"]["gpu_first_step"] > 0 and "gpu_advance" not in counters["overlapped"]
+    assert "gpu_first_step" not in counters["synced"]
