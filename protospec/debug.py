@@ -128,7 +128,7 @@ class DraftLoopDebugger:
         if launched is None:
             # A step launched ahead by an overlapped commit inside engine.step() is set aside:
             # stepping by hand starts from draft step 1, so its inputs get compared with their twin.
-            eng.spec_step.discard_pending()
+            eng.spec_step.launched.discard()
         self._counters_before = {name: dict(r.counters) for name, r in (("target", eng.target), ("draft", eng.draft))}
         self.state = eng.spec_step.begin(seqs, eng._sampling_tensors(seqs))
         bs, k = eng.config.block_size, eng.k
@@ -185,7 +185,7 @@ class DraftLoopDebugger:
             spec.launch_next(self.state)
         spec.commit(self.state)
         eng._retire_finished()
-        pending = spec.pending
+        pending = spec.launched.pending
         if pending is not None:
             seqs = pending.seqs
             self._launched = self.trace.next_first_step = DraftStepTrace(

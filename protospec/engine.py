@@ -235,7 +235,7 @@ class Engine:
     def abort_all(self) -> None:
         """Drop every request and return its blocks (used when a generate() call fails midway)."""
         if self.spec_step is not None:
-            self.spec_step.drop_pending()
+            self.spec_step.launched.clear()
         for seq in self.running + list(self.waiting):
             self.block_manager.free(seq.block_table)
         self.running.clear()

@@ -28,6 +28,7 @@ from protospec.cuda_graphs import bucket
 from protospec.draft_graph import DraftLoopGraph
 from protospec.draft_sampling import sample_draft_step, target_probs
 from protospec.errors import AdvanceStepError
+from protospec.launched_step import LaunchedStep
 from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
 from protospec.phase_timer import NULL_TIMER
 from protospec.randoms import SpecStepRandoms
@@ -67,10 +68,7 @@ class SpeculativeStep:
         self.device = target.device
         self.fused_sampling = fused_sampling  # kernels/sampling.py: one kernel per draft sample / verify's probs
         self.overlap_commit = overlap_commit and self.builds_on_device
-        self.pending: StepState | None = None  # the next spec step, its draft step 1 launched before the commit
-        # Random numbers of a discarded pending step, per request (seq_id -> (uniforms [k], noise
-        # [2k + 1, V])): its next step reuses them, as if the commit had not overlapped.
-        self._predrawn: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.launched = LaunchedStep(draft.counters)  # the next step, launched before the commit
         if fused_rejection:
             from protospec.kernels.rejection import rejection_sample_fused
             self.rejection_sample = rejection_sample_fused
@@ -95,41 +93,11 @@ class SpeculativeStep:
         drawn once draft step 1's forward is queued: the device runs it while the host draws.)
         With the commit overlapped, the step launched by the last commit, if made for this batch."""
         with self.timer.phase("begin"):
-            pending = self._take_pending(seqs, st)
+            pending = self.launched.take(seqs, st, self.k, self.block_manager.block_size)
             if pending is not None:
                 return pending
             self.reserve_lookahead(seqs)
             return self._new_state(seqs, st)
-
-    def _take_pending(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState | None":
-        pending, self.pending = self.pending, None
-        if pending is None:
-            return None
-        same_batch = pending.st is st and len(pending.seqs) == len(seqs) and all(a is b for a, b in zip(pending.seqs, seqs))
-        covered = all(len(seq.block_table) * self.block_manager.block_size >= seq.num_tokens + self.k for seq in seqs)
-        if same_batch and covered:
-            return pending
-        self.discard_pending(pending)
-        return None
-
-    def discard_pending(self, pending: "StepState | None" = None) -> None:
-        """Drop a launched next step (the batch changed, or a debugger takes over). What it wrote
-        to the draft's cache is written again by the step that replaces it; its random numbers are
-        kept for their requests."""
-        pending = pending or self.pending
-        self.pending = None
-        if pending is None:
-            return
-        self.draft.counters["first_step_discarded"] += 1
-        r = pending.randoms
-        if r is not None and r.noise_block is not None:
-            for row, seq in enumerate(pending.seqs):
-                self._predrawn[seq.seq_id] = (r.uniforms[row], r.noise_block[row])
-
-    def drop_pending(self) -> None:
-        """Forget any launched step and kept random numbers (the engine aborted its requests)."""
-        self.pending = None
-        self._predrawn.clear()
 
     def _new_state(self, seqs: list[Sequence], st: SamplingTensors) -> "StepState":
         k, batch = self.k, len(seqs)
@@ -184,8 +152,9 @@ class SpeculativeStep:
         with timer.phase("draft_forward"):
             logits = self.draft.execute(inputs)
         with timer.phase("sampling"):
-            if s.randoms is None:
-                s.randoms = self._draw_randoms(s)
+            if s.randoms is None:  # kept: what a discarded launched step drew for these requests
+                s.randoms = SpecStepRandoms.draw(s.st, self.k, self.draft.vocab_size, self.device,
+                                                 self.launched.kept_randoms(s.seqs))
             into = self.draft.decode_state.sampled_ids[:batch] if self.advances_on_gpu else None  # read by advance_step
             ids = sample_draft_step(logits, s.st, s.step, s.draft_ids, s.draft_probs, s.randoms.noise_block, into,
                                     self.fused_sampling)  # [B]
@@ -194,13 +163,6 @@ class SpeculativeStep:
                     p.append(tok)
         s.step += 1
         return inputs
-
-    def _draw_randoms(self, s: "StepState") -> SpecStepRandoms:
-        kept = None
-        if self._predrawn:  # a discarded pending step drew these requests' numbers already
-            kept = [self._predrawn.get(seq.seq_id) for seq in s.seqs]
-            self._predrawn.clear()
-        return SpecStepRandoms.draw(s.st, self.k, self.draft.vocab_size, self.device, kept)
 
     def verify(self, s: "StepState") -> torch.Tensor:
         """Target forward over k+1 positions per sequence -> target probs [B, k+1, V]."""
@@ -264,7 +226,7 @@ class SpeculativeStep:
             if self.advances_on_gpu:
                 self.draft.decode_state.seed(nxt.first_inputs.meta)
         self.draft_step(nxt)
-        self.pending = nxt
+        self.launched.pending = nxt
 
     def commit(self, s: "StepState") -> None:
         if s.commit_copy is None:
@@ -280,7 +242,7 @@ class SpeculativeStep:
             bad_row = flat[-1] if self.builds_on_device else 0
             if bad_row:
                 decode.error_row.zero_()
-                self.drop_pending()
+                self.launched.clear()
                 raise AdvanceStepError(f"advance_step / first_draft_step: row {bad_row - 1} reached a position its "
                                        "block table does not cover; its K/V write was skipped (the lookahead "
                                        "reservation is broken)")
@@ -293,7 +255,7 @@ class SpeculativeStep:
                 seq.num_cached_target = length + accepted
                 seq.num_cached_draft = length + min(accepted, self.k - 1)
                 # A launched next step keeps its lookahead (the device's block tables list it).
-                lookahead = self.k if self.pending is not None else 0
+                lookahead = self.k if self.launched.pending is not None else 0
                 self.block_manager.shrink(seq.block_table, seq.num_tokens + lookahead)
 
     def __call__(self, seqs: list[Sequence], st: SamplingTensors) -> RejectionOutput:
