@@ -46,7 +46,7 @@ def mark(tag):
 state = {"after_commit": False}
 wrap(SpeculativeStep, "commit", "commit", before=lambda a: (mark("A"), state.update(after_commit=True)))
 wrap(SpeculativeStep, "begin", "begin")
-wrap(SpeculativeStep, "_draft_inputs", "draft_inputs_step1")  # only step 1 counts below
+wrap(SpeculativeStep, "_draft_inputs", "draft_inputs")  # every draft step's input path (CPU prepare or advance)
 
 
 def run(n):
