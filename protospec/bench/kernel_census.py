@@ -1,10 +1,11 @@
 """Where a generate() call's wall time goes on the GPU: kernels launched, GPU busy time, GPU idle.
 
-    python -m protospec.bench.kernel_census [--compile] [--output-json PATH]
+    python -m protospec.bench.kernel_census [--batch-size 64] [--modes graph] [--compile] [--output-json PATH]
 
-For each draft-loop mode, one generate() of the seed configuration (dummy weights) under the torch
-profiler: the number of GPU kernels, their summed duration (busy), and wall - busy (the GPU waiting
-for the host: CPU prepares, host syncs, Python between launches). The ratio main/gpu can only exceed
+For each draft-loop mode, one generate() of the seed configuration (dummy weights; batch size, k,
+lengths and temperature take the bench's flags) under the torch profiler: the number of GPU
+kernels, their summed duration (busy), the kernels that take the most time, and wall - busy (the
+GPU waiting for the host: CPU prepares, host syncs, Python between launches). The ratio main/gpu can only exceed
 1 + (main's extra host time) / (gpu's wall), so this says which side to shrink.
 """
 from __future__ import annotations
@@ -79,26 +80,37 @@ def census(llm, setup: BenchSetup, mode: str) -> dict:
     idle = idle_by_phase(spans, phases)
     names = Counter(e.name for e in kernels)
     top = {name[:90]: round(count / max(1, steps), 1) for name, count in names.most_common(20)}
+    durations: Counter = Counter()
+    for e in kernels:
+        durations[e.name] += e.time_range.end - e.time_range.start
+    top_time = {name[:90]: {"ms": round(us / 1e3, 2), "calls": names[name], "us_per_call": round(us / names[name], 2)}
+                for name, us in durations.most_common(12)}
     return {"wall_ms": wall_us / 1e3, "gpu_busy_ms": busy_us / 1e3, "gpu_idle_ms": (wall_us - busy_us) / 1e3,
             "gpu_kernels": len(kernels), "spec_steps": steps, "kernels_per_spec_step": len(kernels) / max(1, steps),
             "mean_kernel_us": busy_us / max(1, len(kernels)),
             "gpu_idle_ms_by_host_phase": {k: round(v / 1e3, 2) for k, v in sorted(idle.items(), key=lambda kv: -kv[1])},
-            "top_kernels_per_spec_step": top}
+            "top_kernels_per_spec_step": top, "top_kernels_by_time": top_time}
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m protospec.bench.kernel_census", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="JackFram/llama-160m")
-    p.add_argument("--speculative-model", default="JackFram/llama-68m")
-    p.add_argument("--modes", nargs="+", default=["main", "gpu_sync_commit", "gpu", "graph"])
-    p.add_argument("--compile", action="store_true")
-    p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"])
-    p.add_argument("--output-json", default=None)
+    p.add_argument("--model", default="JackFram/llama-160m", help="target (default: %(default)s)")
+    p.add_argument("--speculative-model", default="JackFram/llama-68m", help="draft (default: %(default)s)")
+    p.add_argument("--num-speculative-tokens", type=int, default=5, help="k (default: %(default)s)")
+    p.add_argument("--input-len", type=int, default=256, help="prompt tokens (default: %(default)s)")
+    p.add_argument("--output-len", type=int, default=128, help="generated tokens (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=1, help="requests per generate() (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: %(default)s)")
+    p.add_argument("--modes", nargs="+", default=["main", "gpu_sync_commit", "gpu", "graph"], help="draft-loop modes (default: %(default)s)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains")
+    p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"], help="Numba layer kernels (default: %(default)s)")
+    p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
-    setup = BenchSetup(args.model, args.speculative_model, 5, 256, 128, 1, 3, 1, load_format="dummy", compile=args.compile,
+    setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
+                       args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels])
     llm = setup.llm()
     report = provenance(llm.engine.device, argv, "protospec.bench.kernel_census") | {"config": vars(args), "modes": {}}
@@ -108,6 +120,8 @@ def main(argv=None) -> dict:
         print(f"{mode:>7}: wall {r['wall_ms']:.1f} ms, GPU busy {r['gpu_busy_ms']:.1f} ms, idle {r['gpu_idle_ms']:.1f} ms, "
               f"{r['gpu_kernels']} kernels ({r['kernels_per_spec_step']:.0f} per spec step, {r['mean_kernel_us']:.1f} us mean)")
         print(f"         idle ms by the host phase that ended it: {r['gpu_idle_ms_by_host_phase']}")
+        for name, t in list(r["top_kernels_by_time"].items())[:6]:
+            print(f"         {t['ms']:8.2f} ms  {t['calls']:6d} x {t['us_per_call']:7.2f} us  {name[:70]}")
     write_report(args.output_json, report)
     return report
 

@@ -59,8 +59,6 @@ def cases(model, tokens: int, context: int, block_size: int = 16) -> dict[str, t
         # numba: RoPE + K/V write in one kernel; torch: RoPE only (its K/V write is in its attention below)
         "rope_and_cache": (lambda: rope_and_cache(qkv, pos, cos, sin, cache, meta.slot_mapping, heads), torch_rope),
         "attention": (lambda: paged_attention(q, cache, meta.block_tables, pos, tokens, d ** -0.5), torch_write_and_attend),
-        **{f"attention_chunk{c}": (lambda c=c: paged_attention(q, cache, meta.block_tables, pos, tokens, d ** -0.5, chunk=c), None)
-           for c in (16, 64)},  # the default chunk is in "attention"
         "attention_mask_plan": (None, lambda: plan_attention(pos, meta, dtype)),
         "silu_and_mul": (lambda: silu_and_mul(gate_up), lambda: F.silu(gate_up[:, : cfg.intermediate_size]) * gate_up[:, cfg.intermediate_size:]),
         "forward": _forward_case(model, inputs),

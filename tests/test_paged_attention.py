@@ -1,0 +1,133 @@
+"""The paged-attention kernel against the torch path (attention.py): ragged contexts, GQA, block and
+tile boundaries, 1 and k + 1 queries, padding rows, fp16 and fp32, every split of the keys (the
+simulator on CPU, the GPU where there is one)."""
+import pytest
+import torch
+
+from protospec.attention import paged_attention as torch_paged_attention, plan_attention
+from protospec.errors import KernelArgumentError
+from protospec.inputs import prepare_inputs
+from protospec.kernels import paged_attention as kernel
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+
+DEV = KERNEL_DEVICE_TYPE
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=4e-3, rtol=4e-3)}
+
+
+def _case(query_len, lengths, heads, kv_heads, d, block_size, dtype, seed=0, width=None):
+    """Sequences whose last `query_len` tokens are this forward's queries, blocks scattered over a
+    pool, K/V random (their own K/V already in the cache, as the layer writes it first)."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(need) + 4
+    free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()  # block 0 is the null block
+    tables = [[free.pop() for _ in range(b)] for b in need]
+    inputs = prepare_inputs([[1] * query_len for _ in lengths], [n - query_len for n in lengths], tables, block_size,
+                            query_len, torch.device(DEV), width)
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, d, generator=gen).to(dtype).to(DEV)
+    q = torch.randn(inputs.input_ids.shape[0], heads, d, generator=gen).to(dtype).to(DEV)
+    return inputs, cache, q
+
+
+def _torch_reference(inputs, cache, q, dtype):
+    meta, d = inputs.meta, q.shape[2]
+    kv_heads = cache.shape[3]
+    k = cache[0].view(-1, kv_heads, d)[meta.slot_mapping]  # rewriting what is there: the cache is unchanged
+    v = cache[1].view(-1, kv_heads, d)[meta.slot_mapping]
+    plan = plan_attention(inputs.positions, meta, dtype)
+    return torch_paged_attention(q, k, v, cache.clone(), meta, plan, d ** -0.5).flatten(1)
+
+
+def _kernel(inputs, cache, q, splits=None):
+    return kernel.paged_attention(q, cache, inputs.meta.block_tables, inputs.positions, inputs.meta.uniform_query_len,
+                                  q.shape[2] ** -0.5, splits=splits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("query_len,lengths,heads,kv_heads", [
+    (1, [7, 45, 1], 4, 2),    # decode, ragged contexts, one of a single key, GQA 2:1
+    (3, [40, 9], 4, 4),       # a verify window (causal inside), MHA
+    (6, [16, 33, 8], 8, 2),   # k + 1 = 6 queries, contexts ending on a block boundary (16), GQA 4:1
+])
+def test_paged_attention_matches_the_torch_path(dtype, query_len, lengths, heads, kv_heads):
+    inputs, cache, q = _case(query_len, lengths, heads, kv_heads, 16, 4, dtype)
+    expected = _torch_reference(inputs, cache, q, dtype)
+    torch.testing.assert_close(_kernel(inputs, cache, q), expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 16])
+def test_every_split_of_the_keys_gives_the_same_output(splits):
+    """Splits with no key at all (16 splits of 12 keys) and splits that end mid-tile included."""
+    inputs, cache, q = _case(2, [45, 12], 4, 2, 16, 4, torch.float32, seed=1)
+    expected = _torch_reference(inputs, cache, q, torch.float32)
+    torch.testing.assert_close(_kernel(inputs, cache, q, splits=splits), expected, **TOL[torch.float32])
+
+
+def test_keys_on_tile_and_block_boundaries():
+    """Contexts of exactly one tile, one key past a tile, one key short of a block."""
+    tile = kernel.tile_keys(16)
+    lengths = [tile, tile + 1, 2 * tile, 15, 1]
+    inputs, cache, q = _case(1, lengths, 2, 1, 16, 8, torch.float32, seed=2)
+    expected = _torch_reference(inputs, cache, q, torch.float32)
+    for splits in (1, 2):
+        torch.testing.assert_close(_kernel(inputs, cache, q, splits=splits), expected, **TOL[torch.float32])
+
+
+def test_more_query_rows_than_a_block_holds_take_several_row_chunks():
+    """head_dim 64: 16 rows per block; 6 queries x 4 heads per KV head = 24 rows -> 2 chunks."""
+    d = 64
+    assert kernel.rows_per_block(24, d) < 24
+    inputs, cache, q = _case(6, [20, 11], 8, 2, d, 4, torch.float32, seed=3)
+    expected = _torch_reference(inputs, cache, q, torch.float32)
+    torch.testing.assert_close(_kernel(inputs, cache, q), expected, **TOL[torch.float32])
+
+
+def test_padding_rows_and_a_wide_table_leave_real_rows_exact_and_stay_finite():
+    """A captured batch: the table is wider than any context, and padding rows (position 0, a table
+    of stale block ids and null blocks) stand beside real ones. NaN in unused cache slots must not
+    leak into anyone's output."""
+    inputs, cache, q = _case(1, [9, 30], 4, 2, 16, 4, torch.float32, seed=4, width=16)
+    used = torch.zeros(cache.shape[1], cache.shape[2], dtype=torch.bool)
+    for row, n in zip(inputs.meta.block_tables.cpu(), [9, 30]):
+        for pos in range(n):
+            used[row[pos // 4], pos % 4] = True
+    poisoned = cache.clone()
+    poisoned[:, ~used.to(DEV)] = float("nan")
+    expected = _torch_reference(inputs, cache, q, torch.float32)
+    got = _kernel(inputs, poisoned, q)
+    torch.testing.assert_close(got, expected, **TOL[torch.float32])
+    # Two padding rows: position 0 and stale ids in the table, as StaticBatch leaves them.
+    tables = torch.cat([inputs.meta.block_tables, inputs.meta.block_tables[:1]])
+    tables = torch.cat([tables, torch.zeros_like(tables[:1])])
+    positions = torch.cat([inputs.positions, torch.zeros(2, dtype=torch.int64, device=DEV)])
+    q_pad = torch.cat([q, q[:2]])
+    padded = kernel.paged_attention(q_pad, poisoned, tables, positions, 1, 16 ** -0.5)
+    torch.testing.assert_close(padded[:2], expected, **TOL[torch.float32])
+    assert torch.isfinite(padded[2]).all()  # row 2 reads key 0 of a real block: finite
+
+
+def test_the_split_choice_fills_the_gpu_only_where_the_batch_does_not():
+    dev = torch.device(DEV)
+    target = kernel.BLOCKS_PER_SM * kernel._sm_count(dev)
+    assert kernel.choose_splits(target, 4096, 64, dev) == 1       # enough groups: no split-K
+    assert kernel.choose_splits(1, 4096, 64, dev) == target       # batch 1, one KV head: spread wide
+    assert kernel.choose_splits(1, 40, 64, dev) == -(-40 // kernel.tile_keys(64))  # no more splits than tiles
+
+
+def test_paged_attention_refuses_what_it_cannot_hold():
+    q = torch.zeros(1, 4, 16, device=DEV)
+    cache = torch.zeros(2, 4, 4, 2, 16, device=DEV)
+    positions = torch.zeros(1, dtype=torch.int64, device=DEV)
+    with pytest.raises(KernelArgumentError, match="block_tables"):
+        kernel.paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int64, device=DEV), positions, 1, 0.25)
+    wide = torch.zeros(1, 1, 512, device=DEV)
+    with pytest.raises(KernelArgumentError, match="too large"):
+        kernel.paged_attention(wide, torch.zeros(2, 4, 4, 1, 512, device=DEV), torch.zeros(1, 2, dtype=torch.int32, device=DEV),
+                               positions, 1, 0.25)
+    with pytest.raises(KernelArgumentError, match="kv heads"):  # 4 heads cannot share 3 KV heads
+        kernel.paged_attention(q, torch.zeros(2, 4, 4, 3, 16, device=DEV), torch.zeros(1, 2, dtype=torch.int32, device=DEV),
+                               positions, 1, 0.25)
+    with pytest.raises(KernelArgumentError, match="dtype"):
+        kernel.paged_attention(q, cache.half(), torch.zeros(1, 2, dtype=torch.int32, device=DEV), positions, 1, 0.25)
+    with pytest.raises(KernelArgumentError, match="splits"):
+        kernel.paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int32, device=DEV), positions, 1, 0.25, splits=0)
