@@ -68,9 +68,13 @@ def attention_kernel(rows: int, head_dim: int):
 
 
 def _make_attention_kernel(R: int, D: int, TILE: int, PARTS: int):  # noqa: N803 (Numba freezes them as constants)
+    # Shared-memory sizes must be compile-time constants: closure names, not expressions.
     CELLS = R * TILE           # scores per tile
     KPAD = D + 1               # padded K rows: threads of a warp read one dim of 32 keys, no bank conflicts
-    OUTS = R * D               # accumulator cells
+    OUTS = R * D               # query and accumulator cells
+    K_CELLS = TILE * KPAD
+    V_CELLS = TILE * D
+    S_CELLS = PARTS * CELLS
     DIMS_PER_PART = -(-D // PARTS)
 
     @cuda.jit
@@ -99,11 +103,11 @@ def _make_attention_kernel(R: int, D: int, TILE: int, PARTS: int):  # noqa: N803
         seq = b // (splits * chunks * kv_heads)
         tid = cuda.threadIdx.x
 
-        q_s = cuda.shared.array(R * D, float32)          # scaled queries
-        acc_s = cuda.shared.array(R * D, float32)        # unnormalised outputs
-        k_s = cuda.shared.array(TILE * KPAD, float32)
-        v_s = cuda.shared.array(TILE * D, float32)
-        s_s = cuda.shared.array(PARTS * CELLS, float32)  # partial dot products, then p
+        q_s = cuda.shared.array(OUTS, float32)           # scaled queries
+        acc_s = cuda.shared.array(OUTS, float32)         # unnormalised outputs
+        k_s = cuda.shared.array(K_CELLS, float32)
+        v_s = cuda.shared.array(V_CELLS, float32)
+        s_s = cuda.shared.array(S_CELLS, float32)  # partial dot products, then p
         row_pos = cuda.shared.array(R, int32)            # -1: a row past the group (no key visible)
         row_max = cuda.shared.array(R, float32)
         row_sum = cuda.shared.array(R, float32)
@@ -157,7 +161,7 @@ def _make_attention_kernel(R: int, D: int, TILE: int, PARTS: int):  # noqa: N803
                 next_block = block_tables[seq, j // block_size]
                 next_offset = j % block_size
             # Stage K and V: consecutive threads read consecutive dims of a key row (coalesced).
-            for i in range(tid, TILE * D, THREADS):
+            for i in range(tid, V_CELLS, THREADS):
                 j = i // D
                 e = i % D
                 if j < count:
@@ -169,7 +173,7 @@ def _make_attention_kernel(R: int, D: int, TILE: int, PARTS: int):  # noqa: N803
             cuda.syncthreads()
 
             # Scores, PARTS threads per (row, key), each a share of the dims.
-            for i in range(tid, PARTS * CELLS, THREADS):
+            for i in range(tid, S_CELLS, THREADS):
                 part = i // CELLS
                 cell = i % CELLS
                 r = cell // TILE
