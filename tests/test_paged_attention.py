@@ -61,6 +61,10 @@ def test_every_split_of_the_keys_gives_the_same_output(splits):
     inputs, cache, q = _case(2, [45, 12], 4, 2, 16, 4, torch.float32, seed=1)
     expected = _torch_reference(inputs, cache, q, torch.float32)
     torch.testing.assert_close(_kernel(inputs, cache, q, splits=splits), expected, **TOL[torch.float32])
+    # The last block of each group merged the splits and reset its arrival counter: a second call
+    # (as the next layer makes) merges again, and nothing is left counted.
+    torch.testing.assert_close(_kernel(inputs, cache, q, splits=splits), expected, **TOL[torch.float32])
+    assert not kernel.split_counters(torch.device(DEV)).any()
 
 
 def test_keys_on_tile_and_block_boundaries():
