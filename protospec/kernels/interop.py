@@ -138,6 +138,7 @@ class TensorLaunch:
             raise RuntimeError("TensorLaunch needs a real GPU (the simulator has no driver to call)")
         self.kernel = kernel
         self._compiled: dict[tuple, tuple] = {}
+        self.compiled_kernels: dict[tuple, object] = {}  # Numba's compiled kernels, for inspection (registers, ...)
 
     @staticmethod
     def _signature(args) -> tuple:
@@ -145,6 +146,7 @@ class TensorLaunch:
 
     def _compile(self, args) -> tuple:
         compiled, function = _specialize(self.kernel, [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
+        self.compiled_kernels[self._signature(args)] = compiled
         return function, compiled.argument_types
 
     def __call__(self, grid: int, block: int, args: list) -> None:

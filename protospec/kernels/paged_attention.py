@@ -36,7 +36,7 @@ import functools
 import math
 
 import torch
-from numba import float32, int32
+from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
@@ -85,13 +85,14 @@ def _make_attention_kernel(R: int, D: int, TILE: int):  # noqa: N803 (Numba free
     OUTS = R * D                         # query and accumulator cells
     K_CELLS = TILE * KPAD
     V_CELLS = TILE * D
-    LOADS = -(-V_CELLS // THREADS)       # K (and V) elements each thread stages per tile
+    UNROLL = 4                           # K and V elements a thread loads per staging round
     ENTRY = D + 2                        # one row's split-K partial: acc[D], max, sum
 
     @cuda.jit
-    def attention_tile_kernel(q, kv_cache, block_tables, positions, query_len, scale, splits, out, partials, counters):
+    def attention_tile_kernel(q, kv_flat, block_size, kv_heads, block_tables, positions, query_len, scale, splits, out,
+                              partials, counters):
         """
-        q            [T, h, d] act                      kv_cache [2, num_blocks, block_size, kvh, d] act
+        q            [T, h, d] act                      kv_flat  the cache [2, num_blocks, block_size, kvh, d] act, flat
         block_tables [S, W] int32 (null-block padded)   positions [T] int64 (key count = position + 1)
         query_len    tokens per sequence (T = S * query_len)     scale (1 / sqrt(d))     splits  split-K factor
         out          [T, h * d] act
@@ -101,11 +102,10 @@ def _make_attention_kernel(R: int, D: int, TILE: int):  # noqa: N803 (Numba free
         a chunk is R rows of the group's query_len * (h // kvh) rows (row = query token * group + head in group).
         """
         num_heads = q.shape[1]
-        kv_heads = kv_cache.shape[3]
         group = num_heads // kv_heads
         group_rows = query_len * group
         chunks = (group_rows + R - 1) // R
-        block_size = kv_cache.shape[2]
+        v_offset = kv_flat.shape[0] // 2  # V follows K
         b = cuda.blockIdx.x
         split = b % splits
         g = b // splits
@@ -125,10 +125,9 @@ def _make_attention_kernel(R: int, D: int, TILE: int):  # noqa: N803 (Numba free
         tile_max = cuda.shared.array(R, float32)         # this tile's max, then folded into row_max
         tile_sum = cuda.shared.array(R, float32)
         ids = cuda.shared.array(MAX_TABLE_BLOCKS, int32)  # block ids of this split's keys
+        key_base = cuda.shared.array(TILE, int64)         # flat index of each key's K row in this tile
         span_s = cuda.shared.array(2, int32)             # [first key, end key) of this split
         last_s = cuda.shared.array(1, int32)
-        k_reg = cuda.local.array(LOADS, float32)         # the next tile, in flight in registers
-        v_reg = cuda.local.array(LOADS, float32)
 
         # Independent loads first: queries, row positions, the sequence's length.
         for i in range(tid, OUTS, THREADS):
@@ -161,45 +160,52 @@ def _make_attention_kernel(R: int, D: int, TILE: int):  # noqa: N803 (Numba free
             ids[i] = block_tables[seq, first_block + i]
         cuda.syncthreads()
 
-        # Tile 0's K and V into registers: every load of the tile issued before any is used.
-        for n in range(LOADS):
-            i = tid + n * THREADS
-            key = first + i // D
-            if i < V_CELLS and key < end:
-                block = ids[key // block_size - first_block]
-                k_reg[n] = float32(kv_cache[0, block, key % block_size, kv_head, i % D])
-                v_reg[n] = float32(kv_cache[1, block, key % block_size, kv_head, i % D])
-            else:  # zeros, not stale cache bytes: p = 0 must not meet a NaN
-                k_reg[n] = float32(0.0)
-                v_reg[n] = float32(0.0)
-
         tile_start = first
         while tile_start < end:
             count = min(TILE, end - tile_start)
-            cuda.syncthreads()  # the previous tile's readers are done with k_s, v_s, p_s and the row stats
+            if tid < count:  # one division per key, none per element
+                key = tile_start + tid
+                slot = ids[key // block_size - first_block] * block_size + key % block_size
+                key_base[tid] = (slot * kv_heads + kv_head) * D
+            cuda.syncthreads()  # also: the previous tile's readers are done with k_s, v_s, p_s, row stats
             for r in range(tid, R, THREADS):  # fold the previous tile (a no-op before the first)
                 m_new = max(row_max[r], tile_max[r])
                 alpha = float32(1.0) if m_new == -math.inf else math.exp(row_max[r] - m_new)
                 row_sum[r] = row_sum[r] * alpha + tile_sum[r]
                 row_max[r] = m_new
                 tile_max[r] = float32(-math.inf)
-            for n in range(LOADS):
-                i = tid + n * THREADS
-                if i < V_CELLS:
-                    k_s[(i // D) * KPAD + i % D] = k_reg[n]
-                    v_s[i] = v_reg[n]
+            # Stage K and V, UNROLL elements per thread per round with all their loads issued before
+            # any store: bytes in flight are what covers memory latency. Consecutive threads read
+            # consecutive dims of a key row (coalesced).
+            for base in range(tid, V_CELLS, UNROLL * THREADS):
+                k0, k1, k2, k3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+                v0, v1, v2, v3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+                i0, i1, i2, i3 = base, base + THREADS, base + 2 * THREADS, base + 3 * THREADS
+                if i0 // D < count:
+                    k0 = float32(kv_flat[key_base[i0 // D] + i0 % D])
+                    v0 = float32(kv_flat[v_offset + key_base[i0 // D] + i0 % D])
+                if i1 < V_CELLS and i1 // D < count:
+                    k1 = float32(kv_flat[key_base[i1 // D] + i1 % D])
+                    v1 = float32(kv_flat[v_offset + key_base[i1 // D] + i1 % D])
+                if i2 < V_CELLS and i2 // D < count:
+                    k2 = float32(kv_flat[key_base[i2 // D] + i2 % D])
+                    v2 = float32(kv_flat[v_offset + key_base[i2 // D] + i2 % D])
+                if i3 < V_CELLS and i3 // D < count:
+                    k3 = float32(kv_flat[key_base[i3 // D] + i3 % D])
+                    v3 = float32(kv_flat[v_offset + key_base[i3 // D] + i3 % D])
+                # zeros past the tile's keys, not stale cache bytes: p = 0 must not meet a NaN
+                k_s[(i0 // D) * KPAD + i0 % D] = k0
+                v_s[i0] = v0
+                if i1 < V_CELLS:
+                    k_s[(i1 // D) * KPAD + i1 % D] = k1
+                    v_s[i1] = v1
+                if i2 < V_CELLS:
+                    k_s[(i2 // D) * KPAD + i2 % D] = k2
+                    v_s[i2] = v2
+                if i3 < V_CELLS:
+                    k_s[(i3 // D) * KPAD + i3 % D] = k3
+                    v_s[i3] = v3
             cuda.syncthreads()
-            # The next tile's loads go out now and land while this tile is computed.
-            for n in range(LOADS):
-                i = tid + n * THREADS
-                key = tile_start + TILE + i // D
-                if i < V_CELLS and key < end:
-                    block = ids[key // block_size - first_block]
-                    k_reg[n] = float32(kv_cache[0, block, key % block_size, kv_head, i % D])
-                    v_reg[n] = float32(kv_cache[1, block, key % block_size, kv_head, i % D])
-                else:
-                    k_reg[n] = float32(0.0)
-                    v_reg[n] = float32(0.0)
 
             # Scores: a thread per (row, key), -inf where the key lies past the row's position.
             for cell in range(tid, CELLS, THREADS):
@@ -373,6 +379,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         partials = torch.empty(groups, partial_stride(splits, rows, head_dim), dtype=torch.float32, device=dev)
         counters = split_counters(dev)
     interop.launch_tensors(attention_kernel(rows, head_dim), groups * splits, THREADS,
-                           [q, kv_cache, block_tables, positions, int(query_len), float(scale), int(splits), out,
+                           [q, kv_cache.view(-1), int(kv_cache.shape[2]), int(kv_heads), block_tables, positions, int(query_len), float(scale), int(splits), out,
                             partials, counters])
     return out
