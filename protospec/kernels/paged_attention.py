@@ -85,7 +85,7 @@ def _make_attention_kernel(R: int, D: int, TILE: int):  # noqa: N803 (Numba free
     OUTS = R * D                         # query and accumulator cells
     K_CELLS = TILE * KPAD
     V_CELLS = TILE * D
-    UNROLL = 4                           # K and V elements a thread loads per staging round
+    LOADS = -(-V_CELLS // THREADS)       # K (and V) elements each thread loads per tile, held in registers
     ENTRY = D + 2                        # one row's split-K partial: acc[D], max, sum
 
     @cuda.jit
@@ -125,7 +125,9 @@ def _make_attention_kernel(R: int, D: int, TILE: int):  # noqa: N803 (Numba free
         tile_max = cuda.shared.array(R, float32)         # this tile's max, then folded into row_max
         tile_sum = cuda.shared.array(R, float32)
         ids = cuda.shared.array(MAX_TABLE_BLOCKS, int32)  # block ids of this split's keys
-        key_base = cuda.shared.array(TILE, int64)         # flat index of each key's K row in this tile
+        key_base = cuda.shared.array(TILE, int64)         # flat index of each key's K row (the tile being loaded)
+        k_reg = cuda.local.array(LOADS, float32)          # a tile's K and V in flight (registers, once unrolled)
+        v_reg = cuda.local.array(LOADS, float32)
         span_s = cuda.shared.array(2, int32)             # [first key, end key) of this split
         last_s = cuda.shared.array(1, int32)
 
@@ -160,52 +162,51 @@ def _make_attention_kernel(R: int, D: int, TILE: int):  # noqa: N803 (Numba free
             ids[i] = block_tables[seq, first_block + i]
         cuda.syncthreads()
 
+        # Tile 0's key rows, then its K and V into registers: every load of a tile is issued before
+        # any is used (bytes in flight are what covers memory latency), consecutive threads reading
+        # consecutive dims of a key row (coalesced); zeros past the last key, not stale cache bytes.
+        if tid < TILE and first + tid < end:
+            key = first + tid
+            key_base[tid] = ((ids[key // block_size - first_block] * block_size + key % block_size) * kv_heads + kv_head) * D
+        cuda.syncthreads()
+        count = min(TILE, end - first)
+        for n in range(LOADS):
+            i = tid + n * THREADS
+            k_reg[n] = float32(0.0)
+            v_reg[n] = float32(0.0)
+            if i < V_CELLS and i // D < count:
+                k_reg[n] = float32(kv_flat[key_base[i // D] + i % D])
+                v_reg[n] = float32(kv_flat[v_offset + key_base[i // D] + i % D])
+
         tile_start = first
         while tile_start < end:
             count = min(TILE, end - tile_start)
-            if tid < count:  # one division per key, none per element
-                key = tile_start + tid
-                slot = ids[key // block_size - first_block] * block_size + key % block_size
-                key_base[tid] = (slot * kv_heads + kv_head) * D
-            cuda.syncthreads()  # also: the previous tile's readers are done with k_s, v_s, p_s, row stats
+            cuda.syncthreads()  # the previous tile's readers are done with k_s, v_s, p_s, key rows, row stats
             for r in range(tid, R, THREADS):  # fold the previous tile (a no-op before the first)
                 m_new = max(row_max[r], tile_max[r])
                 alpha = float32(1.0) if m_new == -math.inf else math.exp(row_max[r] - m_new)
                 row_sum[r] = row_sum[r] * alpha + tile_sum[r]
                 row_max[r] = m_new
                 tile_max[r] = float32(-math.inf)
-            # Stage K and V, UNROLL elements per thread per round with all their loads issued before
-            # any store: bytes in flight are what covers memory latency. Consecutive threads read
-            # consecutive dims of a key row (coalesced).
-            for base in range(tid, V_CELLS, UNROLL * THREADS):
-                k0, k1, k2, k3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
-                v0, v1, v2, v3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
-                i0, i1, i2, i3 = base, base + THREADS, base + 2 * THREADS, base + 3 * THREADS
-                if i0 // D < count:
-                    k0 = float32(kv_flat[key_base[i0 // D] + i0 % D])
-                    v0 = float32(kv_flat[v_offset + key_base[i0 // D] + i0 % D])
-                if i1 < V_CELLS and i1 // D < count:
-                    k1 = float32(kv_flat[key_base[i1 // D] + i1 % D])
-                    v1 = float32(kv_flat[v_offset + key_base[i1 // D] + i1 % D])
-                if i2 < V_CELLS and i2 // D < count:
-                    k2 = float32(kv_flat[key_base[i2 // D] + i2 % D])
-                    v2 = float32(kv_flat[v_offset + key_base[i2 // D] + i2 % D])
-                if i3 < V_CELLS and i3 // D < count:
-                    k3 = float32(kv_flat[key_base[i3 // D] + i3 % D])
-                    v3 = float32(kv_flat[v_offset + key_base[i3 // D] + i3 % D])
-                # zeros past the tile's keys, not stale cache bytes: p = 0 must not meet a NaN
-                k_s[(i0 // D) * KPAD + i0 % D] = k0
-                v_s[i0] = v0
-                if i1 < V_CELLS:
-                    k_s[(i1 // D) * KPAD + i1 % D] = k1
-                    v_s[i1] = v1
-                if i2 < V_CELLS:
-                    k_s[(i2 // D) * KPAD + i2 % D] = k2
-                    v_s[i2] = v2
-                if i3 < V_CELLS:
-                    k_s[(i3 // D) * KPAD + i3 % D] = k3
-                    v_s[i3] = v3
+            for n in range(LOADS):
+                i = tid + n * THREADS
+                if i < V_CELLS:
+                    k_s[(i // D) * KPAD + i % D] = k_reg[n]
+                    v_s[i] = v_reg[n]
+            nxt = tile_start + TILE  # the next tile's key rows: one division per key, none per element
+            if tid < TILE and nxt + tid < end:
+                key = nxt + tid
+                key_base[tid] = ((ids[key // block_size - first_block] * block_size + key % block_size) * kv_heads + kv_head) * D
             cuda.syncthreads()
+            # The next tile's loads go out now and land while this tile is computed.
+            next_count = min(TILE, end - nxt)
+            for n in range(LOADS):
+                i = tid + n * THREADS
+                k_reg[n] = float32(0.0)
+                v_reg[n] = float32(0.0)
+                if i < V_CELLS and i // D < next_count:
+                    k_reg[n] = float32(kv_flat[key_base[i // D] + i % D])
+                    v_reg[n] = float32(kv_flat[v_offset + key_base[i // D] + i % D])
 
             # Scores: a thread per (row, key), -inf where the key lies past the row's position.
             for cell in range(tid, CELLS, THREADS):
