@@ -43,8 +43,9 @@ class LayerKernelForward:
         """A host-side decision (no device read): a uniform layout of a few tokens per sequence
         whose context fits the attention kernel."""
         q = meta.uniform_query_len
+        keys = meta.block_tables.shape[1] * meta.block_size
         return (q is not None and q <= MAX_QUERY_LEN and meta.slot_mapping.shape[0] <= self._row_ids.shape[0]
-                and attention_kernel.supports(self.num_heads, self.head_dim, meta.block_tables.shape[1]))
+                and attention_kernel.supports(self.num_heads, self.head_dim, keys))
 
     def forward(self, model, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:  # [num_logits, vocab] float32

@@ -5,12 +5,11 @@ import torch
 import torch.nn.functional as F
 from tiny import TARGET_CFG
 
-from protospec.attention import paged_attention as torch_paged_attention, plan_attention, write_kv
+from protospec.attention import write_kv
 from protospec.errors import KernelArgumentError
 from protospec.inputs import prepare_inputs
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
-from protospec.kernels.paged_attention import paged_attention
 from protospec.model import LlamaForCausalLM, apply_rope, rms_norm
 from protospec.model_config import LlamaArchConfig
 

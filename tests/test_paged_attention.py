@@ -7,7 +7,7 @@ import torch
 from protospec.attention import paged_attention as torch_paged_attention, plan_attention
 from protospec.errors import KernelArgumentError
 from protospec.inputs import prepare_inputs
-from protospec.kernels import paged_attention as kernel
+from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row, paged_attention as kernel
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 
 DEV = KERNEL_DEVICE_TYPE
@@ -38,21 +38,22 @@ def _torch_reference(inputs, cache, q, dtype):
     return torch_paged_attention(q, k, v, cache.clone(), meta, plan, d ** -0.5).flatten(1)
 
 
-def _kernel(inputs, cache, q, splits=None):
+def _kernel(inputs, cache, q, path=None, splits=None):
     return kernel.paged_attention(q, cache, inputs.meta.block_tables, inputs.positions, inputs.meta.uniform_query_len,
-                                  q.shape[2] ** -0.5, splits=splits)
+                                  q.shape[2] ** -0.5, path=path, splits=splits)
 
 
+@pytest.mark.parametrize("path", kernel.PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("query_len,lengths,heads,kv_heads", [
     (1, [7, 45, 1], 4, 2),    # decode, ragged contexts, one of a single key, GQA 2:1
     (3, [40, 9], 4, 4),       # a verify window (causal inside), MHA
     (6, [16, 33, 8], 8, 2),   # k + 1 = 6 queries, contexts ending on a block boundary (16), GQA 4:1
 ])
-def test_paged_attention_matches_the_torch_path(dtype, query_len, lengths, heads, kv_heads):
+def test_paged_attention_matches_the_torch_path(path, dtype, query_len, lengths, heads, kv_heads):
     inputs, cache, q = _case(query_len, lengths, heads, kv_heads, 16, 4, dtype)
     expected = _torch_reference(inputs, cache, q, dtype)
-    torch.testing.assert_close(_kernel(inputs, cache, q), expected, **TOL[dtype])
+    torch.testing.assert_close(_kernel(inputs, cache, q, path=path), expected, **TOL[dtype])
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3, 16])
@@ -60,30 +61,27 @@ def test_every_split_of_the_keys_gives_the_same_output(splits):
     """Splits with no key at all (16 splits of 12 keys) and splits that end mid-tile included."""
     inputs, cache, q = _case(2, [45, 12], 4, 2, 16, 4, torch.float32, seed=1)
     expected = _torch_reference(inputs, cache, q, torch.float32)
-    torch.testing.assert_close(_kernel(inputs, cache, q, splits=splits), expected, **TOL[torch.float32])
-    # The last block of each group merged the splits and reset its arrival counter: a second call
-    # (as the next layer makes) merges again, and nothing is left counted.
-    torch.testing.assert_close(_kernel(inputs, cache, q, splits=splits), expected, **TOL[torch.float32])
-    assert not kernel.split_counters(torch.device(DEV)).any()
+    torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head", splits=splits), expected, **TOL[torch.float32])
 
 
 def test_keys_on_tile_and_block_boundaries():
     """Contexts of exactly one tile, one key past a tile, one key short of a block."""
-    tile = kernel.tile_keys(16)
-    lengths = [tile, tile + 1, 2 * tile, 15, 1]
+    tile = by_kv_head.tile_keys(16)
+    lengths = [tile, tile + 1, 2 * tile, 15, 1, by_row.CHUNK + 1]
     inputs, cache, q = _case(1, lengths, 2, 1, 16, 8, torch.float32, seed=2)
     expected = _torch_reference(inputs, cache, q, torch.float32)
+    torch.testing.assert_close(_kernel(inputs, cache, q, path="by_row"), expected, **TOL[torch.float32])
     for splits in (1, 2):
-        torch.testing.assert_close(_kernel(inputs, cache, q, splits=splits), expected, **TOL[torch.float32])
+        torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head", splits=splits), expected, **TOL[torch.float32])
 
 
 def test_more_query_rows_than_a_block_holds_take_several_row_chunks():
     """head_dim 64: 16 rows per block; 6 queries x 4 heads per KV head = 24 rows -> 2 chunks."""
     d = 64
-    assert kernel.rows_per_block(24, d) < 24
+    assert by_kv_head.rows_per_block(24, d) < 24
     inputs, cache, q = _case(6, [20, 11], 8, 2, d, 4, torch.float32, seed=3)
     expected = _torch_reference(inputs, cache, q, torch.float32)
-    torch.testing.assert_close(_kernel(inputs, cache, q), expected, **TOL[torch.float32])
+    torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head"), expected, **TOL[torch.float32])
 
 
 def test_padding_rows_and_a_wide_table_leave_real_rows_exact_and_stay_finite():
@@ -98,24 +96,30 @@ def test_padding_rows_and_a_wide_table_leave_real_rows_exact_and_stay_finite():
     poisoned = cache.clone()
     poisoned[:, ~used.to(DEV)] = float("nan")
     expected = _torch_reference(inputs, cache, q, torch.float32)
-    got = _kernel(inputs, poisoned, q)
-    torch.testing.assert_close(got, expected, **TOL[torch.float32])
+    for path in kernel.PATHS:
+        torch.testing.assert_close(_kernel(inputs, poisoned, q, path=path), expected, **TOL[torch.float32])
     # Two padding rows: position 0 and stale ids in the table, as StaticBatch leaves them.
     tables = torch.cat([inputs.meta.block_tables, inputs.meta.block_tables[:1]])
     tables = torch.cat([tables, torch.zeros_like(tables[:1])])
     positions = torch.cat([inputs.positions, torch.zeros(2, dtype=torch.int64, device=DEV)])
     q_pad = torch.cat([q, q[:2]])
-    padded = kernel.paged_attention(q_pad, poisoned, tables, positions, 1, 16 ** -0.5)
-    torch.testing.assert_close(padded[:2], expected, **TOL[torch.float32])
-    assert torch.isfinite(padded[2]).all()  # row 2 reads key 0 of a real block: finite
+    for path in kernel.PATHS:
+        padded = kernel.paged_attention(q_pad, poisoned, tables, positions, 1, 16 ** -0.5, path=path)
+        torch.testing.assert_close(padded[:2], expected, **TOL[torch.float32])
+        assert torch.isfinite(padded[2]).all()  # row 2 reads key 0 of a real block: finite
 
 
-def test_the_split_choice_fills_the_gpu_only_where_the_batch_does_not():
+def test_the_shape_chooses_the_path_and_the_split():
     dev = torch.device(DEV)
-    target = kernel.BLOCKS_PER_SM * kernel._sm_count(dev)
-    assert kernel.choose_splits(target, 4096, 64, dev) == 1       # enough groups: no split-K
-    assert kernel.choose_splits(1, 4096, 64, dev) == target       # batch 1, one KV head: spread wide
-    assert kernel.choose_splits(1, 40, 64, dev) == -(-40 // kernel.tile_keys(64))  # no more splits than tiles
+    sms = kernel._sm_count(dev)
+    assert kernel.choose_path(1, 6, 2, 2, dev) == "by_row"              # batch 1: many small blocks
+    assert kernel.choose_path(sms, 1, 12, 12, dev) == "by_row"          # one query per KV head: nothing shared
+    assert kernel.choose_path(sms, 6, 12, 12, dev) == "by_kv_head"      # verify windows over a full GPU
+    assert kernel.choose_path(sms, 1, 12, 4, dev) == "by_kv_head"       # GQA: 3 heads share each K/V row
+    target = kernel.BLOCKS_PER_SM * sms
+    assert kernel.choose_splits(target, 4096, 64, dev) == 1             # enough groups: no split-K
+    assert kernel.choose_splits(1, 1 << 20, 64, dev) == target          # few groups: spread wide
+    assert kernel.choose_splits(1, 40, 64, dev) == -(-40 // by_kv_head.tile_keys(64))  # no more splits than tiles
 
 
 def test_paged_attention_refuses_what_it_cannot_hold():
@@ -133,5 +137,7 @@ def test_paged_attention_refuses_what_it_cannot_hold():
                                positions, 1, 0.25)
     with pytest.raises(KernelArgumentError, match="dtype"):
         kernel.paged_attention(q, cache.half(), torch.zeros(1, 2, dtype=torch.int32, device=DEV), positions, 1, 0.25)
+    with pytest.raises(KernelArgumentError, match="path"):
+        kernel.paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int32, device=DEV), positions, 1, 0.25, path="bogus")
     with pytest.raises(KernelArgumentError, match="splits"):
         kernel.paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int32, device=DEV), positions, 1, 0.25, splits=0)

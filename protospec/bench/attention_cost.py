@@ -41,8 +41,8 @@ def copy_bandwidth_gbs(dev: torch.device, nbytes: int = 2**30) -> float:
     return 2 * nbytes / us / 1e3
 
 
-def make_calls(cfg: LlamaArchConfig, batch: int, queries: int, context: int, block_size: int, dev, splits=None,
-               use_torch: bool = False) -> tuple[list, int]:
+def make_calls(cfg: LlamaArchConfig, batch: int, queries: int, context: int, block_size: int, dev, path=None,
+               splits=None, use_torch: bool = False) -> tuple[list, int]:
     """Closures, one per distinct cache set, each one attention call; and the bytes one call must move."""
     heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     blocks_per_seq = -(-context // block_size)
@@ -62,7 +62,7 @@ def make_calls(cfg: LlamaArchConfig, batch: int, queries: int, context: int, blo
             calls.append(_torch_call(q, cache, inputs, kv_heads, d))
         else:
             calls.append(lambda q=q, meta=meta, pos=pos: kernel.paged_attention(
-                q, cache, meta.block_tables, pos, queries, d ** -0.5, splits=splits))
+                q, cache, meta.block_tables, pos, queries, d ** -0.5, path=path, splits=splits))
     qo_bytes = 2 * batch * queries * heads * d * 2
     return calls, kv_bytes + qo_bytes
 
@@ -91,7 +91,8 @@ def main(argv=None) -> dict:
     p.add_argument("--queries", type=int, nargs="+", default=[1, 6], help="query tokens per sequence (1 = decode, k + 1 = verify)")
     p.add_argument("--contexts", type=int, nargs="+", default=[320, 1024, 2048], help="keys per sequence")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--splits", type=int, nargs="*", default=[], help="also time these fixed split-K factors")
+    p.add_argument("--paths", nargs="*", default=[], choices=list(kernel.PATHS), help="also time these paths, forced")
+    p.add_argument("--splits", type=int, nargs="*", default=[], help="also time by_kv_head with these split-K factors")
     p.add_argument("--torch", action="store_true", help="also time the torch path (K/V write + gather + SDPA)")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
@@ -103,19 +104,22 @@ def main(argv=None) -> dict:
     print(f"copy bandwidth {bandwidth:.0f} GB/s (read + written)")
     report = provenance(dev, argv, "protospec.bench.attention_cost") | {
         "config": vars(args), "copy_bandwidth_gbs": bandwidth, "cases": []}
-    print(f"{'batch':>5} {'queries':>7} {'context':>7} {'splits':>6} {'MB':>7} {'floor us':>8} {'us':>8} {'x floor':>7}"
+    print(f"{'batch':>5} {'queries':>7} {'context':>7} {'path':>16} {'splits':>6} {'MB':>7} {'floor us':>8} {'us':>8} {'x floor':>7}"
           + (f" {'torch us':>8}" if args.torch else ""))
     for batch, queries, context in itertools.product(args.batch_sizes, args.queries, args.contexts):
-        for splits in [None, *args.splits]:
-            calls, nbytes = make_calls(cfg, batch, queries, context, args.block_size, dev, splits)
+        variants = [(None, None), *[(p, None) for p in args.paths], *[("by_kv_head", s) for s in args.splits]]
+        for path, splits in variants:
+            calls, nbytes = make_calls(cfg, batch, queries, context, args.block_size, dev, path, splits)
             us = time_calls(calls)
             floor_us = nbytes / bandwidth / 1e3
-            row = {"batch": batch, "queries": queries, "context": context, "splits": splits or "auto",
+            chosen = kernel.choose_path(batch, queries, cfg.num_attention_heads, cfg.num_key_value_heads, dev)
+            row = {"batch": batch, "queries": queries, "context": context, "path": path or f"auto:{chosen}",
+                   "splits": splits or "auto",
                    "bytes": nbytes, "floor_us": floor_us, "us": us, "x_floor": us / floor_us}
-            if args.torch and splits is None:
+            if args.torch and path is None:
                 row["torch_us"] = time_calls(make_calls(cfg, batch, queries, context, args.block_size, dev, use_torch=True)[0])
             report["cases"].append(row)
-            print(f"{batch:>5} {queries:>7} {context:>7} {str(row['splits']):>6} {nbytes / 1e6:>7.2f} {floor_us:>8.2f} "
+            print(f"{batch:>5} {queries:>7} {context:>7} {row['path']:>16} {str(row['splits']):>6} {nbytes / 1e6:>7.2f} {floor_us:>8.2f} "
                   f"{us:>8.2f} {us / floor_us:>7.2f}" + (f" {row['torch_us']:>8.2f}" if "torch_us" in row else ""), flush=True)
             del calls
     write_report(args.output_json, report)
