@@ -8,15 +8,15 @@ Two work decompositions, chosen on the host by shape, and one combine kernel tha
               instead of once per query token. Best for k + 1 queries at batch >= ~16.
   combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits.
 
-Why the choice (H200, seed shapes: 12 heads of 64, fp16, 320 keys; bench.attention_cost, figures
-in data/results): by_row is slow at batch because its grid follows the block table's width, not
+Why the choice (seed shapes: 12 heads of 64, fp16; bench.attention_cost measures both paths, its
+runs of record are in data/results): by_row is slow at batch because its grid follows the block table's width, not
 the context (at batch 64 a verify layer is 384 tokens x 12 heads x 16 chunks = 73,728 blocks, a
 third with no key, each a chain of ~6 dependent loads and 5 barriers for at most 32 keys) and each
 query token re-reads the keys; by_kv_head reads each key row once per KV head but runs few, heavy
-blocks: Numba's code for it holds ~128 registers per thread (4 blocks per SM) and each block waits
-on its loads tile by tile, so it loses at batch 1 and at 1 query, where by_row's many blocks hide
-latency better. Neither reaches the bytes floor at batch: both are latency-bound (ncu: DRAM
-throughput a few %), not bandwidth-bound.
+blocks: Numba's code for it needs many registers per thread (few blocks per SM) and each block
+waits on its loads tile by tile, so it loses at batch 1 and at 1 query, where by_row's many blocks
+hide latency better. Neither reaches the bytes floor at batch: both are latency-bound, not
+bandwidth-bound.
 
 Only uniform layouts (every sequence feeds query_len tokens: decode, draft step 1, verify) take
 this path; token t belongs to sequence t // query_len.
