@@ -65,8 +65,8 @@ def test_every_split_of_the_keys_gives_the_same_output(splits):
 
 
 def test_keys_on_tile_and_block_boundaries():
-    """Contexts of exactly one tile, one key past a tile, one key short of a block."""
-    tile = by_kv_head.tile_keys(16)
+    """Contexts of exactly one round of a block's keys in flight, one key past it, one key short of a block."""
+    tile = by_kv_head.keys_in_flight(16)
     lengths = [tile, tile + 1, 2 * tile, 15, 1, by_row.CHUNK + 1]
     inputs, cache, q = _case(1, lengths, 2, 1, 16, 8, torch.float32, seed=2)
     expected = _torch_reference(inputs, cache, q, torch.float32)
@@ -76,10 +76,10 @@ def test_keys_on_tile_and_block_boundaries():
 
 
 def test_more_query_rows_than_a_block_holds_take_several_row_chunks():
-    """head_dim 64: 16 rows per block; 6 queries x 4 heads per KV head = 24 rows -> 2 chunks."""
-    d = 64
-    assert by_kv_head.rows_per_block(24, d) < 24
-    inputs, cache, q = _case(6, [20, 11], 8, 2, d, 4, torch.float32, seed=3)
+    """5 queries x 4 heads per KV head = 20 rows: chunks of MAX_ROWS, the last one partial."""
+    rows = by_kv_head.rows_per_block(20)
+    assert rows < 20 and 20 % rows != 0
+    inputs, cache, q = _case(5, [20, 11], 8, 2, 64, 4, torch.float32, seed=3)
     expected = _torch_reference(inputs, cache, q, torch.float32)
     torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head"), expected, **TOL[torch.float32])
 
@@ -119,7 +119,7 @@ def test_the_shape_chooses_the_path_and_the_split():
     target = kernel.BLOCKS_PER_SM * sms
     assert kernel.choose_splits(target, 4096, 64, dev) == 1             # enough groups: no split-K
     assert kernel.choose_splits(1, 1 << 20, 64, dev) == target          # few groups: spread wide
-    assert kernel.choose_splits(1, 40, 64, dev) == -(-40 // by_kv_head.tile_keys(64))  # no more splits than tiles
+    assert kernel.choose_splits(1, 3 * by_kv_head.keys_in_flight(64), 64, dev) == 3  # no more splits than key rounds
 
 
 def test_paged_attention_refuses_what_it_cannot_hold():

@@ -2,12 +2,23 @@
 
 The block's "rows" are the query rows that share a KV head: every query token of the sequence times
 every query head of the GQA group (k + 1 = 6 tokens x 1 head in a verify of an MHA model), so each
-K/V row is read once per KV head, not once per query token and head. The block walks its keys in
-tiles of TILE: K and V staged in shared memory as float32 (coalesced along head_dim), scores
-s[r, j] = q_r . k_j * scale (-inf past row r's position: causal inside a verify window, blind to
-stale slots past the sequence's end), then an online softmax (running max m and sum l per row).
-With splits > 1 each split covers 1/splits of the sequence's real context (computed on the device
-from its largest query position, so no block works past the end) and writes (acc, m, l) for
+K/V row is read once per KV head, not once per query token and head.
+
+Inside the block, a group of G = head_dim / 8 lanes owns one key at a time and each lane 8 of its
+dims (dims lane, lane + G, ...: the group's loads of a K or V row are contiguous). Every row's scaled
+query and output accumulator live in the lanes' registers, so a key costs its K and V loads, the
+rows' dot products (a G-lane shuffle sum), and an online-softmax update per row, with no shared
+memory and no barrier. The THREADS / G groups of a block walk interleaved keys (the block's keys in
+flight at once); at the end the groups' (max, sum, accumulator) are merged by shuffles inside each
+warp, then across warps through shared memory.
+
+Why this layout: staging K/V tiles in shared memory with a barrier per phase (the previous version
+of this kernel) spent its time in shared-memory traffic and barriers, not in memory reads: every
+multiply-add read both operands from shared memory and each tile waited for its loads. Here the
+operands of the multiply-adds are registers and a block's loads are independent of one another.
+
+With splits > 1 each split covers 1/splits of the chunk's real context (computed on the device from
+its rows' largest position, so no block works past the end) and writes (acc, max, sum) for
 paged_attention.py's combine kernel, in the same layout as attention_by_row.py's chunks.
 """
 from __future__ import annotations
@@ -19,46 +30,63 @@ from numba import float32, int32
 
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
+from protospec.kernels.reductions import xor_exchange
 
-THREADS = 32 if interop.SIMULATOR else 128  # per block (the simulator runs an OS thread per CUDA thread)
-MAX_HEAD_DIM = 256
-# Keys per tile: K and V of a tile take TILE * head_dim float32 each in shared memory; the simulator
-# gets short tiles so that the CPU tests cross tile boundaries with short contexts.
-TILE_ELEMENTS = 2048
-MAX_TILE = 8 if interop.SIMULATOR else 32
-# Query rows per block (query tokens x heads of a GQA group), bounded by shared memory; more rows
-# take more row chunks (blocks) that re-read the same keys, mostly from L2.
-ROW_ELEMENTS = 1024
+DIMS_PER_LANE = 8
+THREADS = 128  # per block, on a GPU
+MAX_HEAD_DIM = 32 * DIMS_PER_LANE
+# Query rows per block (query tokens x heads of a GQA group): each takes 2 x 8 registers per lane
+# (query and accumulator); more rows take more row chunks (blocks) that re-read the keys from L2.
+MAX_ROWS = 6
 
 
-def tile_keys(head_dim: int) -> int:
-    return max(1, min(MAX_TILE, TILE_ELEMENTS // head_dim))
+def supports(head_dim: int) -> bool:
+    """head_dim = 8 x a power of two lanes, at most a warp."""
+    lanes = head_dim // DIMS_PER_LANE
+    return head_dim % DIMS_PER_LANE == 0 and 1 <= lanes <= 32 and lanes & (lanes - 1) == 0
 
 
-def rows_per_block(rows: int, head_dim: int) -> int:
-    return max(1, min(rows, ROW_ELEMENTS // head_dim))
+def rows_per_block(rows: int) -> int:
+    return max(1, min(rows, MAX_ROWS))
+
+
+def warp_lanes(head_dim: int) -> int:
+    """32 on a GPU. The simulator runs an OS thread per CUDA thread and a shuffle costs it two
+    block-wide barriers, so there a "warp" is two lane groups and a block two warps: the same code
+    paths (group sums, the merge inside a warp, the merge across warps) with few threads."""
+    return min(32, 2 * (head_dim // DIMS_PER_LANE)) if interop.SIMULATOR else 32
+
+
+def threads_per_block(head_dim: int) -> int:
+    return 2 * warp_lanes(head_dim) if interop.SIMULATOR else THREADS
+
+
+def keys_in_flight(head_dim: int) -> int:
+    """Keys a block works on at once (one per lane group)."""
+    return threads_per_block(head_dim) // (head_dim // DIMS_PER_LANE)
 
 
 @functools.cache
 def attention_kernel(rows: int, head_dim: int):
-    """The kernel for `rows` query rows per block and `head_dim` (compile-time constants: shared
-    memory sizes and loop bounds), compiled on first use."""
-    return _make_attention_kernel(rows, head_dim, tile_keys(head_dim), max(1, min(4, THREADS // (rows * tile_keys(head_dim)))))
+    """The kernel for `rows` query rows per block and `head_dim` (compile-time constants: register
+    arrays and loop bounds), compiled on first use."""
+    return _make_attention_kernel(rows, head_dim, threads_per_block(head_dim), warp_lanes(head_dim))
 
 
-def _make_attention_kernel(R: int, D: int, TILE: int, PARTS: int):  # noqa: N803 (Numba freezes them as constants)
-    # Shared-memory sizes must be compile-time constants: closure names, not expressions.
-    CELLS = R * TILE           # scores per tile
-    KPAD = D + 1               # padded K rows: threads of a warp read one dim of 32 keys, no bank conflicts
-    OUTS = R * D               # query and accumulator cells
-    K_CELLS = TILE * KPAD
-    V_CELLS = TILE * D
-    S_CELLS = PARTS * CELLS
-    DIMS_PER_PART = -(-D // PARTS)
+def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int):  # noqa: N803 (Numba freezes them as constants)
+    DPL = DIMS_PER_LANE
+    G = D // DPL                              # lanes per key
+    SLOTS = THREADS // G                      # keys in flight per block
+    WARPS = THREADS // WARP
+    GROUP_STEPS = G.bit_length() - 1          # shuffle steps that sum a dot product over G lanes
+    WARP_STEPS = (WARP // G).bit_length() - 1  # shuffle steps that merge the warp's groups
+    RD = R * DPL
+    MERGED = WARPS * R * D
+    MERGED_ROWS = WARPS * R
 
     @cuda.jit
-    def attention_tile_kernel(q, kv_cache, block_tables, positions, query_len, scale, out,
-                              part_acc, part_max, part_sum):
+    def attention_group_kernel(q, kv_cache, block_tables, positions, query_len, scale, out,
+                               part_acc, part_max, part_sum):
         """
         q            [T, h, d] act                      kv_cache [2, num_blocks, block_size, kvh, d] act
         block_tables [S, W] int32 (null-block padded)   positions [T] int64 (key count = position + 1)
@@ -81,138 +109,126 @@ def _make_attention_kernel(R: int, D: int, TILE: int, PARTS: int):  # noqa: N803
         kv_head = (b // (splits * chunks)) % kv_heads
         seq = b // (splits * chunks * kv_heads)
         tid = cuda.threadIdx.x
+        lane = tid % G            # which dims of the key: lane, lane + G, ...
+        slot = tid // G           # which key of the SLOTS in flight
 
-        q_s = cuda.shared.array(OUTS, float32)           # scaled queries
-        acc_s = cuda.shared.array(OUTS, float32)         # unnormalised outputs
-        k_s = cuda.shared.array(K_CELLS, float32)
-        v_s = cuda.shared.array(V_CELLS, float32)
-        s_s = cuda.shared.array(S_CELLS, float32)  # partial dot products, then p
-        row_pos = cuda.shared.array(R, int32)            # -1: a row past the group (no key visible)
-        row_max = cuda.shared.array(R, float32)
-        row_sum = cuda.shared.array(R, float32)
-        row_alpha = cuda.shared.array(R, float32)
-        key_block = cuda.shared.array(TILE, int32)
-        key_offset = cuda.shared.array(TILE, int32)
-        span_s = cuda.shared.array(2, int32)             # [first key, end key) of this split
+        scratch = cuda.shared.array(THREADS, float32)     # the simulator's shuffles
+        merged_acc = cuda.shared.array(MERGED, float32)   # per warp, after its own merge
+        merged_max = cuda.shared.array(MERGED_ROWS, float32)
+        merged_sum = cuda.shared.array(MERGED_ROWS, float32)
 
-        # Independent loads first: queries, row positions, the sequence's length.
-        for i in range(tid, OUTS, THREADS):
-            r = i // D
+        q_reg = cuda.local.array(RD, float32)     # [R, DPL] scaled queries, this lane's dims
+        acc = cuda.local.array(RD, float32)       # [R, DPL] unnormalised outputs
+        run_max = cuda.local.array(R, float32)
+        run_sum = cuda.local.array(R, float32)
+        row_pos = cuda.local.array(R, int32)      # -1: a row past the group (sees no key)
+        k_reg = cuda.local.array(DPL, float32)
+        v_reg = cuda.local.array(DPL, float32)
+
+        last = int32(-1)
+        for r in range(R):
             gr = chunk * R + r
-            acc_s[i] = float32(0.0)
-            if gr < group_rows:
-                t = seq * query_len + gr // group
-                q_s[i] = float32(q[t, kv_head * group + gr % group, i % D]) * float32(scale)
-            else:
-                q_s[i] = float32(0.0)
-        for r in range(tid, R, THREADS):
-            gr = chunk * R + r
-            row_pos[r] = int32(positions[seq * query_len + gr // group]) if gr < group_rows else int32(-1)
-            row_max[r] = float32(-math.inf)
-            row_sum[r] = float32(0.0)
-        if tid == 0:
-            last = positions[seq * query_len]
-            for i in range(1, query_len):
-                last = max(last, positions[seq * query_len + i])
-            # Padding rows of a captured batch may hold any position: never read past the table.
-            keys = min(last + 1, block_tables.shape[1] * block_size)
-            span = (keys + splits - 1) // splits
-            span_s[0] = min(split * span, keys)
-            span_s[1] = min(split * span + span, keys)
-        cuda.syncthreads()
-        first, end = span_s[0], span_s[1]
-
-        # Block ids of the first tile, in registers; each tile stages them and prefetches the next.
-        next_block, next_offset = int32(0), int32(0)
-        if tid < TILE and first + tid < end:
-            j = first + tid
-            next_block = block_tables[seq, j // block_size]
-            next_offset = j % block_size
-        tile_start = first
-        while tile_start < end:
-            count = min(TILE, end - tile_start)
-            if tid < TILE:
-                key_block[tid] = next_block
-                key_offset[tid] = next_offset
-            cuda.syncthreads()
-            if tid < TILE and tile_start + TILE + tid < end:
-                j = tile_start + TILE + tid
-                next_block = block_tables[seq, j // block_size]
-                next_offset = j % block_size
-            # Stage K and V: consecutive threads read consecutive dims of a key row (coalesced).
-            for i in range(tid, V_CELLS, THREADS):
-                j = i // D
-                e = i % D
-                if j < count:
-                    k_s[j * KPAD + e] = float32(kv_cache[0, key_block[j], key_offset[j], kv_head, e])
-                    v_s[i] = float32(kv_cache[1, key_block[j], key_offset[j], kv_head, e])
-                else:  # zeros, not stale cache bytes: p = 0 must not meet a NaN
-                    k_s[j * KPAD + e] = float32(0.0)
-                    v_s[i] = float32(0.0)
-            cuda.syncthreads()
-
-            # Scores, PARTS threads per (row, key), each a share of the dims.
-            for i in range(tid, S_CELLS, THREADS):
-                part = i // CELLS
-                cell = i % CELLS
-                r = cell // TILE
-                j = cell % TILE
-                dot = float32(0.0)
-                e0 = part * DIMS_PER_PART
-                for e in range(e0, min(e0 + DIMS_PER_PART, D)):
-                    dot += q_s[r * D + e] * k_s[j * KPAD + e]
-                if part == 0 and (j >= count or tile_start + j > row_pos[r]):
-                    dot = float32(-math.inf)
-                s_s[i] = dot
-            cuda.syncthreads()
-
-            # Per row: sum the parts, the tile's max, the rescale of what came before.
-            for r in range(tid, R, THREADS):
-                top = row_max[r]
-                m_old = top
-                for j in range(TILE):
-                    s = s_s[r * TILE + j]
-                    for part in range(1, PARTS):
-                        s += s_s[part * CELLS + r * TILE + j]
-                    s_s[r * TILE + j] = s
-                    top = max(top, s)
-                row_max[r] = top
-                row_alpha[r] = float32(1.0) if top == -math.inf else math.exp(m_old - top)
-            cuda.syncthreads()
-            for cell in range(tid, CELLS, THREADS):
-                s = s_s[cell]
-                s_s[cell] = float32(0.0) if s == -math.inf else math.exp(s - row_max[cell // TILE])
-            cuda.syncthreads()
-
-            # acc[r, e] = acc[r, e] alpha_r + sum_j p_rj v_j[e]; threads of a warp take consecutive e.
-            for i in range(tid, OUTS, THREADS):
-                r = i // D
-                e = i % D
-                a = float32(0.0)
-                for j in range(TILE):
-                    a += s_s[r * TILE + j] * v_s[j * D + e]
-                acc_s[i] = acc_s[i] * row_alpha[r] + a
-            for r in range(tid, R, THREADS):
-                total = float32(0.0)
-                for j in range(TILE):
-                    total += s_s[r * TILE + j]
-                row_sum[r] = row_sum[r] * row_alpha[r] + total
-            cuda.syncthreads()
-            tile_start += TILE
-
-        for i in range(tid, OUTS, THREADS):
-            r = i // D
-            gr = chunk * R + r
+            run_max[r] = float32(-math.inf)
+            run_sum[r] = float32(0.0)
+            row_pos[r] = int32(-1)
+            for i in range(DPL):
+                q_reg[r * DPL + i] = float32(0.0)
+                acc[r * DPL + i] = float32(0.0)
             if gr < group_rows:
                 t = seq * query_len + gr // group
                 head = kv_head * group + gr % group
-                e = i % D
+                row_pos[r] = int32(positions[t])
+                last = max(last, row_pos[r])
+                for i in range(DPL):
+                    q_reg[r * DPL + i] = float32(q[t, head, i * G + lane]) * float32(scale)
+        # Padding rows of a captured batch may hold any position: never read past the table.
+        keys = min(last + 1, block_tables.shape[1] * block_size)
+        span = (keys + splits - 1) // splits
+        first = min(split * span, keys)
+        end = min(first + span, keys)
+        iters = (end - first + SLOTS - 1) // SLOTS   # the same for every thread (the simulator's barriers)
+
+        j = first + slot
+        next_block = block_tables[seq, j // block_size] if j < end else 0
+        for _ in range(iters):
+            key_block = next_block
+            if j + SLOTS < end:  # the next key's block id, one step ahead of its K/V loads
+                next_block = block_tables[seq, (j + SLOTS) // block_size]
+            valid = j < end
+            offset = j % block_size
+            for i in range(DPL):
+                if valid:
+                    k_reg[i] = float32(kv_cache[0, key_block, offset, kv_head, i * G + lane])
+                    v_reg[i] = float32(kv_cache[1, key_block, offset, kv_head, i * G + lane])
+                else:
+                    k_reg[i] = float32(0.0)
+                    v_reg[i] = float32(0.0)
+            for r in range(R):
+                s = float32(0.0)
+                for i in range(DPL):
+                    s += q_reg[r * DPL + i] * k_reg[i]
+                for step in range(GROUP_STEPS):
+                    s += xor_exchange(s, G >> (step + 1), scratch, tid)
+                # Causal inside a verify window; blind to stale slots past the row's position.
+                if valid and j <= row_pos[r]:
+                    if s > run_max[r]:
+                        alpha = math.exp(run_max[r] - s)  # 0 on the first key (max -inf)
+                        run_sum[r] *= alpha
+                        for i in range(DPL):
+                            acc[r * DPL + i] *= alpha
+                        run_max[r] = s
+                    p = math.exp(s - run_max[r])
+                    run_sum[r] += p
+                    for i in range(DPL):
+                        acc[r * DPL + i] += p * v_reg[i]
+            j += SLOTS
+
+        # Merge the warp's groups: lanes with the same `lane` hold the same dims.
+        for step in range(WARP_STEPS):
+            mask = G << step
+            for r in range(R):
+                m_other = xor_exchange(run_max[r], mask, scratch, tid)
+                s_other = xor_exchange(run_sum[r], mask, scratch, tid)
+                top = max(run_max[r], m_other)
+                mine = float32(0.0) if run_max[r] == -math.inf else math.exp(run_max[r] - top)
+                theirs = float32(0.0) if m_other == -math.inf else math.exp(m_other - top)
+                run_sum[r] = run_sum[r] * mine + s_other * theirs
+                run_max[r] = top
+                for i in range(DPL):
+                    a_other = xor_exchange(acc[r * DPL + i], mask, scratch, tid)
+                    acc[r * DPL + i] = acc[r * DPL + i] * mine + a_other * theirs
+        # Then the warps, through shared memory: the first group of each warp writes its merge.
+        warp = tid // WARP
+        if tid % WARP < G:
+            for r in range(R):
+                merged_max[warp * R + r] = run_max[r]
+                merged_sum[warp * R + r] = run_sum[r]
+                for i in range(DPL):
+                    merged_acc[(warp * R + r) * D + i * G + lane] = acc[r * DPL + i]
+        cuda.syncthreads()
+        for cell in range(tid, R * D, THREADS):
+            r = cell // D
+            e = cell % D
+            gr = chunk * R + r
+            if gr < group_rows:
+                top = float32(-math.inf)
+                for w in range(WARPS):
+                    top = max(top, merged_max[w * R + r])
+                a, total = float32(0.0), float32(0.0)
+                for w in range(WARPS):
+                    m_w = merged_max[w * R + r]
+                    if m_w != -math.inf:
+                        weight = math.exp(m_w - top)
+                        a += merged_acc[(w * R + r) * D + e] * weight
+                        total += merged_sum[w * R + r] * weight
+                t = seq * query_len + gr // group
+                head = kv_head * group + gr % group
                 if splits == 1:
-                    out[t, head * D + e] = acc_s[i] / row_sum[r] if row_sum[r] > float32(0.0) else float32(0.0)
+                    out[t, head * D + e] = a / total if total > float32(0.0) else float32(0.0)
                 else:
                     row = t * num_heads + head
-                    part_acc[row, split, e] = acc_s[i]
+                    part_acc[row, split, e] = a
                     if e == 0:
-                        part_max[row, split] = row_max[r]  # -inf, sum 0 for a split with no key
-                        part_sum[row, split] = row_sum[r]
-    return attention_tile_kernel
+                        part_max[row, split] = top  # -inf, sum 0 for a split with no key
+                        part_sum[row, split] = total
+    return attention_group_kernel

@@ -34,7 +34,6 @@ from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_r
 from protospec.kernels.interop import check_tensor, cuda
 
 PATHS = ("by_row", "by_kv_head")
-MAX_HEAD_DIM = max(by_row.MAX_HEAD_DIM, by_kv_head.MAX_HEAD_DIM)  # by_row serves up to its own
 # by_kv_head where a sequence has at least this many query rows per KV head and the batch's
 # (sequence, KV head) pairs fill the SMs; split-K for it until BLOCKS_PER_SM blocks per SM.
 MIN_ROWS_PER_KV_HEAD = 2
@@ -65,7 +64,8 @@ def attention_combine_kernel(part_acc, part_max, part_sum, out):
 
 def supports(num_heads: int, head_dim: int, max_keys: int) -> bool:
     """Whether the kernels can serve a layout (checked on the host; otherwise use the torch path)."""
-    return 1 <= head_dim <= MAX_HEAD_DIM and num_heads >= 1 and max_keys >= 1
+    fits = 1 <= head_dim <= by_row.MAX_HEAD_DIM or by_kv_head.supports(head_dim)
+    return fits and num_heads >= 1 and max_keys >= 1
 
 
 @functools.cache
@@ -81,11 +81,11 @@ def choose_path(num_seqs: int, query_len: int, num_heads: int, kv_heads: int, de
 
 def choose_splits(groups: int, max_keys: int, head_dim: int, device: torch.device) -> int:
     """by_kv_head's split-K factor: 1 where `groups` blocks already fill the GPU, else enough splits
-    for BLOCKS_PER_SM blocks per SM, at most one per tile of the widest possible context."""
+    for BLOCKS_PER_SM blocks per SM, at most one per block-step of keys of the widest possible context."""
     target = BLOCKS_PER_SM * _sm_count(device)
     if groups >= target:
         return 1
-    return max(1, min(-(-target // groups), -(-max_keys // by_kv_head.tile_keys(head_dim))))
+    return max(1, min(-(-target // groups), -(-max_keys // by_kv_head.keys_in_flight(head_dim))))
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
@@ -101,18 +101,24 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     kv_heads, num_seqs = kv_cache.shape[3], block_tables.shape[0]
     max_keys = block_tables.shape[1] * kv_cache.shape[2]
     if not supports(heads, head_dim, max_keys):
-        raise KernelArgumentError(f"paged_attention: head_dim {head_dim} is too large (at most {MAX_HEAD_DIM})")
+        raise KernelArgumentError(f"paged_attention: head_dim {head_dim} is not served (up to {by_row.MAX_HEAD_DIM}, "
+                                  f"or 8 x a power of two up to {by_kv_head.MAX_HEAD_DIM})")
     if kv_cache.shape[4] != head_dim or heads % kv_heads or tokens != num_seqs * query_len:
         raise KernelArgumentError(f"paged_attention: {heads} heads of {head_dim} over {kv_heads} kv heads of "
                                   f"{kv_cache.shape[4]}, {tokens} tokens for {num_seqs} sequences x query_len {query_len}")
     if path is None:
         path = choose_path(num_seqs, query_len, heads, kv_heads, q.device)
-        if head_dim > by_row.MAX_HEAD_DIM:
+        if not by_kv_head.supports(head_dim):
+            path = "by_row"
+        elif head_dim > by_row.MAX_HEAD_DIM:
             path = "by_kv_head"
     elif path not in PATHS:
         raise KernelArgumentError(f"paged_attention: path must be one of {PATHS}, got {path!r}")
     elif path == "by_row" and head_dim > by_row.MAX_HEAD_DIM:
         raise KernelArgumentError(f"paged_attention: by_row takes head_dim up to {by_row.MAX_HEAD_DIM}, got {head_dim}")
+    elif path == "by_kv_head" and not by_kv_head.supports(head_dim):
+        raise KernelArgumentError(f"paged_attention: by_kv_head takes head_dim = 8 x a power of two up to "
+                                  f"{by_kv_head.MAX_HEAD_DIM}, got {head_dim}")
     if splits is not None and splits < 1:
         raise KernelArgumentError(f"paged_attention: splits must be >= 1, got {splits}")
     dev = q.device
@@ -123,10 +129,11 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         grid = tokens * heads * parts
     else:
         group_rows = query_len * (heads // kv_heads)
-        rows = by_kv_head.rows_per_block(group_rows, head_dim)
+        rows = by_kv_head.rows_per_block(group_rows)
         groups = num_seqs * kv_heads * -(-group_rows // rows)
         parts = splits or choose_splits(groups, max_keys, head_dim, dev)
-        kernel, threads, grid = by_kv_head.attention_kernel(rows, head_dim), by_kv_head.THREADS, groups * parts
+        kernel, grid = by_kv_head.attention_kernel(rows, head_dim), groups * parts
+        threads = by_kv_head.threads_per_block(head_dim)
     if path == "by_kv_head" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)
         part_acc = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)

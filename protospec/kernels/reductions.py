@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from protospec.kernels import interop
 from protospec.kernels.interop import cuda
 
 
@@ -35,3 +36,20 @@ def tree_argmax(best_value, best_index, flags, tid, width):
                 flags[tid] = 1
         cuda.syncthreads()
         stride //= 2
+
+
+# Warp-level exchange: on a GPU a register shuffle; the simulator has no shuffles, so there every
+# thread of the block swaps through shared memory between two barriers (every thread must call).
+if interop.SIMULATOR:
+    @cuda.jit(device=True)
+    def xor_exchange(value, lane_mask, scratch, tid):
+        """The `value` held by thread tid ^ lane_mask (lane_mask < 32: inside the warp)."""
+        cuda.syncthreads()
+        scratch[tid] = value
+        cuda.syncthreads()
+        return scratch[tid ^ lane_mask]
+else:
+    @cuda.jit(device=True)
+    def xor_exchange(value, lane_mask, scratch, tid):
+        """The `value` held by thread tid ^ lane_mask (lane_mask < 32: inside the warp)."""
+        return cuda.shfl_xor_sync(0xFFFFFFFF, value, lane_mask)

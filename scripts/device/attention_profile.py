@@ -7,7 +7,7 @@ import ctypes
 import torch
 
 from protospec.bench.attention_cost import make_calls
-from protospec.kernels import interop, paged_attention as kernel
+from protospec.kernels import attention_by_kv_head as by_kv_head, interop
 from protospec.loader import resolve_checkpoint
 
 p = argparse.ArgumentParser()
@@ -18,16 +18,16 @@ args = p.parse_args()
 cfg, _ = resolve_checkpoint("JackFram/llama-160m", "dummy")
 dev = torch.device("cuda")
 for queries in args.queries:
-    calls, _ = make_calls(cfg, args.batch, queries, args.context, 16, dev)
+    calls, _ = make_calls(cfg, args.batch, queries, args.context, 16, dev, "by_kv_head")
     for call in calls[:2]:
         call()
     torch.cuda.synchronize()
-    rows = kernel.rows_per_block(queries * cfg.num_attention_heads // cfg.num_key_value_heads, cfg.head_dim)
-    dispatcher = kernel.attention_kernel(rows, cfg.head_dim)
+    rows = by_kv_head.rows_per_block(queries * cfg.num_attention_heads // cfg.num_key_value_heads)
+    dispatcher = by_kv_head.attention_kernel(rows, cfg.head_dim)
     launcher = interop._tensor_launchers[dispatcher]
     for key, compiled in launcher.compiled_kernels.items():
         info = {name: getattr(compiled, name, None) for name in ("regs_per_thread", "local_mem_per_thread", "shared_mem_per_block")}
         blocks = ctypes.c_int(0)
         function = launcher._compiled[key][0]
-        interop._libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), function, kernel.THREADS, 0)
+        interop._libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), function, by_kv_head.THREADS, 0)
         print(f"queries {queries} rows {rows}: {info}, blocks per SM {blocks.value}", flush=True)
