@@ -112,8 +112,9 @@ def test_padding_rows_and_a_wide_table_leave_real_rows_exact_and_stay_finite():
 def test_the_shape_chooses_the_path_and_the_split():
     dev = torch.device(DEV)
     sms = kernel._sm_count(dev)
-    assert kernel.choose_path(1, 6, 2, 2, dev) == "by_row"              # batch 1: many small blocks
-    assert kernel.choose_path(sms, 1, 12, 12, dev) == "by_row"          # one query per KV head: nothing shared
+    assert kernel.choose_path(1, 1, 2, 2, dev) == "by_row"              # batch 1 decode: many small blocks
+    assert kernel.choose_path(1, 6, 2, 2, dev) == "by_kv_head"          # a verify window shares its keys
+    assert kernel.choose_path(sms, 1, 12, 12, dev) == "by_kv_head"      # one query per KV head, a full GPU
     assert kernel.choose_path(sms, 6, 12, 12, dev) == "by_kv_head"      # verify windows over a full GPU
     assert kernel.choose_path(sms, 1, 12, 4, dev) == "by_kv_head"       # GQA: 3 heads share each K/V row
     target = kernel.BLOCKS_PER_SM * sms
@@ -129,7 +130,7 @@ def test_paged_attention_refuses_what_it_cannot_hold():
     with pytest.raises(KernelArgumentError, match="block_tables"):
         kernel.paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int64, device=DEV), positions, 1, 0.25)
     wide = torch.zeros(1, 1, 512, device=DEV)
-    with pytest.raises(KernelArgumentError, match="too large"):
+    with pytest.raises(KernelArgumentError, match="head_dim 512 is not served"):
         kernel.paged_attention(wide, torch.zeros(2, 4, 4, 1, 512, device=DEV), torch.zeros(1, 2, dtype=torch.int32, device=DEV),
                                positions, 1, 0.25)
     with pytest.raises(KernelArgumentError, match="kv heads"):  # 4 heads cannot share 3 KV heads

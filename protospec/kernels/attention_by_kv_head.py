@@ -38,6 +38,10 @@ MAX_HEAD_DIM = 32 * DIMS_PER_LANE
 # Query rows per block (query tokens x heads of a GQA group): each takes 2 x 8 registers per lane
 # (query and accumulator); more rows take more row chunks (blocks) that re-read the keys from L2.
 MAX_ROWS = 6
+# Compile options (GPU only): the fewest blocks per SM the register allocation must allow (None:
+# the compiler's choice), and fast-math (approximate exp, fused multiply-adds).
+MIN_BLOCKS_PER_SM = None
+FASTMATH = False
 
 
 def supports(head_dim: int) -> bool:
@@ -66,14 +70,22 @@ def keys_in_flight(head_dim: int) -> int:
     return threads_per_block(head_dim) // (head_dim // DIMS_PER_LANE)
 
 
-@functools.cache
 def attention_kernel(rows: int, head_dim: int):
     """The kernel for `rows` query rows per block and `head_dim` (compile-time constants: register
     arrays and loop bounds), compiled on first use."""
-    return _make_attention_kernel(rows, head_dim, threads_per_block(head_dim), warp_lanes(head_dim))
+    return _compiled(rows, head_dim, MIN_BLOCKS_PER_SM, FASTMATH)
 
 
-def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int):  # noqa: N803 (Numba freezes them as constants)
+@functools.cache
+def _compiled(rows: int, head_dim: int, min_blocks: int | None, fastmath: bool):
+    threads = threads_per_block(head_dim)
+    options = {} if interop.SIMULATOR else {"fastmath": fastmath}
+    if min_blocks and not interop.SIMULATOR:
+        options["launch_bounds"] = (threads, min_blocks)
+    return _make_attention_kernel(rows, head_dim, threads, warp_lanes(head_dim), options)
+
+
+def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
     DPL = DIMS_PER_LANE
     G = D // DPL                              # lanes per key
     SLOTS = THREADS // G                      # keys in flight per block
@@ -84,7 +96,7 @@ def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int):  # noqa: N8
     MERGED = WARPS * R * D
     MERGED_ROWS = WARPS * R
 
-    @cuda.jit
+    @cuda.jit(**options)
     def attention_group_kernel(q, kv_cache, block_tables, positions, query_len, scale, out,
                                part_acc, part_max, part_sum):
         """

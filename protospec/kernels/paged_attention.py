@@ -76,7 +76,7 @@ def _sm_count(device: torch.device) -> int:
 def choose_path(num_seqs: int, query_len: int, num_heads: int, kv_heads: int, device: torch.device) -> str:
     rows_per_kv_head = query_len * (num_heads // kv_heads)
     fills = num_seqs * kv_heads >= _sm_count(device)
-    return "by_kv_head" if rows_per_kv_head >= MIN_ROWS_PER_KV_HEAD and fills else "by_row"
+    return "by_kv_head" if rows_per_kv_head >= MIN_ROWS_PER_KV_HEAD or fills else "by_row"
 
 
 def choose_splits(groups: int, max_keys: int, head_dim: int, device: torch.device) -> int:
