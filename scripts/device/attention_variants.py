@@ -12,7 +12,7 @@ cfg, _ = resolve_checkpoint("JackFram/llama-160m", "dummy")
 dev = torch.device("cuda")
 shapes = [(1, 6), (16, 1), (16, 6), (64, 1), (64, 6)]
 print("rows min_blocks fastmath | " + " ".join(f"b{b}q{q:<2}" for b, q in shapes) + " | regs")
-for rows, min_blocks, fast in itertools.product([6, 3, 2], [None, 3, 4], [False, True]):
+for rows, min_blocks, fast in itertools.product([6, 3], [None, 3], [False, True]):
     by_kv_head.MAX_ROWS, by_kv_head.MIN_BLOCKS_PER_SM, by_kv_head.FASTMATH = rows, min_blocks, fast
     times = []
     for batch, queries in shapes:
