@@ -38,10 +38,11 @@ MAX_HEAD_DIM = 32 * DIMS_PER_LANE
 # Query rows per block (query tokens x heads of a GQA group): each takes 2 x 8 registers per lane
 # (query and accumulator); more rows take more row chunks (blocks) that re-read the keys from L2.
 MAX_ROWS = 6
-# Compile options (GPU only): the fewest blocks per SM the register allocation must allow (None:
+# Compile options (GPU only; scripts/device/attention_variants.py times the alternatives): the fewest
+# blocks per SM the register allocation must allow (None:
 # the compiler's choice), and fast-math (approximate exp, fused multiply-adds).
-MIN_BLOCKS_PER_SM = None
-FASTMATH = False
+MIN_BLOCKS_PER_SM = 3
+FASTMATH = True
 
 
 def supports(head_dim: int) -> bool:
