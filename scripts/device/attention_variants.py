@@ -1,6 +1,7 @@
 """by_kv_head's compile options and rows per block, timed at the seed shapes (320 keys):
-python3 scripts/device/attention_variants.py. Prints us per call and registers per thread."""
+python3 scripts/device/attention_variants.py [ROWS,...] [MIN_BLOCKS,...] (fast-math on). Prints us per call and registers per thread."""
 import itertools
+import sys
 
 import torch
 
@@ -10,9 +11,12 @@ from protospec.loader import resolve_checkpoint
 
 cfg, _ = resolve_checkpoint("JackFram/llama-160m", "dummy")
 dev = torch.device("cuda")
+# argv: rows per block, then min blocks per SM ("none" for the compiler's choice), e.g. 6,3 none,3,4
+ROWS = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "6,3").split(",")]
+MIN_BLOCKS = [None if x == "none" else int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "none,3").split(",")]
 shapes = [(1, 6), (16, 1), (16, 6), (64, 1), (64, 6)]
 print("rows min_blocks fastmath | " + " ".join(f"b{b}q{q:<2}" for b, q in shapes) + " | regs")
-for rows, min_blocks, fast in itertools.product([6, 3], [None, 3], [False, True]):
+for rows, min_blocks, fast in itertools.product(ROWS, MIN_BLOCKS, [True]):
     by_kv_head.MAX_ROWS, by_kv_head.MIN_BLOCKS_PER_SM, by_kv_head.FASTMATH = rows, min_blocks, fast
     times = []
     for batch, queries in shapes:
