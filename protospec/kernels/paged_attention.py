@@ -2,21 +2,19 @@
 
 Two work decompositions, chosen on the host by shape, and one combine kernel that both share:
   by_row      (attention_by_row.py)     a block per (query token, head, chunk of keys). Many small
-              blocks: best where there are few rows (batch 1, and any decode step of 1 query).
+              blocks: best for a batch-1 decode step (one query row per KV head, a GPU to fill).
   by_kv_head  (attention_by_kv_head.py) a block per (sequence, KV head, row chunk, split), holding
-              every query row that shares the KV head, so a verify window reads each K/V row once
-              instead of once per query token. Best for k + 1 queries at batch >= ~16.
+              every query row that shares the KV head in registers, so a verify window reads each
+              K/V row once instead of once per query token. Best wherever rows share a KV head
+              (verify windows, GQA) and wherever the batch's (sequence, KV head) pairs fill the SMs.
   combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits.
 
-Why the choice (seed shapes: 12 heads of 64, fp16; bench.attention_cost measures both paths, its
-runs of record are in data/results): by_row is slow at batch because its grid follows the block table's width, not
-the context (at batch 64 a verify layer is 384 tokens x 12 heads x 16 chunks = 73,728 blocks, a
-third with no key, each a chain of ~6 dependent loads and 5 barriers for at most 32 keys) and each
-query token re-reads the keys; by_kv_head reads each key row once per KV head but runs few, heavy
-blocks: Numba's code for it needs many registers per thread (few blocks per SM) and each block
-waits on its loads tile by tile, so it loses at batch 1 and at 1 query, where by_row's many blocks
-hide latency better. Neither reaches the bytes floor at batch: both are latency-bound, not
-bandwidth-bound.
+Why the choice (bench.attention_cost measures both paths; its runs of record are in data/results):
+by_row is slow at batch because its grid follows the block table's width, not the context (at
+batch 64 a verify layer is 384 tokens x 12 heads x 16 chunks = 73,728 blocks, a third with no key,
+each a chain of ~6 dependent loads and 5 barriers for at most 32 keys) and each query token
+re-reads the keys. by_kv_head's blocks are few and long, which only loses where there is one row per
+KV head and too few blocks to fill the GPU (batch-1 decode).
 
 Only uniform layouts (every sequence feeds query_len tokens: decode, draft step 1, verify) take
 this path; token t belongs to sequence t // query_len.
@@ -34,7 +32,7 @@ from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_r
 from protospec.kernels.interop import check_tensor, cuda
 
 PATHS = ("by_row", "by_kv_head")
-# by_kv_head where a sequence has at least this many query rows per KV head and the batch's
+# by_kv_head where a sequence has at least this many query rows per KV head or the batch's
 # (sequence, KV head) pairs fill the SMs; split-K for it until BLOCKS_PER_SM blocks per SM.
 MIN_ROWS_PER_KV_HEAD = 2
 BLOCKS_PER_SM = 2
