@@ -56,17 +56,19 @@ def test_paged_attention_matches_the_torch_path(path, dtype, query_len, lengths,
     torch.testing.assert_close(_kernel(inputs, cache, q, path=path), expected, **TOL[dtype])
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 8])
-def test_every_split_of_the_keys_gives_the_same_output(splits):
-    """Splits with no key at all (8 splits of 12 keys) and splits that end mid-round included."""
-    inputs, cache, q = _case(2, [45, 12], 4, 2, 16, 4, torch.float32, seed=1)
+@pytest.mark.parametrize("splits,block_size", [(1, 4), (2, 5), (3, 6), (8, 4)])
+def test_every_split_of_the_keys_gives_the_same_output(splits, block_size):
+    """Splits with no key at all (8 splits of 12 keys) and splits that end mid-round included; block
+    sizes that let a lane group take 4, 1 and 2 keys per step."""
+    assert [by_kv_head.keys_per_group(4, b) for b in (4, 5, 6)] == [4, 1, 2]
+    inputs, cache, q = _case(2, [45, 12], 4, 2, 16, block_size, torch.float32, seed=1)
     expected = _torch_reference(inputs, cache, q, torch.float32)
     torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head", splits=splits), expected, **TOL[torch.float32])
 
 
 def test_keys_on_tile_and_block_boundaries():
     """Contexts of exactly one round of a block's keys in flight, one key past it, one key short of a block."""
-    tile = by_kv_head.keys_in_flight(16)
+    tile = by_kv_head.keys_in_flight(16, rows=2, block_size=8)  # 2 query heads per KV head
     lengths = [tile, tile + 1, 2 * tile, 15, 1, by_row.CHUNK + 1]
     inputs, cache, q = _case(1, lengths, 2, 1, 16, 8, torch.float32, seed=2)
     expected = _torch_reference(inputs, cache, q, torch.float32)
@@ -118,9 +120,15 @@ def test_the_shape_chooses_the_path_and_the_split():
     assert kernel.choose_path(sms, 6, 12, 12, dev) == "by_kv_head"      # verify windows over a full GPU
     assert kernel.choose_path(sms, 1, 12, 4, dev) == "by_kv_head"       # GQA: 3 heads share each K/V row
     target = kernel.BLOCKS_PER_SM * sms
-    assert kernel.choose_splits(target, 4096, 64, dev) == 1             # enough groups: no split-K
-    assert kernel.choose_splits(1, 1 << 20, 64, dev) == target          # few groups: spread wide
-    assert kernel.choose_splits(1, 3 * by_kv_head.keys_in_flight(64), 64, dev) == 3  # no more splits than key rounds
+    assert kernel.choose_splits(target, 4096, 32, dev) == 1             # enough groups: no split-K
+    assert kernel.choose_splits(1, 1 << 20, 32, dev) == target          # few groups: spread wide
+    assert kernel.choose_splits(1, 3 * 32, 32, dev) == 3                # no more splits than key steps
+    # Rows per block halve where the batch leaves the SMs short of blocks (batch 16 of an MHA verify).
+    assert by_kv_head.rows_per_block(6, kv_pairs=16 * 12, sm_count=132) == 3
+    assert by_kv_head.rows_per_block(6, kv_pairs=64 * 12, sm_count=132) == 6
+    assert by_kv_head.rows_per_block(1, kv_pairs=1, sm_count=132) == 1
+    # A lane group loads as many keys per step as the registers left beside its rows allow.
+    assert by_kv_head.keys_per_group(1, 16) > by_kv_head.keys_per_group(by_kv_head.MAX_ROWS, 16) >= 1
 
 
 def test_paged_attention_refuses_what_it_cannot_hold():

@@ -38,6 +38,10 @@ MAX_HEAD_DIM = 32 * DIMS_PER_LANE
 # Query rows per block (query tokens x heads of a GQA group): each takes 2 x 8 registers per lane
 # (query and accumulator); more rows take more row chunks (blocks) that re-read the keys from L2.
 MAX_ROWS = 6
+FILL_BLOCKS_PER_SM = 4
+# Rows + keys per lane group (U) that a lane's registers hold (each costs 2 x 8 of them): at 6 rows a
+# group loads 2 keys per step, at 1 row 4 (keys_per_group). More keys in flight, fewer dependent steps.
+ROW_KEY_BUDGET = 8
 # Compile options (GPU only; scripts/device/attention_variants.py times the alternatives): the fewest
 # blocks per SM the register allocation must allow (None:
 # the compiler's choice), and fast-math (approximate exp, fused multiply-adds).
@@ -51,8 +55,14 @@ def supports(head_dim: int) -> bool:
     return head_dim % DIMS_PER_LANE == 0 and 1 <= lanes <= 32 and lanes & (lanes - 1) == 0
 
 
-def rows_per_block(rows: int) -> int:
-    return max(1, min(rows, MAX_ROWS))
+def rows_per_block(rows: int, kv_pairs: int | None = None, sm_count: int | None = None) -> int:
+    """Query rows per block: up to MAX_ROWS; halved where the (sequence, KV head) pairs would leave
+    fewer than FILL_BLOCKS_PER_SM blocks per SM (more blocks in flight beat re-reading the keys from
+    L2 once more: a batch-16 verify runs faster with 3 rows per block, a batch-64 one with 6)."""
+    chosen = max(1, min(rows, MAX_ROWS))
+    if kv_pairs is not None and sm_count and chosen > 1 and kv_pairs * -(-rows // chosen) < FILL_BLOCKS_PER_SM * sm_count:
+        chosen = -(-chosen // 2)
+    return chosen
 
 
 def warp_lanes(head_dim: int) -> int:
@@ -66,36 +76,50 @@ def threads_per_block(head_dim: int) -> int:
     return 2 * warp_lanes(head_dim) if interop.SIMULATOR else THREADS
 
 
-def keys_in_flight(head_dim: int) -> int:
-    """Keys a block works on at once (one per lane group)."""
-    return threads_per_block(head_dim) // (head_dim // DIMS_PER_LANE)
+def keys_per_group(rows: int, block_size: int) -> int:
+    """Keys a lane group loads per step (U): as many as the register budget leaves beside the rows, a
+    power of two that divides block_size (a step's U keys then share one cache block)."""
+    keys = 1
+    while keys * 2 <= max(1, ROW_KEY_BUDGET - rows) and block_size % (keys * 2) == 0:
+        keys *= 2
+    return keys
 
 
-def attention_kernel(rows: int, head_dim: int):
-    """The kernel for `rows` query rows per block and `head_dim` (compile-time constants: register
-    arrays and loop bounds), compiled on first use."""
-    return _compiled(rows, head_dim, MIN_BLOCKS_PER_SM, FASTMATH)
+def keys_in_flight(head_dim: int, rows: int = 1, block_size: int = 1) -> int:
+    """Keys a block works on per step (U per lane group)."""
+    return threads_per_block(head_dim) // (head_dim // DIMS_PER_LANE) * keys_per_group(rows, block_size)
+
+
+def attention_kernel(rows: int, head_dim: int, block_size: int):
+    """The kernel for `rows` query rows per block, `head_dim` and the keys per group that block_size
+    allows (compile-time constants: register arrays and loop bounds), compiled on first use."""
+    return _compiled(rows, head_dim, keys_per_group(rows, block_size), MIN_BLOCKS_PER_SM, FASTMATH)
 
 
 @functools.cache
-def _compiled(rows: int, head_dim: int, min_blocks: int | None, fastmath: bool):
+def _compiled(rows: int, head_dim: int, keys: int, min_blocks: int | None, fastmath: bool):
     threads = threads_per_block(head_dim)
     options = {} if interop.SIMULATOR else {"fastmath": fastmath}
     if min_blocks and not interop.SIMULATOR:
         options["launch_bounds"] = (threads, min_blocks)
-    return _make_attention_kernel(rows, head_dim, threads, warp_lanes(head_dim), options)
+    return _make_attention_kernel(rows, head_dim, keys, threads, warp_lanes(head_dim), options)
 
 
-def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
+def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
     DPL = DIMS_PER_LANE
     G = D // DPL                              # lanes per key
-    SLOTS = THREADS // G                      # keys in flight per block
+    SLOTS = THREADS // G                      # lane groups per block
+    STEP = SLOTS * U                          # keys per block per step
+    UD = U * DPL
+    RU = R * U
+    BRANCH_FREE = R > 1
     WARPS = THREADS // WARP
     GROUP_STEPS = G.bit_length() - 1          # shuffle steps that sum a dot product over G lanes
     WARP_STEPS = (WARP // G).bit_length() - 1  # shuffle steps that merge the warp's groups
     RD = R * DPL
     MERGED = WARPS * R * D
     MERGED_ROWS = WARPS * R
+    NO_KEY = float32(-1e30)  # the max of a row with no key yet: finite, because fast-math assumes no infinities
 
     @cuda.jit(**options)
     def attention_group_kernel(q, kv_cache, block_tables, positions, query_len, scale, out,
@@ -123,7 +147,7 @@ def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int, options: dic
         seq = b // (splits * chunks * kv_heads)
         tid = cuda.threadIdx.x
         lane = tid % G            # which dims of the key: lane, lane + G, ...
-        slot = tid // G           # which key of the SLOTS in flight
+        slot = tid // G           # which lane group: keys slot * U .. slot * U + U - 1 of each step
 
         scratch = cuda.shared.array(THREADS, float32)     # the simulator's shuffles
         merged_acc = cuda.shared.array(MERGED, float32)   # per warp, after its own merge
@@ -135,13 +159,14 @@ def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int, options: dic
         run_max = cuda.local.array(R, float32)
         run_sum = cuda.local.array(R, float32)
         row_pos = cuda.local.array(R, int32)      # -1: a row past the group (sees no key)
-        k_reg = cuda.local.array(DPL, float32)
-        v_reg = cuda.local.array(DPL, float32)
+        k_reg = cuda.local.array(UD, float32)     # [U, DPL] this step's keys, this lane's dims
+        v_reg = cuda.local.array(UD, float32)
+        scores = cuda.local.array(RU, float32)    # [R, U] this step's scaled scores
 
         last = int32(-1)
         for r in range(R):
             gr = chunk * R + r
-            run_max[r] = float32(-math.inf)
+            run_max[r] = NO_KEY
             run_sum[r] = float32(0.0)
             row_pos[r] = int32(-1)
             for i in range(DPL):
@@ -156,45 +181,58 @@ def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int, options: dic
                     q_reg[r * DPL + i] = float32(q[t, head, i * G + lane]) * float32(scale)
         # Padding rows of a captured batch may hold any position: never read past the table.
         keys = min(last + 1, block_tables.shape[1] * block_size)
-        span = (keys + splits - 1) // splits
+        span = ((keys + splits - 1) // splits + U - 1) // U * U  # a multiple of U: a step's U keys share a block
         first = min(split * span, keys)
         end = min(first + span, keys)
-        iters = (end - first + SLOTS - 1) // SLOTS   # the same for every thread (the simulator's barriers)
+        iters = (end - first + STEP - 1) // STEP   # the same for every thread (the simulator's barriers)
 
-        j = first + slot
+        j = first + slot * U      # this group's first key of the step; j .. j + U - 1 lie in one block
         next_block = block_tables[seq, j // block_size] if j < end else 0
         for _ in range(iters):
             key_block = next_block
-            if j + SLOTS < end:  # the next key's block id, one step ahead of its K/V loads
-                next_block = block_tables[seq, (j + SLOTS) // block_size]
-            valid = j < end
+            if j + STEP < end:  # the next step's block id, one step ahead of its K/V loads
+                next_block = block_tables[seq, (j + STEP) // block_size]
             offset = j % block_size
-            for i in range(DPL):
-                if valid:
-                    k_reg[i] = float32(kv_cache[0, key_block, offset, kv_head, i * G + lane])
-                    v_reg[i] = float32(kv_cache[1, key_block, offset, kv_head, i * G + lane])
-                else:
-                    k_reg[i] = float32(0.0)
-                    v_reg[i] = float32(0.0)
-            for r in range(R):
-                s = float32(0.0)
+            # Every load of the step first (U keys' K and V in flight at once), then the math.
+            for u in range(U):
                 for i in range(DPL):
-                    s += q_reg[r * DPL + i] * k_reg[i]
-                for step in range(GROUP_STEPS):
-                    s += xor_exchange(s, G >> (step + 1), scratch, tid)
-                # Causal inside a verify window; blind to stale slots past the row's position.
-                if valid and j <= row_pos[r]:
-                    if s > run_max[r]:
-                        alpha = math.exp(run_max[r] - s)  # 0 on the first key (max -inf)
-                        run_sum[r] *= alpha
-                        for i in range(DPL):
-                            acc[r * DPL + i] *= alpha
-                        run_max[r] = s
-                    p = math.exp(s - run_max[r])
+                    if j + u < end:
+                        k_reg[u * DPL + i] = float32(kv_cache[0, key_block, offset + u, kv_head, i * G + lane])
+                        v_reg[u * DPL + i] = float32(kv_cache[1, key_block, offset + u, kv_head, i * G + lane])
+                    else:
+                        k_reg[u * DPL + i] = float32(0.0)
+                        v_reg[u * DPL + i] = float32(0.0)
+            # Every row's U scores first: independent dot products and shuffle sums the compiler can
+            # interleave (no branch between them; masks are selects).
+            for r in range(R):
+                for u in range(U):
+                    s = float32(0.0)
+                    for i in range(DPL):
+                        s += q_reg[r * DPL + i] * k_reg[u * DPL + i]
+                    for step in range(GROUP_STEPS):
+                        s += xor_exchange(s, G >> (step + 1), scratch, tid)
+                    # Causal inside a verify window; blind to stale slots past the row's position.
+                    scores[r * U + u] = s if j + u < end and j + u <= row_pos[r] else NO_KEY
+            # Then one online-softmax update per row for the step's U keys. With several rows it has
+            # no branch (alpha is 1 where the max did not move, 0 at a row's first key), so the rows'
+            # updates interleave; a single row skips the rescale while its max holds, as it mostly does.
+            for r in range(R):
+                top = run_max[r]
+                for u in range(U):
+                    top = max(top, scores[r * U + u])
+                if BRANCH_FREE or top > run_max[r]:
+                    alpha = math.exp(run_max[r] - top)
+                    run_max[r] = top
+                    run_sum[r] *= alpha
+                    for i in range(DPL):
+                        acc[r * DPL + i] *= alpha
+                for u in range(U):
+                    s = scores[r * U + u]
+                    p = math.exp(s - top) if s > NO_KEY else float32(0.0)
                     run_sum[r] += p
                     for i in range(DPL):
-                        acc[r * DPL + i] += p * v_reg[i]
-            j += SLOTS
+                        acc[r * DPL + i] += p * v_reg[u * DPL + i]
+            j += STEP
 
         # Merge the warp's groups: lanes with the same `lane` hold the same dims.
         for step in range(WARP_STEPS):
@@ -203,8 +241,8 @@ def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int, options: dic
                 m_other = xor_exchange(run_max[r], mask, scratch, tid)
                 s_other = xor_exchange(run_sum[r], mask, scratch, tid)
                 top = max(run_max[r], m_other)
-                mine = float32(0.0) if run_max[r] == -math.inf else math.exp(run_max[r] - top)
-                theirs = float32(0.0) if m_other == -math.inf else math.exp(m_other - top)
+                mine = math.exp(run_max[r] - top)  # 0 for a group that saw no key (sum and acc 0 anyway)
+                theirs = math.exp(m_other - top)
                 run_sum[r] = run_sum[r] * mine + s_other * theirs
                 run_max[r] = top
                 for i in range(DPL):
@@ -224,16 +262,14 @@ def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int, options: dic
             e = cell % D
             gr = chunk * R + r
             if gr < group_rows:
-                top = float32(-math.inf)
+                top = NO_KEY
                 for w in range(WARPS):
                     top = max(top, merged_max[w * R + r])
                 a, total = float32(0.0), float32(0.0)
                 for w in range(WARPS):
-                    m_w = merged_max[w * R + r]
-                    if m_w != -math.inf:
-                        weight = math.exp(m_w - top)
-                        a += merged_acc[(w * R + r) * D + e] * weight
-                        total += merged_sum[w * R + r] * weight
+                    weight = math.exp(merged_max[w * R + r] - top)
+                    a += merged_acc[(w * R + r) * D + e] * weight
+                    total += merged_sum[w * R + r] * weight
                 t = seq * query_len + gr // group
                 head = kv_head * group + gr % group
                 if splits == 1:
@@ -242,6 +278,6 @@ def _make_attention_kernel(R: int, D: int, THREADS: int, WARP: int, options: dic
                     row = t * num_heads + head
                     part_acc[row, split, e] = a
                     if e == 0:
-                        part_max[row, split] = top  # -inf, sum 0 for a split with no key
+                        part_max[row, split] = top  # NO_KEY, sum 0 for a split with no key
                         part_sum[row, split] = total
     return attention_group_kernel

@@ -77,13 +77,13 @@ def choose_path(num_seqs: int, query_len: int, num_heads: int, kv_heads: int, de
     return "by_kv_head" if rows_per_kv_head >= MIN_ROWS_PER_KV_HEAD or fills else "by_row"
 
 
-def choose_splits(groups: int, max_keys: int, head_dim: int, device: torch.device) -> int:
+def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.device) -> int:
     """by_kv_head's split-K factor: 1 where `groups` blocks already fill the GPU, else enough splits
-    for BLOCKS_PER_SM blocks per SM, at most one per block-step of keys of the widest possible context."""
+    for BLOCKS_PER_SM blocks per SM, at most one per block-step (step_keys) of the widest possible context."""
     target = BLOCKS_PER_SM * _sm_count(device)
     if groups >= target:
         return 1
-    return max(1, min(-(-target // groups), -(-max_keys // by_kv_head.keys_in_flight(head_dim))))
+    return max(1, min(-(-target // groups), -(-max_keys // step_keys)))
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
@@ -127,10 +127,11 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         grid = tokens * heads * parts
     else:
         group_rows = query_len * (heads // kv_heads)
-        rows = by_kv_head.rows_per_block(group_rows)
+        rows = by_kv_head.rows_per_block(group_rows, num_seqs * kv_heads, _sm_count(dev))
         groups = num_seqs * kv_heads * -(-group_rows // rows)
-        parts = splits or choose_splits(groups, max_keys, head_dim, dev)
-        kernel, grid = by_kv_head.attention_kernel(rows, head_dim), groups * parts
+        block_size = kv_cache.shape[2]
+        parts = splits or choose_splits(groups, max_keys, by_kv_head.keys_in_flight(head_dim, rows, block_size), dev)
+        kernel, grid = by_kv_head.attention_kernel(rows, head_dim, block_size), groups * parts
         threads = by_kv_head.threads_per_block(head_dim)
     if path == "by_kv_head" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)

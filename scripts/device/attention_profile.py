@@ -23,7 +23,7 @@ for queries in args.queries:
         call()
     torch.cuda.synchronize()
     rows = by_kv_head.rows_per_block(queries * cfg.num_attention_heads // cfg.num_key_value_heads)
-    dispatcher = by_kv_head.attention_kernel(rows, cfg.head_dim)
+    dispatcher = by_kv_head.attention_kernel(rows, cfg.head_dim, 16)
     launcher = interop._tensor_launchers[dispatcher]
     for key, compiled in launcher.compiled_kernels.items():
         info = {name: getattr(compiled, name, None) for name in ("regs_per_thread", "local_mem_per_thread", "shared_mem_per_block")}
