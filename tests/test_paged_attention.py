@@ -111,14 +111,11 @@ def test_padding_rows_and_a_wide_table_leave_real_rows_exact_and_stay_finite():
         assert torch.isfinite(padded[2]).all()  # row 2 reads key 0 of a real block: finite
 
 
-def test_the_shape_chooses_the_path_and_the_split():
+def test_the_head_size_chooses_the_path_and_the_shape_the_split():
     dev = torch.device(DEV)
     sms = kernel._sm_count(dev)
-    assert kernel.choose_path(1, 1, 2, 2, dev) == "by_row"              # batch 1 decode: many small blocks
-    assert kernel.choose_path(1, 6, 2, 2, dev) == "by_kv_head"          # a verify window shares its keys
-    assert kernel.choose_path(sms, 1, 12, 12, dev) == "by_kv_head"      # one query per KV head, a full GPU
-    assert kernel.choose_path(sms, 6, 12, 12, dev) == "by_kv_head"      # verify windows over a full GPU
-    assert kernel.choose_path(sms, 1, 12, 4, dev) == "by_kv_head"       # GQA: 3 heads share each K/V row
+    assert kernel.choose_path(64) == "by_kv_head"      # every served shape: it measured faster everywhere
+    assert kernel.choose_path(24) == "by_row"          # 24 = 8 x 3 lanes: by_kv_head cannot split a key's dims
     target = kernel.BLOCKS_PER_SM * sms
     assert kernel.choose_splits(target, 4096, 32, dev) == 1             # enough groups: no split-K
     assert kernel.choose_splits(1, 1 << 20, 32, dev) == target          # few groups: spread wide

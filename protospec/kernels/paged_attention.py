@@ -1,20 +1,18 @@
 """Attention for decode-shaped forwards, read straight from the paged KV cache (Numba kernels).
 
-Two work decompositions, chosen on the host by shape, and one combine kernel that both share:
-  by_row      (attention_by_row.py)     a block per (query token, head, chunk of keys). Many small
-              blocks: best for a batch-1 decode step (one query row per KV head, a GPU to fill).
+Two work decompositions and one combine kernel that both share:
   by_kv_head  (attention_by_kv_head.py) a block per (sequence, KV head, row chunk, split), holding
               every query row that shares the KV head in registers, so a verify window reads each
-              K/V row once instead of once per query token. Best wherever rows share a KV head
-              (verify windows, GQA) and wherever the batch's (sequence, KV head) pairs fill the SMs.
+              K/V row once instead of once per query token. The default wherever it holds the head size.
+  by_row      (attention_by_row.py)     a block per (query token, head, chunk of keys): the fallback
+              for head sizes by_kv_head does not take, and a reference to time against.
   combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits.
 
-Why the choice (bench.attention_cost measures both paths; its runs of record are in data/results):
-by_row is slow at batch because its grid follows the block table's width, not the context (at
-batch 64 a verify layer is 384 tokens x 12 heads x 16 chunks = 73,728 blocks, a third with no key,
-each a chain of ~6 dependent loads and 5 barriers for at most 32 keys) and each query token
-re-reads the keys. by_kv_head's blocks are few and long, which only loses where there is one row per
-KV head and too few blocks to fill the GPU (batch-1 decode).
+Why by_row loses (bench.attention_cost times both; its runs of record are in data/results): its
+grid follows the block table's width, not the context (at batch 64 a verify layer is 384 tokens x
+12 heads x 16 chunks = 73,728 blocks, a third with no key, each a chain of ~6 dependent loads and 5
+barriers for at most 32 keys), and each query token re-reads the keys. by_kv_head's blocks are few
+and long; split-K fills the GPU where the batch does not.
 
 Only uniform layouts (every sequence feeds query_len tokens: decode, draft step 1, verify) take
 this path; token t belongs to sequence t // query_len.
@@ -32,9 +30,7 @@ from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_r
 from protospec.kernels.interop import check_tensor, cuda
 
 PATHS = ("by_row", "by_kv_head")
-# by_kv_head where a sequence has at least this many query rows per KV head or the batch's
-# (sequence, KV head) pairs fill the SMs; split-K for it until BLOCKS_PER_SM blocks per SM.
-MIN_ROWS_PER_KV_HEAD = 2
+# by_kv_head's split-K spreads a grid that does not fill the GPU until BLOCKS_PER_SM blocks per SM.
 BLOCKS_PER_SM = 2
 
 
@@ -71,10 +67,11 @@ def _sm_count(device: torch.device) -> int:
     return 4 if interop.SIMULATOR else torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def choose_path(num_seqs: int, query_len: int, num_heads: int, kv_heads: int, device: torch.device) -> str:
-    rows_per_kv_head = query_len * (num_heads // kv_heads)
-    fills = num_seqs * kv_heads >= _sm_count(device)
-    return "by_kv_head" if rows_per_kv_head >= MIN_ROWS_PER_KV_HEAD or fills else "by_row"
+def choose_path(head_dim: int) -> str:
+    """by_kv_head wherever it holds the head size: it measured faster than by_row at every batch,
+    query count and context in bench.attention_cost, batch-1 decode included; by_row serves the
+    head sizes by_kv_head cannot (not 8 x a power of two)."""
+    return "by_kv_head" if by_kv_head.supports(head_dim) else "by_row"
 
 
 def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.device) -> int:
@@ -105,11 +102,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         raise KernelArgumentError(f"paged_attention: {heads} heads of {head_dim} over {kv_heads} kv heads of "
                                   f"{kv_cache.shape[4]}, {tokens} tokens for {num_seqs} sequences x query_len {query_len}")
     if path is None:
-        path = choose_path(num_seqs, query_len, heads, kv_heads, q.device)
-        if not by_kv_head.supports(head_dim):
-            path = "by_row"
-        elif head_dim > by_row.MAX_HEAD_DIM:
-            path = "by_kv_head"
+        path = choose_path(head_dim)
     elif path not in PATHS:
         raise KernelArgumentError(f"paged_attention: path must be one of {PATHS}, got {path!r}")
     elif path == "by_row" and head_dim > by_row.MAX_HEAD_DIM:
