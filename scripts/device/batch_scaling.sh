@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Attention at batch: the whole suite on the GPU, attention's device time against the bytes floor
 # (both paths forced and the shape's own choice, the torch path beside them), the kernel census and
-# p50 of the graph mode at batch 1 and 64. Results: $OUT/results.tgz.
+# p50 of the graph mode at batch 1, 16 and 64, and the cost of a spec step's random numbers. Results: $OUT/results.tgz.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/batch_scaling.sh
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -11,4 +11,7 @@ timeout 120 python3 -m protospec.bench.attention_cost --contexts 320 --paths by_
 timeout 90 python3 -m protospec.bench.attention_cost --contexts 256 1024 2048 --output-json res/attention_cost_contexts.json 2>&1 | quiet
 timeout 200 python3 -m protospec.bench --sweep --sweep-batch-sizes 1 16 64 --sweep-ks 5 --modes graph --peers \
   --num-iters-warmup 2 --num-iters 5 --output-dir res 2>&1 | quiet | grep wrote
+{ echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%FT%TZ), commit ${PROTOSPEC_GIT_COMMIT:-unknown}"
+  echo "# python3 scripts/device/randoms_cost.py"; timeout 60 python3 scripts/device/randoms_cost.py 2>&1 | quiet; } > res/randoms_cost.txt
+cat res/randoms_cost.txt
 tar czf "$OUT/results.tgz" res
