@@ -1,12 +1,14 @@
 """protospec: a research prototype of speculative decoding's draft loop (draft model + paged KV)."""
 from protospec.config import EngineConfig, SamplingParams
 from protospec.errors import (
+    ConcurrentUseError,
     ConfigError,
     KernelArgumentError,
     ModelLoadError,
     OutOfKVBlocksError,
     PromptError,
     ProtospecError,
+    SamplingParamsError,
     VocabMismatchError,
 )
 from protospec.llm import LLM, RequestOutput
@@ -18,6 +20,8 @@ __all__ = [
     "RequestOutput",
     "ProtospecError",
     "ConfigError",
+    "SamplingParamsError",
+    "ConcurrentUseError",
     "ModelLoadError",
     "VocabMismatchError",
     "PromptError",

@@ -1,11 +1,14 @@
 """Engine and sampling settings, validated where they are made."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from protospec.errors import ConfigError
+from protospec.errors import ConfigError, SamplingParamsError
 
 DRAFT_LOOPS = ("auto", "main", "sampler", "gpu", "graph")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -28,6 +31,22 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]
+
+
+def _is_int(value) -> bool:
+    """A true integer (Python or numpy), not a bool and not a float that happens to be whole."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+SEED_RANGE = (0, 2**63 - 1)
+
+
+MAX_SPECULATIVE_TOKENS = 64   # k + 1 verify positions per sequence; far past where acceptance pays
+MAX_NUM_SEQS = 4096
 
 
 @dataclass
@@ -70,13 +89,24 @@ class EngineConfig:
     overlap_commit: bool = True
 
     def __post_init__(self) -> None:
+        """Checked before anything is loaded or allocated; the upper bounds keep a typo from asking
+        for tens of GB (the KV pool's size is checked against the device once the models are known)."""
         k = self.num_speculative_tokens
-        if self.speculative_model is not None and (not isinstance(k, int) or k < 1):
-            raise ConfigError(f"num_speculative_tokens (k) must be an integer >= 1, got {k!r}")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ConfigError(f"block_size must be a power of two >= 1, got {self.block_size}")
-        if self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.speculative_model is not None and (not _is_int(k) or not 1 <= k <= MAX_SPECULATIVE_TOKENS):
+            raise ConfigError(f"num_speculative_tokens (k) must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        if not _is_int(self.block_size) or not 1 <= self.block_size <= 1024 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two in [1, 1024], got {self.block_size!r}")
+        if not _is_int(self.max_num_seqs) or not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
+            raise ConfigError(f"max_num_seqs must be an integer in [1, {MAX_NUM_SEQS}], got {self.max_num_seqs!r}")
+        if self.max_model_len is not None and (not _is_int(self.max_model_len) or self.max_model_len < 2):
+            raise ConfigError(f"max_model_len must be None or an integer >= 2, got {self.max_model_len!r}")
+        if self.num_kv_blocks is not None and not _is_int(self.num_kv_blocks):
+            raise ConfigError(f"num_kv_blocks must be None or an integer, got {self.num_kv_blocks!r}")
+        gib = self.kv_cache_gib
+        if gib is not None and (not _is_real(gib) or not math.isfinite(gib) or gib <= 0):
+            raise ConfigError(f"kv_cache_gib must be None or a finite number > 0, got {gib!r}")
+        if not _is_int(self.seed) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ConfigError(f"seed must be an integer in [0, 2**63 - 1], got {self.seed!r}")
         if self.draft_loop not in DRAFT_LOOPS:
             raise ConfigError(f"draft_loop must be one of {DRAFT_LOOPS}, got {self.draft_loop!r}")
         if self.check_no_sync and self.draft_loop == "main":
@@ -90,9 +120,11 @@ class EngineConfig:
         return self.num_speculative_tokens if self.speculative_model else 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy. top_k 0 = off, top_p 1.0 = off. seed: per request, None = engine rng."""
+    """temperature 0 = greedy. top_k 0 = off, top_p 1.0 = off. seed: per request, None = engine rng.
+    Frozen: checked once here, a value cannot change behind the checks' back (dataclasses.replace
+    makes a checked copy)."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -102,14 +134,19 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        t, top_p = self.temperature, self.top_p
+        if not _is_real(t) or not math.isfinite(t) or t < 0:
+            raise SamplingParamsError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise SamplingParamsError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_real(top_p) or not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
+            raise SamplingParamsError(f"top_p must be a number in (0, 1] (1 = off), got {top_p!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise SamplingParamsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise SamplingParamsError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
+            raise SamplingParamsError(f"seed must be None or an integer in [0, 2**63 - 1], got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

@@ -7,6 +7,7 @@ request that can never fit is refused up front with OutOfKVBlocksError.
 """
 from __future__ import annotations
 
+import os
 from collections import deque
 
 import torch
@@ -23,6 +24,16 @@ from protospec.sampler import SamplingTensors, exponential_noise, sample
 from protospec.sequence import Sequence
 from protospec.speculative import SpeculativeStep
 from protospec.sync_guard import forbid_host_sync
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """All the memory of the device (a GPU's, or the host's physical memory for a CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound we can trust
+        return 1 << 62
 
 
 class Engine:
@@ -98,11 +109,16 @@ class Engine:
             raise ConfigError("set_draft_loop needs a speculative model")
         if self.running or self.waiting:
             raise ConfigError("set_draft_loop between generate() calls only")
+        previous = (self.config.draft_loop, self.config.overlap_commit)
         self.config.draft_loop = mode
         if overlap_commit is not None:
             self.config.overlap_commit = overlap_commit
-        self.config.__post_init__()
-        self.spec_step = self._build_spec_step()
+        try:
+            self.config.__post_init__()
+            self.spec_step = self._build_spec_step()
+        except Exception:  # a refused mode leaves the engine as it was
+            self.config.draft_loop, self.config.overlap_commit = previous
+            raise
 
     def _build_spec_step(self) -> SpeculativeStep:
         cfg = self.config
@@ -131,11 +147,20 @@ class Engine:
         cfg = self.config
         per_seq = blocks_for(self.max_model_len + self.k + 1, cfg.block_size)
         enough = cfg.max_num_seqs * per_seq + 1  # + the null block
-        if cfg.num_kv_blocks is not None:
-            return cfg.num_kv_blocks
-        gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else (2.0 if self.device.type == "cuda" else 0.25)
         per_block = sum(ModelRunner.kv_bytes_per_block(m, cfg.block_size, self.dtype) for m in (target, draft) if m is not None)
-        return max(2, min(enough, int(gib * 2**30) // per_block))
+        if cfg.num_kv_blocks is not None:
+            blocks = cfg.num_kv_blocks
+        else:
+            gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else (2.0 if self.device.type == "cuda" else 0.25)
+            blocks = max(2, min(enough, int(gib * 2**30) // per_block))
+        # Checked before the pool is allocated: a typo must not try for tens of GB (or build a list
+        # of 10^9 free block ids).
+        capacity = device_memory_bytes(self.device)
+        if blocks * per_block > capacity:
+            what = f"num_kv_blocks={blocks}" if cfg.num_kv_blocks is not None else f"kv_cache_gib={cfg.kv_cache_gib}"
+            raise ConfigError(f"{what} needs {blocks * per_block / 2**30:.1f} GiB of KV cache ({per_block} bytes per "
+                              f"block), more than the {capacity / 2**30:.1f} GiB this {self.device.type} device has")
+        return blocks
 
     # ---- admission -------------------------------------------------------------------------
     def blocks_for_request(self, num_prompt_tokens: int, max_tokens: int) -> int:

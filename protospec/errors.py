@@ -9,6 +9,14 @@ class ConfigError(ProtospecError, ValueError):
     """An engine or sampling setting is out of range (bad k, bad temperature, ...)."""
 
 
+class SamplingParamsError(ConfigError):
+    """A sampling setting has the wrong type or is out of range (nan temperature, max_tokens=2.5, ...)."""
+
+
+class ConcurrentUseError(ProtospecError, RuntimeError):
+    """A second generate() call on an engine that is already generating (one engine, one caller)."""
+
+
 class ModelLoadError(ProtospecError):
     """A model could not be resolved, read or matched with its partner model."""
 

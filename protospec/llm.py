@@ -5,14 +5,17 @@ names the problem and the engine serves the next request as if nothing happened.
 """
 from __future__ import annotations
 
+import numbers
+import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from protospec.config import EngineConfig, SamplingParams
 from protospec.engine import Engine
-from protospec.errors import PromptError
+from protospec.errors import ConcurrentUseError, PromptError, SamplingParamsError
 from protospec.loader import load_tokenizer
 from protospec.metrics import RequestMetrics
 from protospec.sequence import FinishReason, Sequence
@@ -39,14 +42,34 @@ class LLM:
         self._rng = torch.Generator().manual_seed(self.config.seed)
         self._next_id = 0
         self.metrics = RequestMetrics()  # totals of the last generate() call
+        self._busy = threading.Lock()    # held by the generate() call in progress
 
     # ---- input checks ------------------------------------------------------------------------
     def _to_token_ids(self, prompt: Prompt) -> list[int]:
+        """A prompt as a list of Python ints: text (through the tokenizer), a sequence of integers, or
+        a 1-D integer tensor / numpy array. Floats, bools and strings as ids are refused by name
+        (int() would silently truncate 2.5 to 2 or turn "5" into 5)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise PromptError("a text prompt needs a tokenizer, and this model has none: pass token ids")
             return self.tokenizer(prompt)["input_ids"]
-        return [int(t) for t in prompt]
+        if isinstance(prompt, (torch.Tensor, np.ndarray)):
+            dtype = prompt.dtype
+            is_int = (not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool) \
+                if isinstance(prompt, torch.Tensor) else np.issubdtype(dtype, np.integer)
+            if not is_int or prompt.ndim != 1:
+                raise PromptError(f"a tensor or array prompt must be 1-D of an integer dtype, got {prompt.ndim}-D {dtype}")
+            return [int(t) for t in prompt.tolist()]
+        try:
+            items = list(prompt)
+        except TypeError:
+            raise PromptError(f"a prompt is text, a sequence of token ids or a 1-D integer tensor, "
+                              f"got {type(prompt).__name__}") from None
+        bad = [t for t in items if not isinstance(t, (int, np.integer)) or isinstance(t, (bool, np.bool_))]
+        if bad:
+            raise PromptError(f"token ids must be integers, got {type(bad[0]).__name__} {bad[0]!r}"
+                              f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}")
+        return [int(t) for t in items]
 
     def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         eng = self.engine
@@ -64,11 +87,18 @@ class LLM:
 
     @staticmethod
     def _as_list(prompts) -> list[Prompt]:
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+        """One prompt or many: text, a flat sequence of ids (one prompt), a 2-D tensor / array (rows)."""
+        if isinstance(prompts, str):
             return [prompts]
-        if isinstance(prompts, torch.Tensor):
-            return prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
-        return list(prompts)
+        if isinstance(prompts, (torch.Tensor, np.ndarray)):
+            return list(prompts) if prompts.ndim == 2 else [prompts]
+        if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], (numbers.Number, np.generic)):
+            return [prompts]  # a flat sequence of scalars is one prompt (its elements are checked later)
+        try:
+            return list(prompts)
+        except TypeError:
+            raise PromptError(f"prompts are text, token ids or tensors (one, or a list of them), "
+                              f"got {type(prompts).__name__}") from None
 
     # ---- generation --------------------------------------------------------------------------
     def make_sequences(self, prompts, sampling_params=None) -> list[Sequence]:
@@ -80,6 +110,9 @@ class LLM:
         params_list = params if isinstance(params, list) else [params] * len(prompt_list)
         if len(params_list) != len(prompt_list):
             raise PromptError(f"{len(params_list)} sampling params for {len(prompt_list)} prompts")
+        wrong = [type(p).__name__ for p in params_list if not isinstance(p, SamplingParams)]
+        if wrong:
+            raise SamplingParamsError(f"sampling_params must be SamplingParams (or a list of them), got {wrong[0]}")
         token_ids = [self._to_token_ids(p) for p in prompt_list]
         for ids, p in zip(token_ids, params_list):
             self._check_prompt(ids, p)
@@ -91,6 +124,18 @@ class LLM:
         return seqs
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run the prompts to completion. One caller at a time: a call made while another is running
+        (another thread) raises ConcurrentUseError at once and changes nothing; the engine's batch,
+        block pool and launched steps belong to one generate() call."""
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentUseError("generate() is already running on this LLM in another thread: one LLM "
+                                     "serves one caller at a time (make one LLM per thread, or serialise the calls)")
+        try:
+            return self._generate(prompts, sampling_params)
+        finally:
+            self._busy.release()
+
+    def _generate(self, prompts, sampling_params) -> list[RequestOutput]:
         eng = self.engine
         seqs = self.make_sequences(prompts, sampling_params)
         eng.waiting.extend(seqs)

@@ -34,10 +34,16 @@ def _download(name: str) -> Path:
         return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]))
     except Exception as exc:  # network, auth, missing repo: all end the same way for the user
         raise ModelLoadError(
-            f"could not fetch {name!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
+            f"{name!r} is not a local directory, and fetching it from the Hugging Face hub failed "
+            f"({type(exc).__name__}: {exc}). "
             "With no network, pass a local checkpoint directory, or load_format='dummy' "
             "(CLI: --load-format dummy) to use random weights from a bundled or local config."
         ) from exc
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A hub id is 'name' or 'org/name'; anything rooted, relative-dotted, home-based or deeper is a path."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def resolve_checkpoint(name: str, load_format: str) -> tuple[LlamaArchConfig, Path | None]:
@@ -49,6 +55,11 @@ def resolve_checkpoint(name: str, load_format: str) -> tuple[LlamaArchConfig, Pa
         if not (local / "config.json").is_file():
             raise ModelLoadError(f"{local} is a directory but has no config.json")
         return LlamaArchConfig.from_json(local / "config.json"), local
+    if local.exists():
+        raise ModelLoadError(f"{local} is a file, not a checkpoint directory (one with config.json)")
+    if _looks_like_a_path(name):
+        raise ModelLoadError(f"no such directory: {local} (and {name!r} is not a Hugging Face hub id, "
+                             "which reads 'name' or 'org/name')")
     bundled = bundled_config_path(name)
     if load_format == "dummy" and bundled is not None:
         return LlamaArchConfig.from_json(bundled), None
@@ -63,13 +74,20 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
         state: dict[str, torch.Tensor] = {}
         for f in files:
-            state.update(load_file(str(f)))
+            try:
+                state.update(load_file(str(f)))
+            except Exception as e:  # safetensors raises its own error type for a truncated or corrupt file
+                raise ModelLoadError(f"{f}: cannot read the weights ({type(e).__name__}: {e}); "
+                                     "the file may be truncated or not a safetensors file") from e
         return state
     bins = sorted(directory.glob("pytorch_model*.bin"))
     if bins:
         state = {}
         for f in bins:
-            state.update(torch.load(f, map_location="cpu", weights_only=True))
+            try:
+                state.update(torch.load(f, map_location="cpu", weights_only=True))
+            except Exception as e:  # truncated, corrupt, or holding more than tensors (refused)
+                raise ModelLoadError(f"{f}: cannot read the weights ({type(e).__name__}: {e})") from e
         return state
     raise ModelLoadError(f"no *.safetensors or pytorch_model*.bin weights in {directory}")
 
@@ -104,7 +122,10 @@ def load_model(
         state = read_state_dict(directory)
         if cfg.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        except RuntimeError as e:  # a tensor whose shape the config does not give
+            raise ModelLoadError(f"checkpoint {directory}: weights do not match config.json's shapes ({e})") from e
         missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
         unexpected = [u for u in unexpected if "rotary_emb" not in u]
         if missing or unexpected:

@@ -2,10 +2,20 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from protospec.errors import ModelLoadError
+
+
+# (field, least, most): the most bounds what one config may make the engine allocate (RoPE tables,
+# embeddings) before anything else is checked.
+ARCH_INT_BOUNDS = (
+    ("hidden_size", 1, 65536), ("intermediate_size", 1, 262144), ("num_hidden_layers", 1, 1024),
+    ("num_attention_heads", 1, 1024), ("num_key_value_heads", 1, 1024), ("head_dim", 1, 1024),
+    ("vocab_size", 1, 1 << 22), ("max_position_embeddings", 1, 1 << 20),
+)
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,18 @@ class LlamaArchConfig:
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
+        """Every number the forward reads, checked here: a config that passes cannot fail later with a
+        ZeroDivisionError or generate zeros."""
+        for name, low, high in ARCH_INT_BOUNDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ModelLoadError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+                raise ModelLoadError(f"{name} must be a finite number > 0, got {value!r}")
+        if self.head_dim % 2:
+            raise ModelLoadError(f"head_dim must be even (RoPE rotates pairs of dims), got {self.head_dim}")
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ModelLoadError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -68,8 +90,24 @@ class LlamaArchConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "LlamaArchConfig":
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
+        """Parse a config.json; every failure names the file and what was wrong with it."""
+        try:
+            with open(path) as f:
+                cfg = json.load(f)
+        except OSError as e:
+            raise ModelLoadError(f"{path}: cannot read it ({e.strerror or e})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{path}: not valid JSON ({e})") from e
+        if not isinstance(cfg, dict):
+            raise ModelLoadError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+        try:
+            return cls.from_dict(cfg)
+        except KeyError as e:
+            raise ModelLoadError(f"{path}: missing the key {e.args[0]!r}") from e
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{path}: {e}") from e
+        except (TypeError, ValueError, ZeroDivisionError) as e:
+            raise ModelLoadError(f"{path}: a field has the wrong type or value ({type(e).__name__}: {e})") from e
 
     @property
     def num_parameters(self) -> int:

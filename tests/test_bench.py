@@ -22,11 +22,14 @@ def test_latency_run_prints_the_benchmark_latency_lines(tiny_target, tiny_draft,
     saved = json.loads(out_json.read_text())
     assert {"device", "date", "git_commit", "command", "config", "result"} <= saved.keys()
     assert len(saved["result"]["latencies_s"]) == 2
+    # vLLM's benchmark_latency keys, so a reader written for vLLM's JSON reads ours
+    assert saved["latencies"] == saved["result"]["latencies_s"] and saved["avg_latency"] == saved["result"]["avg_s"]
+    assert saved["percentiles"]["50"] == saved["result"]["p50_s"] and saved["torch_threads"] >= 1
 
 
 def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_path, capsys):
     main(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, "--ablation", "--breakdown",
-          "--output-dir", str(tmp_path)])
+          "--repeats", "1", "--output-dir", str(tmp_path)])
     files = {p.suffix: p for p in tmp_path.iterdir() if "breakdown" not in p.name}
     report = json.loads(files[".json"].read_text())
     assert {"device", "date", "git_commit", "command", "config", "modes"} <= report.keys()
@@ -52,6 +55,8 @@ def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_pa
     assert any("breakdown" in p.name for p in tmp_path.iterdir())
     table = files[".md"].read_text()
     assert "| main |" in table and "| hf_assisted |" in table
+    if not torch.cuda.is_available():  # a CPU run says what its numbers are not
+        assert "say nothing about a GPU" in table and "say nothing about a GPU" in capsys.readouterr().out
 
 
 def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
@@ -59,7 +64,7 @@ def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
           "--sweep-ks", "1", "2", "--modes", "main", "gpu", "--output-dir", str(tmp_path)])
     report = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert len(report["sweep"]["points"]) == 2 * 2 * 2
-    assert next(tmp_path.glob("*_sweep.png")).stat().st_size > 10_000  # sweep-only report: <stem>_sweep.png
+    assert next(tmp_path.glob("*_sweep_*.png")).stat().st_size > 10_000  # sweep-only: date_device_sweep_commit_time.png
 
 
 def test_cpu_default_is_small(monkeypatch):
@@ -127,3 +132,11 @@ def test_the_bench_runs_the_trained_pair(tmp_path, capsys):
     result = json.loads(out_json.read_text())["result"]
     assert result["acceptance_rate"] is not None and 0 <= result["prefix_acceptance_rate"] <= result["acceptance_rate"] <= 1
     assert len(result["per_position_acceptance"]) == 5
+
+
+def test_profile_writes_a_trace(tiny_target, tiny_draft, tmp_path, capsys):
+    main(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, "--profile",
+          "--profile-result-dir", str(tmp_path)])
+    trace = next(tmp_path.glob("trace_*.json"))
+    assert "traceEvents" in json.loads(trace.read_text())
+    assert str(trace) in capsys.readouterr().out

@@ -59,3 +59,16 @@ def test_hub_id_loads_what_the_hub_download_returns(monkeypatch, tmp_path):
     model = load_model("someone/tiny-llama", "auto")
     assert asked == ["someone/tiny-llama"]
     assert torch.equal(model.model.embed_tokens.weight, hf.model.embed_tokens.weight)
+
+
+@pytest.mark.parametrize("name", ["/nonexistent/dir", "./no-such-checkpoint", "~/nowhere/at/all", "data/no/such/model"])
+def test_a_missing_directory_is_named_not_sent_to_the_hub(name):
+    with pytest.raises(ModelLoadError, match="no such directory"):
+        resolve_checkpoint(name, "auto")
+
+
+def test_a_file_is_not_a_checkpoint_directory(tmp_path):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="is a file, not a checkpoint directory"):
+        resolve_checkpoint(str(path), "auto")

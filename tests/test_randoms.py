@@ -9,7 +9,7 @@ from protospec.kernels import counter_randoms
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.randoms import SpecStepRandoms, step_key
 from protospec.sampler import SamplingTensors
-from tests.tiny import random_prompts, tiny_llm
+from tiny import random_prompts, tiny_llm
 
 DEV = KERNEL_DEVICE_TYPE
 

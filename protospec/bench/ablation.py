@@ -48,6 +48,8 @@ class BenchSetup:
     device: str | None = None
     compile: bool = False
     layer_kernels: bool | None = None  # None: the engine's default (on CUDA unless compile)
+    enforce_eager: bool = False        # no CUDA graphs
+    max_model_len: int | None = None   # None: the target's max_position_embeddings
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -60,7 +62,8 @@ class BenchSetup:
         return LLM(self.model, speculative_model=draft, num_speculative_tokens=self.num_speculative_tokens,
                    load_format=self.load_format, dtype=self.dtype, device=self.device, block_size=self.block_size,
                    seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop, compile=self.compile,
-                   layer_kernels=self.layer_kernels)
+                   layer_kernels=self.layer_kernels, cuda_graphs=False if self.enforce_eager else None,
+                   max_model_len=self.max_model_len)
 
 
 def _release_memory() -> None:
@@ -154,20 +157,22 @@ def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = 
     return {"config": config | {"repeats": repeats}, "modes": results, "device_type": device.type}
 
 
-def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), modes=MODES, log=print) -> dict:
+def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), modes=MODES, log=print,
+              progress=None) -> dict:
     """p50 per mode over batch sizes and k (peers left out: the sweep is about the draft loop)."""
     points = []
-    for k in ks:
-        for batch in batch_sizes:
-            point_setup = replace(setup, batch_size=batch, num_speculative_tokens=k)
-            llm = point_setup.llm()
-            log(f"  sweep k={k} batch={batch}")
-            for mode in modes:
-                entry = run_mode(llm, point_setup, mode, breakdown=False)
-                if "skipped" in entry:
-                    continue
-                points.append({"k": k, "batch_size": batch, "mode": mode, "p50_s": entry["p50_s"],
-                               "p10_s": entry["p10_s"], "p90_s": entry["p90_s"], "acceptance_rate": entry["acceptance_rate"]})
-            del llm
-            _release_memory()
+    grid = [(k, batch) for k in ks for batch in batch_sizes]
+    for k, batch in (progress or (lambda it: it))(grid):
+        # one engine per (k, batch): its KV pool and graphs are sized for them
+        point_setup = replace(setup, batch_size=batch, num_speculative_tokens=k)
+        llm = point_setup.llm()
+        log(f"  sweep k={k} batch={batch}")
+        for mode in modes:
+            entry = run_mode(llm, point_setup, mode, breakdown=False)
+            if "skipped" in entry:
+                continue
+            points.append({"k": k, "batch_size": batch, "mode": mode, "p50_s": entry["p50_s"],
+                           "p10_s": entry["p10_s"], "p90_s": entry["p90_s"], "acceptance_rate": entry["acceptance_rate"]})
+        del llm
+        _release_memory()
     return {"batch_sizes": list(batch_sizes), "ks": list(ks), "points": points}

@@ -21,7 +21,7 @@ import itertools
 import torch
 
 from protospec.bench.launch_cost import graph_replay_us
-from protospec.bench.provenance import provenance, write_report
+from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.inputs import prepare_inputs
 from protospec.kernels import paged_attention as kernel
 from protospec.loader import resolve_checkpoint
@@ -96,6 +96,7 @@ def main(argv=None) -> dict:
     p.add_argument("--torch", action="store_true", help="also time the torch path (K/V write + gather + SDPA)")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
+    check_writable(args.output_json)
     if not torch.cuda.is_available():
         raise SystemExit("attention_cost needs a CUDA device")
     dev = torch.device("cuda")

@@ -6,21 +6,30 @@ offline):
       --batch-size 1 --use-v2-block-manager --speculative-model JackFram/llama-68m \\
       --num-speculative-tokens 5 --num-iters-warmup 5 --num-iters 10
 
---ablation runs the draft-loop modes (main, sampler, gpu_sync_commit, gpu, graph) and the peers (target_only, hf_assisted,
-hf_target_only) in one process and writes JSON, markdown and PNG under --output-dir.
+--ablation runs the draft-loop modes (main, sampler, gpu_sync_commit, gpu, graph) and the peers (target_only,
+hf_assisted, hf_target_only) in one process and writes JSON, markdown and PNG under runs/ (git-ignored;
+names carry date, device, commit and time). --record writes a run of record into data/results/ instead,
+and never over an existing file (--force to replace one). vLLM flags that do not apply here are
+accepted and ignored with a warning.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 
+import numpy as np
 import torch
 
 from protospec.bench.ablation import MODE_SETTINGS, MODES, PEERS, BenchSetup, run_ablation, run_mode, run_sweep
-from protospec.bench.latency import PERCENTILES
-from protospec.bench.provenance import provenance
+from protospec.bench.latency import PERCENTILES, time_generate
+from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
+from protospec.progress import progress_bar
+
+RUNS_DIR = "runs"             # ignored by git: where runs go unless recorded on purpose
+RECORD_DIR = "data/results"   # the runs of record (--record)
 
 # With no arguments: the seed study's configuration on a GPU; on a CPU, a small one (~10 s on 2 cores).
 GPU_DEFAULTS = dict(model="JackFram/llama-160m", speculative_model="JackFram/llama-68m", num_speculative_tokens=5,
@@ -28,23 +37,59 @@ GPU_DEFAULTS = dict(model="JackFram/llama-160m", speculative_model="JackFram/lla
 CPU_DEFAULTS = dict(GPU_DEFAULTS, input_len=32, output_len=32, num_iters_warmup=1, num_iters=3)
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in its help."""
+
+
+# vLLM benchmark_latency.py flags that do not apply to a single-GPU, Llama-only prototype: accepted so
+# vLLM's commands run as written, ignored with a warning when set to anything but vLLM's default.
+IGNORED_VLLM_FLAGS = {
+    "--tokenizer": (None, "prompts are random token ids: no tokenizer is used"),
+    "--quantization": (None, "no quantized weights here"),
+    "--tensor-parallel-size": (1, "one device only"),
+    "--speculative-draft-tensor-parallel-size": (None, "one device only"),
+    "--kv-cache-dtype": ("auto", "the KV cache takes the model's dtype"),
+    "--quantization-param-path": (None, "no quantized KV cache here"),
+    "--trust-remote-code": (False, "only Llama configs are loaded, by protospec's own code"),
+    "--enable-chunked-prefill": (False, "prefill runs whole"),
+    "--enable-prefix-caching": (False, "no prefix cache here"),
+    "--ray-workers-use-nsight": (False, "no Ray workers here"),
+    "--download-dir": (None, "checkpoints load from the Hugging Face cache or a local directory"),
+    "--gpu-memory-utilization": (0.9, "the KV pool is sized for the benchmark's batch, not for a memory share"),
+    "--distributed-executor-backend": (None, "one process"),
+    "--otlp-traces-endpoint": (None, "no tracing"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None)
-    p.add_argument("--speculative-model", default=None)
-    p.add_argument("--num-speculative-tokens", type=int, default=None)
-    p.add_argument("--input-len", type=int, default=None)
-    p.add_argument("--output-len", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--num-iters-warmup", type=int, default=None)
-    p.add_argument("--num-iters", type=int, default=None)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32", "float64"])
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--load-format", default=None, choices=["auto", "dummy"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=1.0, help="1.0, as the original script sampled")
+    p = argparse.ArgumentParser(prog="python -m protospec.bench", description=__doc__, formatter_class=_HelpFormatter,
+                                allow_abbrev=False)
+    unset = "(unset: the machine's default, see --help's top)"
+    p.add_argument("--model", default=None, help=f"target checkpoint: hub id or local directory {unset}")
+    p.add_argument("--speculative-model", default=None, help=f"draft checkpoint {unset}")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, help=f"k, tokens proposed per spec step {unset}")
+    p.add_argument("--input-len", type=int, default=None, help=f"prompt tokens per request {unset}")
+    p.add_argument("--output-len", type=int, default=None, help=f"generated tokens per request {unset}")
+    p.add_argument("--batch-size", type=int, default=None, help=f"requests per generate() call {unset}")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt (only 1 is implemented)")
+    p.add_argument("--use-beam-search", action="store_true", help="refused: no beam search here")
+    p.add_argument("--num-iters-warmup", type=int, default=None, help=f"untimed calls per mode {unset}")
+    p.add_argument("--num-iters", type=int, default=None, help=f"timed calls per mode {unset}")
+    p.add_argument("--dtype", default="auto", choices=["auto", "half", "float16", "bfloat16", "float", "float32", "float64"],
+                   help="weights and activations (auto: float16 on CUDA, float32 on a CPU)")
+    p.add_argument("--max-model-len", type=int, default=None, help="longest sequence (default: the target's "
+                   "max_position_embeddings)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    p.add_argument("--load-format", default=None, choices=["auto", "dummy"],
+                   help="dummy = random weights from the checkpoint's config (offline) (unset: dummy for the "
+                        "bare command, else auto)")
+    p.add_argument("--seed", type=int, default=0, help="prompts and sampling")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the original script sampled at 1.0)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (forwards run eagerly)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: 1 on a CPU run, where more threads made timings swing 7x; "
+                        "torch's own choice on a GPU run); reported in the output")
     p.add_argument("--draft-loop", default="auto", choices=["auto", *MODES],
                    help="draft input path: main (CPU prepare + sync per step), sampler (CPU prepare, no sync), "
                         "gpu_sync_commit (advance_step kernel for steps 2..k, no sync: vLLM's change), gpu (as "
@@ -54,21 +99,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
                         "auto = on CUDA for float16/float32 unless --compile")
-    p.add_argument("--output-json", default=None, help="write this run's numbers here (plain latency run)")
+    p.add_argument("--output-json", default=None,
+                   help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
+    p.add_argument("--profile", action="store_true", help="write a torch profiler trace of one timed call")
+    p.add_argument("--profile-result-dir", default=None, help="where --profile writes (default: runs/profile)")
     p.add_argument("--use-v2-block-manager", action="store_true", help="accepted for compatibility; a no-op here")
+    for flag, (default, _) in IGNORED_VLLM_FLAGS.items():
+        kind = {"action": "store_true"} if default is False else {"default": default, "type": type(default) if default is not None else str}
+        p.add_argument(flag, **kind, help="vLLM's flag, ignored here")
     g = p.add_argument_group("ablation report")
     g.add_argument("--ablation", action="store_true", help="run every mode and peer; write JSON, markdown, PNG")
-    g.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    g.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
-    g.add_argument("--repeats", type=int, default=1,
-                   help="run the modes round-robin this many times and pool them (steadier ratios on a drifting host)")
+    g.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="draft-loop modes to time")
+    g.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS), help="baselines to time beside them")
+    g.add_argument("--repeats", type=int, default=3,
+                   help="rounds of the modes, round-robin, pooled (a drifting host weighs on every mode alike; "
+                        "the spread of the ratio across rounds is printed beside it)")
     g.add_argument("--draft-equals-target", action="store_true", help="use the target as its own draft (acceptance 1.0)")
     g.add_argument("--breakdown", action="store_true", help="per-phase CPU/GPU time (extra iterations with CUDA events)")
-    g.add_argument("--sweep", action="store_true", help="p50 per mode over batch sizes 1,4,16,64 and k 1,3,5,7")
-    g.add_argument("--sweep-batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
-    g.add_argument("--sweep-ks", type=int, nargs="+", default=[1, 3, 5, 7])
-    g.add_argument("--output-dir", default="data/results")
+    g.add_argument("--sweep", action="store_true", help="p50 per mode over --sweep-batch-sizes x --sweep-ks")
+    g.add_argument("--sweep-batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64], help="the sweep's batch sizes")
+    g.add_argument("--sweep-ks", type=int, nargs="+", default=[1, 3, 5, 7], help="the sweep's k values")
+    g.add_argument("--output-dir", default=None,
+                   help="where --ablation / --sweep write (default: runs/, names carry date, commit and time; "
+                        "with --record: data/results/)")
+    g.add_argument("--record", action="store_true",
+                   help="a run of record: write into data/results/ under date_device_tag_commit, never over an "
+                        "existing file")
+    g.add_argument("--force", action="store_true", help="let --record replace existing files")
     return p
+
+
+def check_args(args: argparse.Namespace, warn=print) -> None:
+    """Refuse what cannot be honoured; warn about vLLM flags that do not apply."""
+    if args.n != 1:
+        raise SystemExit(f"--n {args.n}: only one sample per prompt is implemented")
+    if args.use_beam_search:
+        raise SystemExit("--use-beam-search: beam search is not implemented")
+    for name in ("num_iters", "num_iters_warmup", "batch_size", "input_len", "output_len", "repeats"):
+        value = getattr(args, name)
+        least = 0 if name == "num_iters_warmup" else 1
+        if value is not None and value < least:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+    for flag, (default, why) in IGNORED_VLLM_FLAGS.items():
+        if getattr(args, flag[2:].replace("-", "_")) != default:
+            warn(f"warning: {flag} is ignored: {why}")
+    if args.enforce_eager and args.draft_loop == "graph":
+        raise SystemExit("--draft-loop graph replays CUDA graphs: it cannot run with --enforce-eager")
 
 
 def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -83,6 +159,14 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         args.load_format = "auto"
     if args.draft_equals_target:
         args.speculative_model = args.model
+    args.dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)  # vLLM's aliases
+    if args.threads is None and not on_gpu:
+        args.threads = 1
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    args.threads = torch.get_num_threads()
+    if args.output_dir is None:
+        args.output_dir = RECORD_DIR if args.record else RUNS_DIR
     return args
 
 
@@ -90,7 +174,8 @@ def setup_from(args) -> BenchSetup:
     return BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                       args.batch_size, args.num_iters_warmup, args.num_iters, args.dtype, args.block_size,
                       args.load_format, args.seed, args.temperature, args.device, args.compile,
-                      {"auto": None, "on": True, "off": False}[args.layer_kernels])
+                      {"auto": None, "on": True, "off": False}[args.layer_kernels], args.enforce_eager,
+                      args.max_model_len)
 
 
 def print_latency(entry: dict) -> None:
@@ -104,14 +189,32 @@ def print_latency(entry: dict) -> None:
         print(f"path counters: {json.dumps(entry['counters'])}")
 
 
+def vllm_result(latencies_s: list[float]) -> dict:
+    """The keys vLLM's benchmark_latency.py writes to --output-json, so tools written for it read ours."""
+    return {"avg_latency": float(np.mean(latencies_s)), "latencies": list(latencies_s),
+            "percentiles": {str(p): float(np.percentile(latencies_s, p)) for p in PERCENTILES}}
+
+
+def cpu_caveat(device: torch.device) -> str | None:
+    if device.type == "cuda":
+        return None
+    return ("note: a CPU run. The draft-loop modes differ only in where inputs are built and when the host "
+            "waits for a GPU; there is none here (Numba kernels run in the CUDA simulator or are replaced by "
+            "torch ops), so these times and ratios say nothing about a GPU.")
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = resolve_args(build_parser().parse_args(argv))
+    check_args(args)
+    check_writable(args.output_json)
+    if args.ablation or args.sweep:
+        check_writable(args.output_dir, directory=True)
     setup = setup_from(args)
     print(f"protospec.bench: model={setup.model} speculative_model={setup.speculative_model} "
           f"k={setup.num_speculative_tokens if setup.speculative_model else 0} input_len={setup.input_len} "
           f"output_len={setup.output_len} batch_size={setup.batch_size} load_format={setup.load_format} "
           f"dtype={setup.dtype} temperature={setup.temperature} compile={setup.compile} "
-          f"iters={setup.num_iters_warmup}+{setup.num_iters}", flush=True)
+          f"iters={setup.num_iters_warmup}+{setup.num_iters} torch_threads={args.threads}", flush=True)
     if args.ablation or args.sweep:
         return run_report(args, setup, argv)
     loop = MODE_SETTINGS.get(args.draft_loop, (args.draft_loop, None))[0]
@@ -122,20 +225,41 @@ def main(argv: list[str] | None = None) -> dict:
     if setup.speculative_model:
         entry = run_mode(llm, setup, args.draft_loop, args.breakdown, _progress)
     else:
-        from protospec.bench.latency import time_generate
-
         entry = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup, setup.num_iters, _progress).summary()
         entry["counters"] = llm.counters
     print_latency(entry)
+    caveat = cpu_caveat(llm.engine.device)
+    if caveat:
+        print(caveat)
+    if args.profile:
+        print("wrote profiler trace " + profile_one_call(llm, setup, args.profile_result_dir or f"{RUNS_DIR}/profile"))
     if args.output_json:
+        out = vllm_result(entry["latencies_s"]) | provenance(llm.engine.device, argv) | {
+            "torch_threads": args.threads, "config": vars(args), "result": entry}
         with open(args.output_json, "w") as f:
-            json.dump(provenance(llm.engine.device, argv) | {"config": vars(args), "result": entry}, f, indent=2)
+            json.dump(out, f, indent=2)
     return entry
+
+
+def profile_one_call(llm, setup: BenchSetup, out_dir: str) -> str:
+    """One generate() call under the torch profiler; a Chrome/Perfetto trace under out_dir."""
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if llm.engine.device.type == "cuda" else [])
+    prompts, params = setup.prompts(llm.engine.vocab_size), setup.params()
+    with profile(activities=activities) as prof:
+        llm.generate(prompts, params)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    path = str(Path(out_dir) / f"trace_{llm.engine.draft_loop}_{time.strftime('%Y%m%d-%H%M%S')}.json")
+    prof.export_chrome_trace(path)
+    return path
 
 
 def run_report(args, setup: BenchSetup, argv) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    report = provenance(device, argv)
+    report = provenance(device, argv) | {"torch_threads": args.threads}
     if args.ablation:
         if setup.speculative_model is None:
             sys.exit("--ablation needs a speculative model")
@@ -147,19 +271,22 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
                                   for ph, v in entry["breakdown_ms_per_call"].items())
                 print(f"breakdown ms/call {name}: {cells}")
     if args.sweep:
-        report["sweep"] = run_sweep(setup, args.sweep_batch_sizes, args.sweep_ks, args.modes)
+        report["sweep"] = run_sweep(setup, args.sweep_batch_sizes, args.sweep_ks, args.modes,
+                                    progress=progress_bar("sweep points (k x batch)"))
     tag = ("ablation" if args.ablation else "sweep") + ("_draft-equals-target" if args.draft_equals_target else "")
     tag += "_compile" if args.compile else ""
     tag += "_torch-layers" if args.layer_kernels == "off" else ""
-    paths = write_report(report, args.output_dir, tag)
+    caveat = cpu_caveat(device)
+    if caveat:
+        report["note"] = caveat
+        print(caveat)
+    try:
+        paths = write_report(report, args.output_dir, tag, record=args.record, force=args.force)
+    except FileExistsError as e:  # the numbers are not lost: print them whole before refusing
+        print(json.dumps(report, indent=2))
+        raise SystemExit(f"{e}; the report is printed above")
     print("wrote " + ", ".join(paths.values()))
     return report
 
 
-def _progress(iterable):
-    try:
-        from tqdm import tqdm
-
-        return tqdm(iterable, file=sys.stderr, leave=False)
-    except ImportError:
-        return iterable
+_progress = progress_bar("generate() calls")

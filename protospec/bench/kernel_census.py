@@ -17,7 +17,7 @@ from collections import Counter
 import torch
 
 from protospec.bench.ablation import MODE_SETTINGS, BenchSetup
-from protospec.bench.provenance import provenance, write_report
+from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.phase_timer import NULL_TIMER, ProfilerPhases
 
 
@@ -107,6 +107,7 @@ def main(argv=None) -> dict:
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"], help="Numba layer kernels (default: %(default)s)")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
+    check_writable(args.output_json)
     if not torch.cuda.is_available():
         raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,

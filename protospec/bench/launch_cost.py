@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from protospec.bench.provenance import provenance, write_report
+from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.decode_state import DraftDecodeState
 from protospec.inputs import prepare_inputs
 from protospec.kernels import interop
@@ -115,6 +115,7 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
+    check_writable(args.output_json)
     if not torch.cuda.is_available():
         sys.exit("launch_cost measures a real GPU launch; no CUDA device here")
     report = provenance(torch.device("cuda"), argv, "protospec.bench.launch_cost")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from protospec.attention import paged_attention as torch_attention, plan_attention
 from protospec.bench.launch_cost import graph_replay_us
-from protospec.bench.provenance import provenance, write_report
+from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.inputs import prepare_inputs
 from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from protospec.kernels.paged_attention import paged_attention
@@ -113,6 +113,7 @@ def main(argv=None) -> dict:
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6])
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
+    check_writable(args.output_json)
     if not torch.cuda.is_available():
         raise SystemExit("layer_kernel_cost needs a CUDA device")
     model = load_model(args.model, load_format="dummy", dtype=torch.float16, device=torch.device("cuda"), extra_positions=8)

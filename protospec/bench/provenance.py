@@ -44,3 +44,23 @@ def write_report(path: str | None, report: dict) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(report, f, indent=2)
+
+
+def check_writable(path: str | None, directory: bool = False) -> None:
+    """Before a long run: refuse an output path that cannot be written (the results would be lost at
+    the end). A directory is created if missing; a file's directory must exist."""
+    if not path:
+        return
+    from pathlib import Path
+
+    target = Path(path)
+    folder = target if directory else target.parent
+    if directory:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SystemExit(f"cannot create the output directory {folder}: {e.strerror or e}") from e
+    if not folder.is_dir():
+        raise SystemExit(f"cannot write {target}: the directory {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (target.exists() and not directory and not os.access(target, os.W_OK)):
+        raise SystemExit(f"cannot write {target}: permission denied")

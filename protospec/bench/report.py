@@ -8,6 +8,22 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 PLOT_ORDER = ("main", "sampler", "gpu_sync_commit", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only")
+# One colour per mode in every plot: the baseline red, the device paths blues/greens, peers greys.
+MODE_COLORS = {"main": "#d62728", "sampler": "#ff7f0e", "gpu_sync_commit": "#9ecae1", "gpu": "#1f77b4",
+               "graph": "#2ca02c", "target_only": "#7f7f7f", "hf_assisted": "#b0b0b0", "hf_target_only": "#d9d9d9"}
+PEER_NAMES = ("target_only", "hf_assisted", "hf_target_only")
+
+
+def mode_color(name: str) -> str:
+    return MODE_COLORS.get(name, "#8c564b")
+
+
+def config_title(report: dict) -> str:
+    """Configuration, device, date and commit: the first line of every plot's title."""
+    cfg = report.get("config", {})
+    what = (f"{cfg['model']} + {cfg['speculative_model']}, k={cfg['num_speculative_tokens']}, batch {cfg['batch_size']}, "
+            f"in {cfg['input_len']} / out {cfg['output_len']}" if "model" in cfg else "")
+    return f"{what}\n{report['device']} · {report['date'][:10]} · {report['git_commit'][:8]}"
 
 
 def timed_entries(modes: dict) -> list[tuple[str, dict]]:
@@ -35,14 +51,19 @@ def markdown_table(report: dict) -> str:
         f"output {cfg['output_len']}, batch {cfg['batch_size']}, {cfg['resolved_dtype']}, temperature {cfg['temperature']}, "
         f"{cfg['num_iters_warmup']}+{cfg['num_iters']} iterations, CUDA graphs {cfg['cuda_graphs']}, "
         f"torch.compile {cfg.get('compile', False)}, layer kernels {cfg.get('resolved_layer_kernels', False)}, "
-        f"{cfg.get('repeats', 1)} round(s) of the modes",
+        f"{cfg.get('repeats', 1)} round(s) of the modes, torch threads {report.get('torch_threads', '?')}",
         "",
-        "| mode | p50 (s) | p10 (s) | p90 (s) | avg (s) | p50 main / mode | acceptance | accepted prefix | system eff. | mean acc. len |",
+        *([f"**{report['note']}**", ""] if report.get("note") else []),
+        "| mode | p50 (s) | p10 (s) | p90 (s) | avg (s) | p50 main / mode (rounds' range) | acceptance | accepted prefix | system eff. | mean acc. len |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, e in timed_entries(modes):
+        ratio = _fmt(ratio_to_main(modes, name), '.2f')
+        rounds = e.get("ratio_to_main_per_round")
+        if rounds and name != "main" and len(rounds) > 1:  # the spread across rounds beside the pooled ratio
+            ratio += f" ({min(rounds):.2f}-{max(rounds):.2f})"
         lines.append(f"| {name} | {e['p50_s']:.4f} | {e['p10_s']:.4f} | {e['p90_s']:.4f} | {e['avg_s']:.4f} | "
-                     f"{_fmt(ratio_to_main(modes, name), '.2f')} | {_fmt(e.get('acceptance_rate'))} | {_fmt(e.get('prefix_acceptance_rate'))} | "
+                     f"{ratio} | {_fmt(e.get('acceptance_rate'))} | {_fmt(e.get('prefix_acceptance_rate'))} | "
                      f"{_fmt(e.get('system_efficiency'))} | {_fmt(e.get('mean_accepted_len'), '.2f')} |")
     for name, e in modes.items():
         if "skipped" in e:
@@ -63,22 +84,23 @@ def plot_latency(report: dict):
     p50 = [e["p50_s"] * 1e3 for _, e in entries]
     low = [(e["p50_s"] - e["p10_s"]) * 1e3 for _, e in entries]
     high = [(e["p90_s"] - e["p50_s"]) * 1e3 for _, e in entries]
-    colors = ["tab:red" if n == "main" else "tab:blue" if n in ("sampler", "gpu", "graph") else "tab:gray" for n in names]
+    colors = [mode_color(n) for n in names]
     fig = Figure(figsize=(9, 4.8))
     ax = fig.subplots()
-    bars = ax.bar(names, p50, yerr=[low, high], capsize=4, color=colors)
+    bars = ax.bar(names, p50, yerr=[low, high], capsize=4, color=colors,
+                  hatch=["//" if n in PEER_NAMES else "" for n in names], edgecolor="white")
     for bar, name in zip(bars, names):
         ratio = ratio_to_main(report["modes"], name)
         if ratio is not None:
             ax.annotate(f"{ratio:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         xytext=(0, 14), textcoords="offset points", ha="center", fontsize=9)
-    cfg = report["config"]
-    ax.set_ylabel("latency per generate() call, p50 (ms)")
-    ax.set_xlabel("mode (bars: p50; whiskers: p10-p90; label: p50(main) / p50(mode))")
-    ax.set_title(f"{cfg['model']} + {cfg['speculative_model']}, k={cfg['num_speculative_tokens']}, "
-                 f"batch {cfg['batch_size']}, in {cfg['input_len']} / out {cfg['output_len']}\n{report['device']}, "
-                 f"{report['date'][:10]}, {report['git_commit'][:8]}", fontsize=10)
-    ax.margins(y=0.15)
+    # Log scale: the HF peers take 10-30x longer than the modes, which a linear axis would flatten.
+    ax.set_yscale("log")
+    ax.set_ylabel("latency per generate() call, p50 (ms, log scale)")
+    ax.set_xlabel("mode (hatched: peers; bars: p50; whiskers: p10-p90; label: p50(main) / p50(mode))")
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.set_title(config_title(report), fontsize=10)
+    ax.margins(y=0.2)
     fig.tight_layout()
     return fig
 
@@ -92,7 +114,7 @@ def plot_breakdown(report: dict):
     if not rows:
         return None
     key = "gpu_ms" if report.get("device_type") == "cuda" else "cpu_ms"
-    fig = Figure(figsize=(11, 4.5))
+    fig = Figure(figsize=(12, 4.8))
     axes = fig.subplots(1, 2 if key == "gpu_ms" else 1, squeeze=False)
     for ax, which in zip(axes[0], ["cpu_ms", "gpu_ms"][: axes.shape[1]]):
         bottom = [0.0] * len(rows)
@@ -102,54 +124,77 @@ def plot_breakdown(report: dict):
             bottom = [a + v for a, v in zip(bottom, values)]
         ax.set_ylabel(f"{'CPU wall' if which == 'cpu_ms' else 'GPU (CUDA events)'} time per generate() (ms)")
         ax.set_xlabel("mode")
-        ax.set_title(f"per-phase {'CPU' if which == 'cpu_ms' else 'GPU'} time")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"spec-step breakdown · {report['device']} · {report['git_commit'][:8]}", fontsize=10)
+        ax.tick_params(axis="x", labelrotation=25)
+        ax.set_title(f"per-phase {'CPU' if which == 'cpu_ms' else 'GPU'} time", fontsize=10)
+    # The legend beside the panels, never over a bar.
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("spec-step breakdown · " + config_title(report).replace("\n", " · "), fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def plot_sweep(sweep: dict, title: str):
-    """p50 per mode against batch size, one panel per k."""
+    """p50 per mode against batch size, one panel per k, all panels on one y scale."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
     ks = sweep["ks"]
-    fig = Figure(figsize=(4 * len(ks), 4))
-    axes = fig.subplots(1, len(ks), squeeze=False)
+    fig = Figure(figsize=(4 * len(ks), 4.2))
+    axes = fig.subplots(1, len(ks), squeeze=False, sharey=True)
+    batches = sorted({p["batch_size"] for p in sweep["points"]})
     for ax, k in zip(axes[0], ks):
-        for mode in sorted({p["mode"] for p in sweep["points"]}, key=PLOT_ORDER.index):
+        for mode in sorted({p["mode"] for p in sweep["points"]}, key=lambda m: PLOT_ORDER.index(m) if m in PLOT_ORDER else 99):
             pts = sorted((p["batch_size"], p["p50_s"] * 1e3) for p in sweep["points"] if p["k"] == k and p["mode"] == mode)
-            ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=mode)
+            ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=mode, color=mode_color(mode))
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(batches))  # the batch sizes themselves: 1, 4, 16, 64
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlabel("batch size")
-        ax.set_ylabel("p50 latency per generate() (ms)")
-        ax.set_title(f"k = {k}")
-        ax.legend(fontsize=8)
+        ax.set_title(f"k = {k}", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("p50 latency per generate() (ms)")
+    axes[0][0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def report_stem(report: dict, tag: str) -> str:
+def report_stem(report: dict, tag: str, record: bool = False) -> str:
+    """date_device_tag_commit; a run that is not a record adds its time of day (HHMMSS), so two runs
+    never share a name."""
     device = re.sub(r"[^A-Za-z0-9]+", "-", report["device"]).strip("-").lower()
-    return f"{report['date'][:10]}_{device}_{tag}"
+    stem = f"{report['date'][:10]}_{device}_{tag}_{report['git_commit'][:7]}"
+    return stem if record else f"{stem}_{report['date'][11:19].replace(':', '')}"
 
 
-def write_report(report: dict, out_dir: str | Path, tag: str = "ablation") -> dict[str, str]:
+def write_report(report: dict, out_dir: str | Path, tag: str = "ablation", record: bool = False,
+                 force: bool = False) -> dict[str, str]:
+    """JSON, markdown and PNGs under out_dir. Refuses (FileExistsError, before writing anything) to
+    replace an existing file unless force: a run of record is never overwritten by accident."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / report_stem(report, tag)
+    stem = out / report_stem(report, tag, record)
     paths = {"json": f"{stem}.json"}
+    if report.get("modes"):
+        paths.update(md=f"{stem}.md", png=f"{stem}.png")
+    breakdown = plot_breakdown(report) if report.get("modes") else None
+    if breakdown is not None:
+        paths["breakdown_png"] = f"{stem}_breakdown.png"
+    if report.get("sweep"):
+        paths["sweep_png"] = f"{stem}_sweep.png" if report.get("modes") else f"{stem}.png"
+    existing = [p for p in paths.values() if Path(p).exists()]
+    if existing and not force:
+        raise FileExistsError(f"refusing to overwrite {', '.join(existing)} (pass --force to replace it)")
+    out.mkdir(parents=True, exist_ok=True)
     with open(paths["json"], "w") as f:
         json.dump(report, f, indent=2)
     if report.get("modes"):
-        paths.update(md=f"{stem}.md", png=f"{stem}.png")
         Path(paths["md"]).write_text(markdown_table(report))
         plot_latency(report).savefig(paths["png"], dpi=110)
-        breakdown = plot_breakdown(report)
         if breakdown is not None:
-            paths["breakdown_png"] = f"{stem}_breakdown.png"
             breakdown.savefig(paths["breakdown_png"], dpi=110)
     if report.get("sweep"):
-        paths["sweep_png"] = f"{stem}_sweep.png" if report.get("modes") else f"{stem}.png"
-        title = f"p50 per mode · {report['device']} · {report['git_commit'][:8]}"
+        cfg = report.get("config", {})
+        what = f"{cfg.get('model')} + {cfg.get('speculative_model')}, in {cfg.get('input_len')} / out {cfg.get('output_len')}"
+        title = f"p50 per mode · {what}\n{report['device']} · {report['date'][:10]} · {report['git_commit'][:8]}"
         plot_sweep(report["sweep"], title).savefig(paths["sweep_png"], dpi=110)
     return paths

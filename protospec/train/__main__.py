@@ -1,6 +1,7 @@
 """python -m protospec.train: train the tokenizer, the target and the draft; save all three.
 
-    python -m protospec.train --out data/models            # the pair of record (H200: under 10 min)
+    python -m protospec.train                               # a pair under runs/ (H200: under 10 min)
+    python -m protospec.train --out data/models --force     # replace the pair of record, on purpose
     python -m protospec.train --out /tmp/pair --max-files 40 --steps 50 --batch-size 8   # a smoke run
 
 The target learns the corpus; then it writes continuations of training-corpus prompts (half greedy,
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from protospec.bench.provenance import provenance
+from protospec.bench.provenance import check_writable, provenance
 from protospec.train.corpus import Corpus
 from protospec.train.tokenizer import as_transformers, encode_files, train_tokenizer
 from protospec.train.trainer import DRAFT_SIZE, TARGET_SIZE, TrainConfig, sample_from_teacher, train_model
@@ -29,7 +30,10 @@ from protospec.train.trainer import DRAFT_SIZE, TARGET_SIZE, TrainConfig, sample
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m protospec.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="data/models")
+    p.add_argument("--out", default=None,
+                   help="where the pair goes (default: runs/pair_<date>_<time>); an existing non-empty directory "
+                        "is refused without --force (data/models holds the pair the tests and notebooks use)")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--max-files", type=int, default=None, help="train on an evenly spaced subset (smoke runs)")
     p.add_argument("--batch-size", type=int, default=64)
@@ -53,6 +57,11 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None)
     args = p.parse_args(argv)
+    args.out = args.out or time.strftime("runs/pair_%Y-%m-%d_%H%M%S")
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
+        raise SystemExit(f"--out {out} exists and is not empty: pass --force to write over it, or choose another --out")
+    check_writable(str(out), directory=True)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     start = time.perf_counter()
 

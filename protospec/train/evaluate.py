@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from protospec.bench.provenance import provenance
+from protospec.bench.provenance import check_writable, provenance
 from protospec.config import SamplingParams
 from protospec.llm import LLM
 from protospec.metrics import RATE_KEYS
+from protospec.progress import progress_bar
 from protospec.train.corpus import Corpus
 
 
@@ -63,7 +64,7 @@ def speedup(target: str, draft: str, k: int, prompts, max_tokens: int, repeats: 
         llm = LLM(target, speculative_model=spec, num_speculative_tokens=k, **engine)
         llm.generate(prompts[:2], params)  # warm-up: graphs, kernels
         times = []
-        for prompt in prompts:
+        for prompt in progress_bar(f"timing {name}, prompts")(prompts):
             for _ in range(repeats):
                 llm.generate([prompt], params)
                 times.append(llm.metrics.elapsed_s)
@@ -79,7 +80,9 @@ def fresh_process_load_s(target: str, draft: str, k: int) -> float:
             f"LLM({target!r}, speculative_model={draft!r}, num_speculative_tokens={k}, device='cpu'); "
             "print(time.perf_counter() - t)")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if out.returncode != 0:  # the child's own error, not a bare CalledProcessError
+        raise SystemExit(f"loading the pair ({target}, {draft}) failed:\n{out.stderr.strip()[-2000:]}")
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -96,6 +99,10 @@ def main(argv=None) -> dict:
     p.add_argument("--timing", action="store_true", help="also time batch-1 speculative vs target-only decoding")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
+    check_writable(args.output_json)
+    for name in ("protospec-target", "protospec-draft"):
+        if not (Path(args.models) / name / "config.json").is_file():
+            raise SystemExit(f"--models {args.models}: no {name}/config.json there (python -m protospec.train writes both)")
     target, draft = str(Path(args.models) / "protospec-target"), str(Path(args.models) / "protospec-draft")
     load_fresh_s = fresh_process_load_s(target, draft, args.k)
     LLM(target, device="cpu")  # imports and first-use costs out of the way
@@ -111,9 +118,9 @@ def main(argv=None) -> dict:
     report = provenance(llm.engine.device, argv, "protospec.train.evaluate") | {
         "target": target, "draft": draft, "prompts_json": args.prompts_json, "k": args.k, "num_prompts": args.num_prompts, "prompt_len": args.prompt_len,
         "max_tokens": args.max_tokens, "pair_load_s_cpu": load_s, "pair_load_s_fresh_process": load_fresh_s,
-        "greedy": measure(target, draft, args.k, prompts, args.max_tokens, 0.0, **engine),
-        "temperature_1": measure(target, draft, args.k, prompts, args.max_tokens, 1.0, **engine),
     }
+    for key, temperature in progress_bar("acceptance (greedy, T=1)")((("greedy", 0.0), ("temperature_1", 1.0))):
+        report[key] = measure(target, draft, args.k, prompts, args.max_tokens, temperature, **engine)
     if args.timing:
         report["timing_batch1_greedy"] = speedup(target, draft, args.k, prompts[:8], args.max_tokens, device=args.device)
         t = report["timing_batch1_greedy"]
