@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from protospec.model_config import LlamaArchConfig
-from protospec.train.evaluate import measure
+from protospec.train.evaluate import fixed_prompts, measure
 from protospec.train.trainer import macs_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ def test_pair_sizes_on_disk_and_cost_per_token():
 
 def test_greedy_acceptance_on_fixed_heldout_prompts_matches_the_record():
     record = json.loads(RECORD.read_text())["evaluate_fixed_prompts"]
-    prompts = json.loads((MODELS / "heldout_prompts.json").read_text())["prompts"][: record["num_prompts"]]
+    prompts = fixed_prompts(MODELS / "heldout_prompts.json", None, record["num_prompts"], record["prompt_len"])
     got = measure(str(MODELS / "protospec-target"), str(MODELS / "protospec-draft"), record["k"], prompts,
                   record["max_tokens"], 0.0, device="cpu", dtype="float32", max_num_seqs=len(prompts))
     recorded = record["greedy"]

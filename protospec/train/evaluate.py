@@ -27,7 +27,8 @@ from protospec.train.corpus import Corpus
 def heldout_prompts(tokenizer, num_prompts: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
     """num_prompts windows of prompt_len tokens from held-out files, at seeded offsets."""
     corpus = Corpus.from_stdlib()
-    ids = np.concatenate([np.asarray(tokenizer(text)["input_ids"]) for text in corpus.read(corpus.heldout_files)])
+    # int64 throughout: an empty file's np.asarray([]) is float64 and would make every id a float.
+    ids = np.concatenate([np.asarray(tokenizer(text)["input_ids"], dtype=np.int64) for text in corpus.read(corpus.heldout_files)])
     starts = np.random.default_rng(seed).integers(0, len(ids) - prompt_len, num_prompts)
     return [ids[s : s + prompt_len].tolist() for s in starts]
 
@@ -40,7 +41,11 @@ def fixed_prompts(path: Path, tokenizer, num_prompts: int, prompt_len: int) -> l
         if len(prompts) < num_prompts or any(len(p) != prompt_len for p in prompts):
             raise ValueError(f"{path}: holds {len(prompts)} prompts of length {len(prompts[0])}, "
                              f"asked for {num_prompts} of length {prompt_len}")
-        return prompts[:num_prompts]
+        # Ids written as whole floats (the committed set was, before the int64 fix above) read back as
+        # ints; anything else is not a token id.
+        if any(not float(t).is_integer() for p in prompts for t in p):
+            raise ValueError(f"{path}: holds token ids that are not whole numbers")
+        return [[int(t) for t in p] for p in prompts[:num_prompts]]
     prompts = heldout_prompts(tokenizer, num_prompts, prompt_len)
     corpus = Corpus.from_stdlib()
     path.write_text(json.dumps({"source": f"seeded windows of the held-out files of {corpus.root}",
