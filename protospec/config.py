@@ -81,7 +81,7 @@ class EngineConfig:
     layer_kernels: bool | None = None
     # Softmax + exponential-race sample of each draft step (and the verify's softmax) as one Numba
     # kernel writing into the spec step's buffers (kernels/sampling.py). Off by default: at batch 1
-    # its one block per row is slower than torch's kernels on the H200 (33 vs 24 us per draft sample).
+    # its one block per row measured slower than torch's kernels (figures in data/results/README.md).
     fused_sampling: bool = False
     # gpu / graph modes: build the next spec step's draft step 1 on the device (first_draft_step
     # kernel) and queue it before the commit's host sync, so the device works while the host

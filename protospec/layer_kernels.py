@@ -5,8 +5,8 @@
           -> add_rms_norm on the logits rows, LM head
 
 The draft loop, the verify and the target's decode feed a few tokens per sequence; at batch 1 such
-a forward costs its kernel count (each ~3 us on the GPU, with ~1 us between kernels even inside a
-CUDA graph), not its FLOPs. vLLM's forward has this shape (fused_add_rms_norm, rotary_embedding,
+a forward costs its kernel count (a few microseconds each on the GPU, plus a gap between kernels
+even inside a CUDA graph), not its FLOPs. vLLM's forward has this shape (fused_add_rms_norm, rotary_embedding,
 reshape_and_cache, paged_attention, silu_and_mul); protospec's torch path has ~20 kernels per layer
 plus ~17 per forward. Prefill and ragged batches keep the torch path (its SDPA suits long queries).
 

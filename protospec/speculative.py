@@ -7,8 +7,8 @@ Positions for a sequence of L tokens (t_0 .. t_{L-1}, the last one not yet in ei
   verify        feeds t_{L-1}, d_1..d_k at positions L-1 .. L-1+k: k+1 target distributions
 So the target writes k+1 lookahead slots, reserved up front; the draft writes k of them.
 
-Overlapped commit (gpu and graph modes, on by default; beyond vLLM's change, which prepared draft
-step 1 on the CPU after the host sync): after the rejection sampler is queued, the commit's copy
+Overlapped commit (gpu and graph modes, on by default; vLLM's change prepared draft step 1 on the
+CPU after the host sync): after the rejection sampler is queued, the commit's copy
 to the host is queued, then the NEXT spec step's draft step 1 with inputs the first_draft_step
 kernel builds from the rejection output (L' = L + accepted + 1 and the last two tokens are on the
 device already). The host then waits only for the copy and commits while the device runs that

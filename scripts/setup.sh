@@ -2,7 +2,7 @@
 # Creates .venv in the repository root and installs protospec with its test tools. Safe to re-run.
 #   scripts/setup.sh            # then: .venv/bin/python -m protospec.bench
 # Torch: an existing install in .venv is kept (a GPU user's own CUDA build stays). Otherwise a machine
-# without an NVIDIA driver asks for torch==2.13.0 first (the workplace this was written on keeps a CPU
+# without an NVIDIA driver asks for torch==2.13.0 first (the machines this was written on keep a CPU
 # build of it on disk, so it installs in seconds); a machine with one takes PyPI's default build.
 # Override with TORCH_SPEC, e.g. TORCH_SPEC='torch==2.11.0' scripts/setup.sh
 set -euo pipefail

@@ -121,7 +121,7 @@ def test_kernel_census_charges_each_idle_gap_to_the_phase_that_ended_it():
 
 
 def test_the_bench_runs_the_trained_pair(tmp_path, capsys):
-    """Issue 5: `--model data/models/protospec-target --speculative-model data/models/protospec-draft`."""
+    """The trained pair through the bench: `--model data/models/protospec-target --speculative-model data/models/protospec-draft`."""
     from pathlib import Path
 
     models = Path(__file__).resolve().parents[1] / "data" / "models"

@@ -51,6 +51,19 @@ def test_the_bench_writes_under_runs_unless_recording():
     assert resolve_args(build_parser().parse_args(["--model", "m", "--record"])).output_dir == "data/results"
 
 
+def test_a_cpu_run_sets_one_thread_and_rounds_are_round_robin_by_default(monkeypatch):
+    import torch
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    threads = torch.get_num_threads()
+    try:
+        args = resolve_args(build_parser().parse_args(["--model", "m"]))
+        assert args.threads == 1 == torch.get_num_threads()  # set, and what is reported is what runs
+        assert args.repeats == 3
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_vllms_output_keys():
     out = vllm_result([0.1, 0.2, 0.3, 0.4])
     assert out["avg_latency"] == pytest.approx(0.25) and out["latencies"] == [0.1, 0.2, 0.3, 0.4]

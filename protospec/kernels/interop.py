@@ -6,7 +6,7 @@
   writes land in the tensors.
 - `BoundLaunch`: for persistent tensors, marshal the arguments ONCE and launch with one driver
   call (`cuLaunchKernel` through ctypes). Numba's own dispatch re-types and re-marshals every
-  argument on every call, which costs ~70 us on the H200; the kernel is the same Numba kernel.
+  argument on every call, which costs more than the kernel runs; the kernel is the same Numba kernel.
 - `TensorLaunch`: for tensors that change every call, marshal them straight from torch (no
   Numba device arrays), then the same single driver call.
 """
@@ -127,7 +127,7 @@ class TensorLaunch:
     """A Numba kernel launched with torch tensors whose storage changes from call to call.
 
     Numba's dispatch converts each tensor through `__cuda_array_interface__` into a device array
-    (~30 us per argument on the H200); this marshals the fields Numba's compiled kernels take for
+    (tens of microseconds per argument); this marshals the fields Numba's compiled kernels take for
     a C-contiguous array (meminfo, parent, nitems, itemsize, data, shape..., strides...) straight
     from the tensor, then issues one cuLaunchKernel on torch's current stream. The kernel is
     specialised once per (dtype, rank) signature, the first time it sees one.

@@ -1,7 +1,7 @@
 """A decoder layer's elementwise chains as three Numba kernels, vLLM-style fused ops.
 
-At batch 1 a forward's time follows its kernel count (~3 us of GPU time plus ~1 us of gap each,
-measured on the H200), and torch runs these chains as many small kernels:
+At batch 1 a forward's time follows its kernel count (a few microseconds of GPU time plus a gap
+each), and torch runs these chains as many small kernels:
   add_rms_norm    residual += x; h = rms_norm(residual) * w      2 torch kernels -> 1
   rope_and_cache  RoPE on q and k, K/V stored at their slots      7 torch kernels -> 1
   silu_and_mul    silu(gate) * up                                 2 torch kernels -> 1

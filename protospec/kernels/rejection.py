@@ -2,8 +2,7 @@
 
 protospec.rejection.rejection_sample is the reference: ~25 small torch ops (gathers, cumprod, the
 residual, two exponential races, the output layout). On a GPU each op costs the host a launch
-(~20 us on the H200's host) while the device finishes it in ~3 us, so the device waits for the
-host. This kernel does the same work in one launch and computes the very same float32 values
+that takes longer than the device needs for the op, so the device waits for the host. This kernel does the same work in one launch and computes the very same float32 values
 (u * q < p, max(0, p - q) / noise, p / noise, argmax ties to the lowest index), so both give
 identical tokens; tests check that in the simulator and on the GPU.
 

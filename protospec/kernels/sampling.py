@@ -11,10 +11,9 @@ The same float32 formula as the torch path; only the order of the softmax's sum 
 probabilities agree to an ulp or so (tests bound it) and ids agree unless two scores tie to that
 precision. Rows with top-k / top-p filtering keep the torch path.
 
-Measured (H200, commit b87aead, `python -m protospec.bench.layer_kernel_cost`, vocab 32000, float32
-logits): a draft step's sample 33.2 us here vs 24.1 us for torch's six kernels; the verify's probs
-(6 rows) 26.3 vs 13.3 us. One block per row leaves a batch-1 row on one SM, and each pass over the
-vocabulary waits on it; torch spreads its elementwise kernels over the GPU. So the engine keeps the
+`python -m protospec.bench.layer_kernel_cost` times it against torch (figures in
+data/results/README.md): slower at batch 1, because one block per row leaves a batch-1 row on one SM,
+and each pass over the vocabulary waits on it; torch spreads its elementwise kernels over the GPU. So the engine keeps the
 torch path unless EngineConfig.fused_sampling asks for this one. What would make it win: split the
 vocabulary over blocks (partial max / sum / race per block, then a combine that writes the probs).
 """

@@ -1,6 +1,6 @@
 """python -m protospec.train: train the tokenizer, the target and the draft; save all three.
 
-    python -m protospec.train                               # a pair under runs/ (H200: under 10 min)
+    python -m protospec.train                               # a pair under runs/ (under 10 min on a GPU)
     python -m protospec.train --out data/models --force     # replace the pair of record, on purpose
     python -m protospec.train --out /tmp/pair --max-files 40 --steps 50 --batch-size 8   # a smoke run
 

@@ -1,4 +1,4 @@
-"""How long the GPU idles around each spec step's host sync (session-4 diagnostic), no profiler.
+"""How long the GPU idles around each spec step's host sync (a diagnostic of the commit's host sync), no profiler.
 
 Per spec step: event A when the host enters commit (the device reaches it once the rejection
 kernel is done), event B when the host launches the next spec step's first draft forward. With the

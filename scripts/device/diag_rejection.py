@@ -1,4 +1,4 @@
-"""Where the host time of gpu mode's rejection phase goes (session-3 diagnostic): wall time of the
+"""Where the host time of gpu mode's rejection phase goes (a diagnostic): wall time of the
 fused rejection call, of its cuLaunchKernel, and of what follows, per mode, no CUDA events."""
 import time
 from collections import defaultdict

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs of record for issue 4: the whole test suite on the GPU, the post-sync gap per mode
+# Runs of record for the seed ablation: the whole test suite on the GPU, the post-sync gap per mode
 # (diag_commit_gap.py), the ablation with breakdown (3 interleaved rounds, every peer), draft ==
 # target, and the trained pair's acceptance and speedup. Results: $OUT/results.tgz.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/record.sh
 # The sweep runs in a call of its own: python -m protospec.bench --sweep --num-iters-warmup 1 --num-iters 3
-# Session 3's torch-layers A/B: python -m protospec.bench --ablation --layer-kernels off --repeats 2 --peers target_only
+# The torch-layers A/B: python -m protospec.bench --ablation --layer-kernels off --repeats 2 --peers target_only
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 rm -rf res; mkdir -p res

@@ -30,6 +30,8 @@ p.add_argument("--probe-every", type=int, default=10, help="calls between probes
 p.add_argument("--windows", type=int, default=10, help="summaries over the run")
 p.add_argument("--output-json", default=None)
 p.add_argument("--seed", type=int, default=0)
+p.add_argument("--warm-batches", action="store_true",
+               help="run every batch size once before the clock starts, so CUDA graph captures do not read as drift")
 args = p.parse_args()
 check_writable(args.output_json)
 llm = LLM(args.model, speculative_model=args.speculative_model, num_speculative_tokens=5, load_format="dummy",
@@ -61,6 +63,9 @@ expected_probe = {}
 for mode in args.modes:  # warm-up and the probe's reference tokens, per mode
     llm.engine.set_draft_loop(mode)
     expected_probe[mode] = timed([probe_prompt], probe_params)[1][0].token_ids
+    if args.warm_batches:  # every batch size once: graphs captured before the first memory reading
+        for batch in range(1, args.max_batch + 1):
+            llm.generate([probe_prompt] * batch, SamplingParams(temperature=1.0, max_tokens=8, seed=batch))
 tokens_agree_across_modes = len({tuple(t) for t in expected_probe.values()}) == 1
 start, calls, errors, mismatches = time.perf_counter(), 0, [], 0
 window_s = args.minutes * 60 / args.windows

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the GPU advance_step work: GPU tests, launch cost, the three draft-loop modes.
 # Run by the device tool from the repo root with .whl carried (numpy 2.4 for numba-cuda), e.g.
-#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/issue3.sh
+#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/draft_loop_modes.sh
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"

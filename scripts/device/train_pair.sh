@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device run for the trained pair: train on the H200 (timed), measure acceptance on held-out prompts
-# (greedy and T=1); bring the checkpoints back in $OUT/pair.tgz. Timing runs separately (issue4.sh).
-#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/issue5.sh [extra train flags]
+# (greedy and T=1); bring the checkpoints back in $OUT/pair.tgz. Timing runs separately (ablation_record.sh).
+#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/train_pair.sh [extra train flags]
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 t0=$SECONDS

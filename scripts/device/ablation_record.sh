@@ -2,7 +2,7 @@
 # Device run of record: GPU tests, the trained pair's acceptance and batch-1 speedup on the fixed
 # held-out prompts, the ablation with the per-phase breakdown (3 interleaved rounds), the same with
 # torch.compile, and draft == target. Results land in $OUT/results.tgz.
-#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/issue4.sh [--full-tests]
+#   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/ablation_record.sh [--full-tests]
 # (The sweep: bench 300 --sweep --num-iters-warmup 1 --num-iters 3, in a call of its own.)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
