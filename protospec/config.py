@@ -11,6 +11,16 @@ import torch
 from protospec.errors import ConfigError, SamplingParamsError
 
 DRAFT_LOOPS = ("auto", "main", "sampler", "gpu", "graph")
+# The draft loop's input paths, explained once (the bench's --help and the engine's docstrings use this).
+DRAFT_LOOP_DOC = {
+    "main": "CPU prepare_inputs every draft step; the draft ids are copied to the host every step (a sync)",
+    "sampler": "CPU prepare_inputs every draft step; the draft ids stay on the device (no per-step sync)",
+    "gpu": "the advance_step kernel for steps 2..k, no sync; draft step 1 built on the device by the "
+           "first_draft_step kernel and launched before the commit's host sync (overlap_commit; without it, "
+           "draft step 1 is CPU-prepared after the sync: vLLM's change as it was, the bench's gpu_sync_commit)",
+    "graph": "as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph",
+    "auto": "gpu on CUDA, main on a CPU (where the kernels would only run in Numba's simulator)",
+}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -63,11 +73,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_model_len: int | None = None     # None: the target's max_position_embeddings
     seed: int = 0
-    # The draft loop's input path: "main" (CPU prepare + host sync per step), "sampler" (CPU
-    # prepare, no per-step sync), "gpu" (advance_step kernel, no sync), "graph" (steps 2..k,
-    # advance + forward + sampling, replayed as one CUDA graph); "auto" = gpu on CUDA, main on a
-    # CPU (where the kernel would only run in Numba's simulator).
-    draft_loop: str = "auto"
+    draft_loop: str = "auto"             # the draft loop's input path: one of DRAFT_LOOP_DOC
     check_no_sync: bool = False          # trip on any host sync inside the draft loop (debugging)
     cuda_graphs: bool | None = None      # replay fixed-shape forwards as CUDA graphs; None = on CUDA
     compile: bool = False                # torch.compile the per-layer op chains (fewer, fused kernels)

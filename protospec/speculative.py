@@ -40,12 +40,7 @@ DRAFT_LOOP_MODES = ("main", "sampler", "gpu", "graph")
 
 
 class SpeculativeStep:
-    """mode (the three arms of the original ablation, and one beyond it):
-      main     CPU prepare every draft step, draft ids copied to the host every step (a sync)
-      sampler  CPU prepare every draft step, draft ids stay on the device (no per-step sync)
-      gpu      advance_step kernel for steps 2..k, no sync; draft step 1 CPU-prepared after the
-               commit's sync, or with overlap_commit built on the device and launched before it
-      graph    as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph
+    """mode: main, sampler, gpu or graph (config.DRAFT_LOOP_DOC says what each does).
     overlap_commit: in the gpu and graph modes (module docstring; for k = 1 too, where it is the
     only device-built step); ignored by the CPU-prepare modes. The bench calls gpu without it
     "gpu_sync_commit".

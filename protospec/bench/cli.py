@@ -26,6 +26,7 @@ from protospec.bench.ablation import MODE_SETTINGS, MODES, PEERS, BenchSetup, ru
 from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
+from protospec.config import DRAFT_LOOP_DOC
 from protospec.progress import progress_bar
 
 RUNS_DIR = "runs"             # ignored by git: where runs go unless recorded on purpose
@@ -91,10 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (default: 1 on a CPU run, where more threads made timings swing 7x; "
                         "torch's own choice on a GPU run); reported in the output")
     p.add_argument("--draft-loop", default="auto", choices=["auto", *MODES],
-                   help="draft input path: main (CPU prepare + sync per step), sampler (CPU prepare, no sync), "
-                        "gpu_sync_commit (advance_step kernel for steps 2..k, no sync: vLLM's change), gpu (as "
-                        "gpu_sync_commit, and draft step 1 built on the device, launched before the commit's sync), "
-                        "graph (gpu with steps 2..k as one CUDA graph); auto = gpu on CUDA, main on CPU")
+                   help="the draft loop's input path: " + "; ".join(f"{m}: {d}" for m, d in DRAFT_LOOP_DOC.items()))
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
