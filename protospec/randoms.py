@@ -1,5 +1,8 @@
 """Every random number a spec step needs, drawn in one go from each request's own generator.
 
+On a GPU each request takes one key per step from its generator and one kernel fills the whole
+batch's numbers from the keys (kernels/counter_randoms.py); on a CPU each request draws its own
+with torch. Either way a request's numbers depend on its generator only, never on its batch.
 They are drawn in draft step 1, after its forward is queued (the device runs the forward while the
 host draws) and before anything samples. That keeps draft steps 2..k free of RNG calls (the graph
 mode captures them as one CUDA graph), makes seeded runs repeat, and gives every draft-loop mode the
@@ -17,19 +20,16 @@ from protospec.kernels.counter_randoms import split_key
 from protospec.sampler import SamplingTensors, exponential_noise
 
 
-# None: batched draws on a GPU from BATCHED_FROM requests on; True / False forces them (the tests run
-# the batched path on a CPU). Below a few requests the per-request draws cost the host less.
+# None: batched draws on a GPU, at every batch size (a request's stream must not depend on how many
+# run beside it); True / False forces them (the tests run the batched path on a CPU).
 BATCHED: bool | None = None
-BATCHED_FROM = 4
 
 
-def batched_draws(device, batch: int, batched: bool | None = None) -> bool:
+def batched_draws(device, batched: bool | None = None) -> bool:
     """Whether a step's randoms come from one counter-based fill rather than two draws per request
     from its torch generator (cheap on a CPU, two launches per request on a GPU)."""
     choice = BATCHED if batched is None else batched
-    if choice is None:
-        return torch.device(device).type == "cuda" and batch >= BATCHED_FROM
-    return choice
+    return torch.device(device).type == "cuda" if choice is None else choice
 
 
 def step_key(generator: torch.Generator) -> int:
@@ -70,13 +70,13 @@ class SpecStepRandoms:
              batched: bool | None = None) -> "SpecStepRandoms":
         """kept: per row None, or (uniforms [k], noise [2k + 1, V]) that row's request drew already
         (a discarded overlapped step); those rows reuse them and leave their generator alone.
-        batched: one counter-based fill for the batch (None: on a GPU, where launches per request cost)."""
+        batched: one counter-based fill for the batch (None: on a GPU)."""
         batch = len(st.generators)
         if st.all_greedy:  # one-hot probabilities make every draw irrelevant: skip the work
             # Two contiguous blocks (not slices of one): the fused rejection kernel takes them as is.
             ones_k, ones_bonus = torch.ones(batch, k, vocab, device=device), torch.ones(batch, vocab, device=device)
             return cls(torch.zeros(batch, k, device=device), ones_k, ones_bonus, noise_block=None)
-        if batched_draws(device, batch, batched):
+        if batched_draws(device, batched):
             return cls._draw_batched(st.generators, k, vocab, device, kept)
         if kept is None or not any(row is not None for row in kept):
             # One Exp(1) block and one uniform block per request: [2k + 1, V] and [k].

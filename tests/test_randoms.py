@@ -104,3 +104,10 @@ def test_the_kernel_refuses_the_wrong_dtype(bad):
         noise = noise.double()
     with pytest.raises(Exception, match=bad):
         counter_randoms.fill_kernel(keys, noise, uniforms)
+
+
+def test_a_gpu_draws_batched_at_every_batch_size():
+    """No threshold: with one, a seeded request alone and the same request in a larger batch would
+    draw from different streams and give different tokens."""
+    assert randoms.batched_draws("cuda") and not randoms.batched_draws("cpu")
+    assert randoms.batched_draws("cpu", batched=True) and not randoms.batched_draws("cuda", batched=False)
