@@ -11,7 +11,7 @@ from protospec.errors import (
     SamplingParamsError,
     VocabMismatchError,
 )
-from protospec.llm import LLM, RequestOutput
+from protospec.engine.llm import LLM, RequestOutput
 
 __all__ = [
     "LLM",

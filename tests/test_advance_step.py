@@ -5,9 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protospec.attention import NULL_BLOCK, PAD_SLOT_ID
+from protospec.model.attention import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
-from protospec.inputs import prepare_inputs
+from protospec.model.inputs import prepare_inputs
 from protospec.kernels.advance_step import AdvanceStepLauncher, advance_step, advance_step_reference
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 

@@ -1,8 +1,8 @@
 import pytest
 
 from protospec import OutOfKVBlocksError
-from protospec.attention import NULL_BLOCK
-from protospec.block_manager import BlockManager, blocks_for
+from protospec.model.attention import NULL_BLOCK
+from protospec.engine.block_manager import BlockManager, blocks_for
 
 
 def test_allocate_grow_shrink_free_and_never_hand_out_the_null_block():

@@ -3,9 +3,9 @@ draft step, verdicts match what was emitted, and the engine goes on correctly af
 from tiny import random_prompts, tiny_llm
 
 from protospec import SamplingParams
-from protospec.debug import DraftLoopDebugger
+from protospec.lab.debug import DraftLoopDebugger
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.viz import plot_block_pool
+from protospec.lab.viz import plot_block_pool
 
 DEV = KERNEL_DEVICE_TYPE  # the gpu mode's advance_step runs here: cuda on a GPU machine, cpu in the simulator
 

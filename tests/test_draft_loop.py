@@ -6,7 +6,7 @@ import torch
 from tiny import random_prompts, tiny_llm
 
 from protospec import ConfigError, SamplingParams
-from protospec.sync_guard import HostSyncError, forbid_host_sync
+from protospec.spec.sync_guard import HostSyncError, forbid_host_sync
 
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE  # noqa: E402
 

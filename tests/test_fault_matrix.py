@@ -189,9 +189,9 @@ def test_corrupt_configs_name_the_file_and_the_problem(tmp_path):
 def _saved_checkpoint(tmp_path, cfg=DRAFT_CFG):
     from safetensors.torch import save_file
 
-    from protospec.loader import init_dummy_weights
-    from protospec.model import LlamaForCausalLM
-    from protospec.model_config import LlamaArchConfig
+    from protospec.model.loader import init_dummy_weights
+    from protospec.model.llama import LlamaForCausalLM
+    from protospec.model.config import LlamaArchConfig
 
     model = LlamaForCausalLM(LlamaArchConfig.from_dict(cfg))
     init_dummy_weights(model, 0)

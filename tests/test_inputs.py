@@ -1,7 +1,7 @@
 import torch
 
-from protospec.attention import NULL_BLOCK
-from protospec.inputs import prepare_inputs
+from protospec.model.attention import NULL_BLOCK
+from protospec.model.inputs import prepare_inputs
 
 
 def test_prepare_inputs_ragged_batch_across_block_boundaries():

@@ -5,13 +5,13 @@ import torch
 import torch.nn.functional as F
 from tiny import TARGET_CFG
 
-from protospec.attention import write_kv
+from protospec.model.attention import write_kv
 from protospec.errors import KernelArgumentError
-from protospec.inputs import prepare_inputs
+from protospec.model.inputs import prepare_inputs
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
-from protospec.model import LlamaForCausalLM, apply_rope, rms_norm
-from protospec.model_config import LlamaArchConfig
+from protospec.model.llama import LlamaForCausalLM, apply_rope, rms_norm
+from protospec.model.config import LlamaArchConfig
 
 DEV = KERNEL_DEVICE_TYPE
 # float16 rounds after every torch op but once per kernel: allow a few ulps of 2^-10 at |x| ~ 1-4.

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from protospec.errors import ModelLoadError
-from protospec.loader import bundled_config_path, load_model, resolve_checkpoint
-from protospec.model_config import LlamaArchConfig
+from protospec.model.loader import bundled_config_path, load_model, resolve_checkpoint
+from protospec.model.config import LlamaArchConfig
 
 
 @pytest.mark.parametrize("name, layers", [("JackFram/llama-160m", 12), ("JackFram/llama-68m", 2)])

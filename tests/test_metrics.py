@@ -1,4 +1,4 @@
-from protospec.metrics import RequestMetrics
+from protospec.engine.metrics import RequestMetrics
 
 
 def test_metric_definitions():

@@ -4,9 +4,9 @@ import torch
 from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HFLlama
 
-from protospec.block_manager import BlockManager
-from protospec.loader import load_model
-from protospec.runner import ModelRunner
+from protospec.engine.block_manager import BlockManager
+from protospec.model.loader import load_model
+from protospec.model.runner import ModelRunner
 
 BLOCK = 4  # small blocks: prompts and decode steps cross many block boundaries
 

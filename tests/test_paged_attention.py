@@ -4,9 +4,9 @@ simulator on CPU, the GPU where there is one)."""
 import pytest
 import torch
 
-from protospec.attention import paged_attention as torch_paged_attention, plan_attention
+from protospec.model.attention import paged_attention as torch_paged_attention, plan_attention
 from protospec.errors import KernelArgumentError
-from protospec.inputs import prepare_inputs
+from protospec.model.inputs import prepare_inputs
 from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row, paged_attention as kernel
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE, SIMULATOR
 

@@ -7,8 +7,8 @@ import torch
 from protospec import SamplingParams, randoms
 from protospec.kernels import counter_randoms
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.randoms import SpecStepRandoms, step_key
-from protospec.sampler import SamplingTensors
+from protospec.spec.randoms import SpecStepRandoms, step_key
+from protospec.spec.sampler import SamplingTensors
 from tiny import random_prompts, tiny_llm
 
 DEV = KERNEL_DEVICE_TYPE

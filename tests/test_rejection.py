@@ -1,7 +1,7 @@
 """The rejection sampler is lossless: emitted tokens follow the target distribution."""
 import torch
 
-from protospec.rejection import PLACEHOLDER_TOKEN_ID, rejection_sample, residual_probs
+from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID, rejection_sample, residual_probs
 
 VOCAB, N = 12, 200_000
 
@@ -113,7 +113,7 @@ def test_residual_falls_back_to_target_when_no_mass_left():
 
 
 def test_analysis_helpers_agree_with_theory():
-    from protospec.analysis import empirical_distribution, simulate, tv_distance, without_recovery_distribution
+    from protospec.lab.analysis import empirical_distribution, simulate, tv_distance, without_recovery_distribution
 
     gen = torch.Generator().manual_seed(11)
     p, q = _dists(gen, 1)[0], _dists(gen, 1)[0]

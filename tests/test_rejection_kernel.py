@@ -6,7 +6,7 @@ import torch
 from protospec.errors import KernelArgumentError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.rejection import rejection_sample_fused
-from protospec.rejection import rejection_sample
+from protospec.spec.rejection import rejection_sample
 
 DEV = KERNEL_DEVICE_TYPE
 

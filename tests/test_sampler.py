@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from protospec import ConfigError, SamplingParams
-from protospec.sampler import SamplingTensors, compute_probs, exponential_noise, sample
+from protospec.spec.sampler import SamplingTensors, compute_probs, exponential_noise, sample
 
 V = 10
 

@@ -10,7 +10,7 @@ from protospec import LLM, SamplingParams
 from protospec.train.__main__ import main as train_main
 from protospec.train.corpus import Corpus, is_heldout
 from protospec.train.evaluate import heldout_prompts
-from protospec.model_config import LlamaArchConfig
+from protospec.model.config import LlamaArchConfig
 from protospec.train.trainer import DRAFT_SIZE, TARGET_SIZE, llama_config, macs_per_token
 
 

@@ -4,7 +4,7 @@ cache, a misaligned verify window or a sampler bug drags acceptance down, and th
 import json
 from pathlib import Path
 
-from protospec.model_config import LlamaArchConfig
+from protospec.model.config import LlamaArchConfig
 from protospec.train.evaluate import fixed_prompts, measure
 from protospec.train.trainer import macs_per_token
 

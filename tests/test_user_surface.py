@@ -141,7 +141,7 @@ def test_the_plots_render_from_a_small_report(tmp_path):
 def test_progress_bars_are_labelled_and_silent_in_a_redirected_log(monkeypatch):
     import sys
 
-    from protospec.progress import progress_bar
+    from protospec.engine.progress import progress_bar
 
     items = [1, 2, 3]
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)

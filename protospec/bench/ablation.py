@@ -19,9 +19,9 @@ from protospec.bench.hf_peer import HFGenerate, to_hf
 from protospec.bench.latency import LatencyResult, random_prompts, time_calls, time_generate
 from protospec.config import SamplingParams
 from protospec.errors import ConfigError
-from protospec.llm import LLM
-from protospec.metrics import RATE_KEYS
-from protospec.phase_timer import NULL_TIMER, PhaseTimer
+from protospec.engine.llm import LLM
+from protospec.engine.metrics import RATE_KEYS
+from protospec.spec.phase_timer import NULL_TIMER, PhaseTimer
 
 MODES = ("main", "sampler", "gpu_sync_commit", "gpu", "graph")
 # mode -> (Engine draft_loop, overlap_commit)

@@ -22,10 +22,10 @@ import torch
 
 from protospec.bench.launch_cost import graph_replay_us
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.inputs import prepare_inputs
+from protospec.model.inputs import prepare_inputs
 from protospec.kernels import paged_attention as kernel
-from protospec.loader import resolve_checkpoint
-from protospec.model_config import LlamaArchConfig
+from protospec.model.loader import resolve_checkpoint
+from protospec.model.config import LlamaArchConfig
 
 L2_BYTES = 60 * 2**20  # the H200's L2; the rotation covers 4x this
 CALLS_PER_GRAPH = 20
@@ -68,7 +68,7 @@ def make_calls(cfg: LlamaArchConfig, batch: int, queries: int, context: int, blo
 
 
 def _torch_call(q, cache, inputs, kv_heads, d):
-    from protospec.attention import paged_attention as torch_attention, plan_attention
+    from protospec.model.attention import paged_attention as torch_attention, plan_attention
 
     meta = inputs.meta
     k = cache[0].view(-1, kv_heads, d)[meta.slot_mapping]

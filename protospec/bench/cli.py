@@ -27,7 +27,7 @@ from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
 from protospec.config import DRAFT_LOOP_DOC
-from protospec.progress import progress_bar
+from protospec.engine.progress import progress_bar
 
 RUNS_DIR = "runs"             # ignored by git: where runs go unless recorded on purpose
 RECORD_DIR = "data/results"   # the runs of record (--record)

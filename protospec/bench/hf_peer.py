@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.model import LlamaForCausalLM
+from protospec.model.llama import LlamaForCausalLM
 
 
 def to_hf(model: LlamaForCausalLM):

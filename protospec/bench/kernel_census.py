@@ -18,7 +18,7 @@ import torch
 
 from protospec.bench.ablation import MODE_SETTINGS, BenchSetup
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.phase_timer import NULL_TIMER, ProfilerPhases
+from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
 
 
 def merged_busy_us(intervals: list[tuple[float, float]]) -> float:

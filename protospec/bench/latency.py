@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from protospec.config import SamplingParams
-from protospec.llm import LLM
-from protospec.metrics import RATE_KEYS, RequestMetrics
+from protospec.engine.llm import LLM
+from protospec.engine.metrics import RATE_KEYS, RequestMetrics
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 

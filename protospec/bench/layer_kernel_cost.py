@@ -14,14 +14,14 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from protospec.attention import paged_attention as torch_attention, plan_attention
+from protospec.model.attention import paged_attention as torch_attention, plan_attention
 from protospec.bench.launch_cost import graph_replay_us
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.inputs import prepare_inputs
+from protospec.model.inputs import prepare_inputs
 from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from protospec.kernels.paged_attention import paged_attention
-from protospec.loader import load_model
-from protospec.model import apply_rope, rms_norm
+from protospec.model.loader import load_model
+from protospec.model.llama import apply_rope, rms_norm
 
 
 def graph_us(fn, copies: int = 20, replays: int = 20) -> float:
@@ -70,7 +70,7 @@ def _sampling_cases(vocab: int, tokens: int, dev) -> dict[str, tuple]:
     """tokens == 1: a draft step's sample into the spec step's buffers; else the verify's probs."""
     from protospec.config import SamplingParams
     from protospec.kernels.sampling import probs_into, sample_into
-    from protospec.sampler import SamplingTensors, compute_probs, sample
+    from protospec.spec.sampler import SamplingTensors, compute_probs, sample
 
     k = 5
     st = SamplingTensors.build([SamplingParams(temperature=1.0)], [torch.Generator(device=dev)], vocab, dev)

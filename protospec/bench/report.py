@@ -108,7 +108,7 @@ def plot_latency(report: dict):
 def plot_breakdown(report: dict):
     """Stacked per-phase time per mode (CPU wall time, and GPU time from CUDA events on a GPU);
     None when the report has no breakdown."""
-    from protospec.phase_timer import PHASES
+    from protospec.spec.phase_timer import PHASES
 
     rows = [(n, e["breakdown_ms_per_call"]) for n, e in report["modes"].items() if "breakdown_ms_per_call" in e]
     if not rows:

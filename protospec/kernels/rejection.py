@@ -1,6 +1,6 @@
 """The rejection sampler as one Numba kernel: one block per sequence.
 
-protospec.rejection.rejection_sample is the reference: ~25 small torch ops (gathers, cumprod, the
+protospec.spec.rejection.rejection_sample is the reference: ~25 small torch ops (gathers, cumprod, the
 residual, two exponential races, the output layout). On a GPU each op costs the host a launch
 that takes longer than the device needs for the op, so the device waits for the host. This kernel does the same work in one launch and computes the very same float32 values
 (u * q < p, max(0, p - q) / noise, p / noise, argmax ties to the lowest index), so both give
@@ -20,7 +20,7 @@ from numba import float32, int64
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.reductions import tree_argmax
-from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput
+from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 # Threads per block (a power of two, for the tree reduction). Each thread strides over the vocab,
 # so at batch 1 (one block) the block's width is the parallelism: 512 on a GPU; the simulator runs
@@ -105,7 +105,7 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
 
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
                            bonus_noise) -> RejectionOutput:
-    """Same arguments and result as protospec.rejection.rejection_sample, in one kernel launch."""
+    """Same arguments and result as protospec.spec.rejection.rejection_sample, in one kernel launch."""
     batch, k = draft_token_ids.shape
     vocab = target_probs.shape[-1]
     # Slices of the spec step's noise block are contiguous at batch 1; copy them otherwise.

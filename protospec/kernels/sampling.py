@@ -28,7 +28,7 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.reductions import tree_argmax, tree_sum
-from protospec.sampler import SamplingTensors
+from protospec.spec.sampler import SamplingTensors
 
 THREADS = 32 if interop.SIMULATOR else 1024  # one block per row: at batch 1 its width is the parallelism
 

@@ -18,9 +18,9 @@ import numpy as np
 
 from protospec.bench.provenance import check_writable, provenance
 from protospec.config import SamplingParams
-from protospec.llm import LLM
-from protospec.metrics import RATE_KEYS
-from protospec.progress import progress_bar
+from protospec.engine.llm import LLM
+from protospec.engine.metrics import RATE_KEYS
+from protospec.engine.progress import progress_bar
 from protospec.train.corpus import Corpus
 
 

@@ -8,7 +8,7 @@ import torch
 
 from protospec.bench.attention_cost import make_calls
 from protospec.kernels import attention_by_kv_head as by_kv_head, interop
-from protospec.loader import resolve_checkpoint
+from protospec.model.loader import resolve_checkpoint
 
 p = argparse.ArgumentParser()
 p.add_argument("--batch", type=int, default=64)

@@ -13,7 +13,7 @@ import torch
 
 from protospec.bench.attention_cost import make_calls, time_calls
 from protospec.kernels import attention_by_kv_head as by_kv_head, interop, paged_attention
-from protospec.loader import resolve_checkpoint
+from protospec.model.loader import resolve_checkpoint
 
 p = argparse.ArgumentParser()
 p.add_argument("--rows", type=int, nargs="+", default=[by_kv_head.MAX_ROWS])

@@ -13,7 +13,7 @@ from collections import defaultdict
 import torch
 
 from protospec.bench.ablation import MODE_SETTINGS, BenchSetup
-from protospec.speculative import SpeculativeStep
+from protospec.spec.step import SpeculativeStep
 
 setup = BenchSetup("JackFram/llama-160m", "JackFram/llama-68m", 5, 256, 128, 1, 3, 5, load_format="dummy")
 llm = setup.llm()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protospec.sampler import sample_from_probs
+from protospec.spec.sampler import sample_from_probs
 
 PLACEHOLDER_TOKEN_ID = -1
 

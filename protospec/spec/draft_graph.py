@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from protospec.cuda_graphs import sync_allowed
-from protospec.draft_sampling import sample_draft_step
-from protospec.sampler import SamplingTensors
+from protospec.model.graphs import sync_allowed
+from protospec.spec.draft_sampling import sample_draft_step
+from protospec.spec.sampler import SamplingTensors
 
 
 class DraftLoopGraph:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from protospec.config import SamplingParams
-from protospec.inputs import host_to_device
+from protospec.model.inputs import host_to_device
 
 
 @dataclass

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from protospec.attention import PAD_SLOT_ID, AttentionMetadata
-from protospec.inputs import ForwardInputs, host_to_device
+from protospec.model.attention import PAD_SLOT_ID, AttentionMetadata
+from protospec.model.inputs import ForwardInputs, host_to_device
 from protospec.kernels.first_draft_step import first_draft_step, stage
-from protospec.rejection import RejectionOutput
+from protospec.spec.rejection import RejectionOutput
 
 QUERY_LEN = 2  # t_{L'-2}, t_{L'-1}: the layout of the CPU's first_draft_step prepare
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from protospec.attention import AttentionMetadata
+from protospec.model.attention import AttentionMetadata
 from protospec.kernels import paged_attention as attention_kernel
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 

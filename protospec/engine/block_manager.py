@@ -6,7 +6,7 @@ cache and in the draft's.
 """
 from __future__ import annotations
 
-from protospec.attention import NULL_BLOCK
+from protospec.model.attention import NULL_BLOCK
 from protospec.errors import OutOfKVBlocksError
 
 

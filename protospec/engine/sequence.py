@@ -14,7 +14,7 @@ from enum import Enum
 import torch
 
 from protospec.config import SamplingParams
-from protospec.metrics import RequestMetrics
+from protospec.engine.metrics import RequestMetrics
 
 
 class FinishReason(str, Enum):

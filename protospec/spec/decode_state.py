@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from protospec.attention import PAD_SLOT_ID, AttentionMetadata
-from protospec.inputs import ForwardInputs
+from protospec.model.attention import PAD_SLOT_ID, AttentionMetadata
+from protospec.model.inputs import ForwardInputs
 from protospec.kernels.advance_step import AdvanceStepLauncher
 
 

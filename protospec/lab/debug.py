@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import torch
 
 from protospec.config import SamplingParams
-from protospec.inputs import prepare_inputs
-from protospec.llm import LLM
-from protospec.rejection import PLACEHOLDER_TOKEN_ID
-from protospec.sequence import Sequence
+from protospec.model.inputs import prepare_inputs
+from protospec.engine.llm import LLM
+from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID
+from protospec.engine.sequence import Sequence
 
 INPUT_FIELDS = ("input_ids", "positions", "seq_lens", "slot_mapping")
 

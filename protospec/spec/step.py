@@ -23,18 +23,18 @@ from dataclasses import dataclass
 
 import torch
 
-from protospec.block_manager import BlockManager
-from protospec.cuda_graphs import bucket
-from protospec.draft_graph import DraftLoopGraph
-from protospec.draft_sampling import sample_draft_step, target_probs
+from protospec.engine.block_manager import BlockManager
+from protospec.model.graphs import bucket
+from protospec.spec.draft_graph import DraftLoopGraph
+from protospec.spec.draft_sampling import sample_draft_step, target_probs
 from protospec.errors import AdvanceStepError
-from protospec.launched_step import LaunchedStep
-from protospec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
-from protospec.phase_timer import NULL_TIMER
-from protospec.randoms import SpecStepRandoms
-from protospec.runner import ModelRunner
-from protospec.sampler import SamplingTensors
-from protospec.sequence import Sequence
+from protospec.spec.commit import LaunchedStep
+from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
+from protospec.spec.phase_timer import NULL_TIMER
+from protospec.spec.randoms import SpecStepRandoms
+from protospec.model.runner import ModelRunner
+from protospec.spec.sampler import SamplingTensors
+from protospec.engine.sequence import Sequence
 
 DRAFT_LOOP_MODES = ("main", "sampler", "gpu", "graph")
 

@@ -15,8 +15,8 @@ import contextlib
 
 import torch
 
-from protospec.attention import PAD_SLOT_ID, AttentionMetadata
-from protospec.inputs import ForwardInputs
+from protospec.model.attention import PAD_SLOT_ID, AttentionMetadata
+from protospec.model.inputs import ForwardInputs
 
 
 def bucket(n: int, cap: int, smallest: int = 1) -> int:

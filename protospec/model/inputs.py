@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protospec.attention import NULL_BLOCK, AttentionMetadata
+from protospec.model.attention import NULL_BLOCK, AttentionMetadata
 
 
 @dataclass

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from protospec.config import EngineConfig, SamplingParams
-from protospec.engine import Engine
+from protospec.engine.engine import Engine
 from protospec.errors import ConcurrentUseError, PromptError, SamplingParamsError
-from protospec.loader import load_tokenizer
-from protospec.metrics import RequestMetrics
-from protospec.sequence import FinishReason, Sequence
+from protospec.model.loader import load_tokenizer
+from protospec.engine.metrics import RequestMetrics
+from protospec.engine.sequence import FinishReason, Sequence
 
 Prompt = str | list[int]
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from protospec.sampler import SamplingTensors
-    from protospec.sequence import Sequence
-    from protospec.speculative import StepState
+    from protospec.spec.sampler import SamplingTensors
+    from protospec.engine.sequence import Sequence
+    from protospec.spec.step import StepState
 
 
 class LaunchedStep:

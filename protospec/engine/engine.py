@@ -12,18 +12,18 @@ from collections import deque
 
 import torch
 
-from protospec.block_manager import BlockManager, blocks_for
+from protospec.engine.block_manager import BlockManager, blocks_for
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
-from protospec.draft_sampling import sample_draft_step
+from protospec.spec.draft_sampling import sample_draft_step
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
-from protospec.loader import load_model
-from protospec.runner import ModelRunner
-from protospec.sampler import SamplingTensors, exponential_noise, sample
-from protospec.sequence import Sequence
-from protospec.speculative import SpeculativeStep
-from protospec.sync_guard import forbid_host_sync
+from protospec.model.loader import load_model
+from protospec.model.runner import ModelRunner
+from protospec.spec.sampler import SamplingTensors, exponential_noise, sample
+from protospec.engine.sequence import Sequence
+from protospec.spec.step import SpeculativeStep
+from protospec.spec.sync_guard import forbid_host_sync
 
 
 def device_memory_bytes(device: torch.device) -> int:

@@ -5,11 +5,11 @@ from collections import Counter
 
 import torch
 
-from protospec.cuda_graphs import GraphCache
-from protospec.decode_state import DraftDecodeState
-from protospec.first_step_state import FirstStepState
-from protospec.inputs import ForwardInputs, prepare_inputs
-from protospec.model import LlamaForCausalLM
+from protospec.model.graphs import GraphCache
+from protospec.spec.decode_state import DraftDecodeState
+from protospec.spec.first_step_state import FirstStepState
+from protospec.model.inputs import ForwardInputs, prepare_inputs
+from protospec.model.llama import LlamaForCausalLM
 
 
 class ModelRunner:

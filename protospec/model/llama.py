@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protospec.attention import AttentionMetadata, paged_attention, plan_attention
-from protospec.model_config import LlamaArchConfig
+from protospec.model.attention import AttentionMetadata, paged_attention, plan_attention
+from protospec.model.config import LlamaArchConfig
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -196,7 +196,7 @@ class LlamaForCausalLM(nn.Module):
         """Run decode-shaped forwards (a few tokens per sequence) on the Numba layer kernels,
         9 kernels per layer instead of ~20 (layer_kernels.py); prefill keeps the torch path.
         Call after place()."""
-        from protospec.layer_kernels import LayerKernelForward
+        from protospec.model.layer_kernels import LayerKernelForward
 
         self.layer_kernels = LayerKernelForward(self)
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 
 from protospec.errors import ModelLoadError
-from protospec.model import LlamaForCausalLM
-from protospec.model_config import LlamaArchConfig
+from protospec.model.llama import LlamaForCausalLM
+from protospec.model.config import LlamaArchConfig
 
 LOAD_FORMATS = ("auto", "dummy")
-BUNDLED_CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
+BUNDLED_CONFIGS = Path(__file__).resolve().parents[2] / "data" / "configs"
 
 
 def bundled_config_path(name: str) -> Path | None:

@@ -1,0 +1,1 @@
+"""Tools for the notebooks: the draft-loop debugger, plots and analysis of acceptance."""

@@ -1,0 +1,1 @@
+"""The speculative step: draft loops, commit policies, sampling, rejection, random numbers."""
