@@ -9,18 +9,8 @@ import numpy as np
 import torch
 
 from protospec.errors import ConfigError, SamplingParamsError
+from protospec.spec import registry
 
-DRAFT_LOOPS = ("auto", "main", "sampler", "gpu", "graph")
-# The draft loop's input paths, explained once (the bench's --help and the engine's docstrings use this).
-DRAFT_LOOP_DOC = {
-    "main": "CPU prepare_inputs every draft step; the draft ids are copied to the host every step (a sync)",
-    "sampler": "CPU prepare_inputs every draft step; the draft ids stay on the device (no per-step sync)",
-    "gpu": "the advance_step kernel for steps 2..k, no sync; draft step 1 built on the device by the "
-           "first_draft_step kernel and launched before the commit's host sync (overlap_commit; without it, "
-           "draft step 1 is CPU-prepared after the sync: vLLM's change as it was, the bench's gpu_sync_commit)",
-    "graph": "as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph",
-    "auto": "gpu on CUDA, main on a CPU (where the kernels would only run in Numba's simulator)",
-}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -73,7 +63,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_model_len: int | None = None     # None: the target's max_position_embeddings
     seed: int = 0
-    draft_loop: str = "auto"             # the draft loop's input path: one of DRAFT_LOOP_DOC
+    draft_loop: str = registry.AUTO      # the draft loop's way: a name of registry.DRAFT_LOOP_DOC
     check_no_sync: bool = False          # trip on any host sync inside the draft loop (debugging)
     cuda_graphs: bool | None = None      # replay fixed-shape forwards as CUDA graphs; None = on CUDA
     compile: bool = False                # torch.compile the per-layer op chains (fewer, fused kernels)
@@ -89,9 +79,9 @@ class EngineConfig:
     # kernel writing into the spec step's buffers (kernels/sampling.py). Off by default: at batch 1
     # its one block per row measured slower than torch's kernels (figures in data/results/README.md).
     fused_sampling: bool = False
-    # gpu / graph modes: build the next spec step's draft step 1 on the device (first_draft_step
-    # kernel) and queue it before the commit's host sync, so the device works while the host
-    # commits. Beyond vLLM's change, which prepared that step on the CPU after the sync (False).
+    # The commit policy of the device draft loops (spec/commit.py): True = overlapped (the next
+    # spec step's draft step 1 is built on the device and queued before the commit's host sync, so
+    # the device works while the host commits), False = synced. The CPU-prepared loops are synced.
     overlap_commit: bool = True
 
     def __post_init__(self) -> None:
@@ -113,10 +103,11 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_gib must be None or a finite number > 0, got {gib!r}")
         if not _is_int(self.seed) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             raise ConfigError(f"seed must be an integer in [0, 2**63 - 1], got {self.seed!r}")
-        if self.draft_loop not in DRAFT_LOOPS:
-            raise ConfigError(f"draft_loop must be one of {DRAFT_LOOPS}, got {self.draft_loop!r}")
-        if self.check_no_sync and self.draft_loop == "main":
-            raise ConfigError("check_no_sync cannot hold with draft_loop='main', which syncs every draft step")
+        if self.draft_loop not in registry.DRAFT_LOOP_NAMES:
+            raise ConfigError(f"draft_loop must be one of {registry.DRAFT_LOOP_NAMES}, got {self.draft_loop!r}")
+        kind = registry.DRAFT_LOOPS.get(self.draft_loop)
+        if self.check_no_sync and kind is not None and kind.host_sync_per_step:
+            raise ConfigError(f"check_no_sync cannot hold with draft_loop={self.draft_loop!r}, which syncs every draft step")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
 

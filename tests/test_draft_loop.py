@@ -9,6 +9,7 @@ from protospec import ConfigError, SamplingParams
 from protospec.spec.sync_guard import HostSyncError, forbid_host_sync
 
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE  # noqa: E402
+from protospec.spec.device_draft_loops import DeviceAdvanceLoop  # noqa: E402
 
 KERNEL_DEVICES = [KERNEL_DEVICE_TYPE]  # "gpu" mode: cuda on a GPU machine, cpu in the simulator
 ON_GPU = KERNEL_DEVICE_TYPE == "cuda"
@@ -50,7 +51,7 @@ def test_gpu_path_off_never_runs_the_kernel_and_gives_the_same_greedy_output(tin
     off = _llm(tiny_target, tiny_draft, device, mode)
     prompts = random_prompts(4)
     assert [o.token_ids for o in off.generate(prompts, GREEDY)] == [o.token_ids for o in gpu.generate(prompts, GREEDY)]
-    assert off.engine.draft.decode_state is None  # no buffers, no bound kernel: it cannot run
+    assert not isinstance(off.engine.spec_step.draft_loop, DeviceAdvanceLoop)  # no buffers, no bound kernel: it cannot run
     draft = off.counters["draft"]
     steps = off.counters["target"]["cpu_prepare:verify"]
     assert "gpu_advance" not in draft and draft["fallback:disabled_by_user"] == 3 * steps

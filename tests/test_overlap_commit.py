@@ -152,7 +152,7 @@ def test_overlap_gives_the_tokens_of_the_synced_commit_while_batches_change(tiny
     on, off = llms[True].counters["draft"], llms[False].counters["draft"]
     assert "gpu_first_step" not in off and on["gpu_first_step"] > 0 and on["first_step_discarded"] > 0
     bm = llms[True].engine.block_manager
-    assert bm.num_free_blocks == bm.num_usable_blocks and llms[True].engine.spec_step.launched.pending is None
+    assert bm.num_free_blocks == bm.num_usable_blocks and llms[True].engine.spec_step.commit_policy.pending is None
 
 
 def test_an_aborted_generate_drops_the_launched_step_and_the_engine_still_serves(tiny_target, tiny_draft):
@@ -162,7 +162,7 @@ def test_an_aborted_generate_drops_the_launched_step_and_the_engine_still_serves
     spec, real_commit, calls = llm.engine.spec_step, llm.engine.spec_step.commit, []
 
     def failing_commit(state):
-        calls.append(spec.launched.pending is not None)
+        calls.append(spec.commit_policy.pending is not None)
         if len(calls) == 3:
             raise RuntimeError("injected failure at the third commit")
         real_commit(state)
@@ -171,7 +171,7 @@ def test_an_aborted_generate_drops_the_launched_step_and_the_engine_still_serves
         llm.generate(prompts, params)
     assert calls[-1]  # a next step had been launched when the commit failed
     del spec.commit
-    assert spec.launched.pending is None and not llm.engine.running
+    assert spec.commit_policy.pending is None and not llm.engine.running
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_usable_blocks
     assert _outputs(llm, prompts, params) == reference  # serves again, as a fresh engine would

@@ -107,7 +107,7 @@ def test_padding_rows_and_a_wide_table_leave_real_rows_exact_and_stay_finite():
     expected = _torch_reference(inputs, cache, q, torch.float32)
     for path in kernel.PATHS:
         torch.testing.assert_close(_kernel(inputs, poisoned, q, path=path), expected, **TOL[torch.float32])
-    # Two padding rows: position 0 and stale ids in the table, as StaticBatch leaves them.
+    # Two padding rows: position 0 and stale ids in the table, as PersistentInputs.fill leaves them.
     tables = torch.cat([inputs.meta.block_tables, inputs.meta.block_tables[:1]])
     tables = torch.cat([tables, torch.zeros_like(tables[:1])])
     positions = torch.cat([inputs.positions, torch.zeros(2, dtype=torch.int64, device=DEV)])

@@ -4,7 +4,8 @@ rows are reused without touching their generator, and the engine's modes stay to
 import pytest
 import torch
 
-from protospec import SamplingParams, randoms
+from protospec import SamplingParams
+from protospec.spec import randoms
 from protospec.kernels import counter_randoms
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.spec.randoms import SpecStepRandoms, step_key

@@ -1,9 +1,10 @@
 """The ablation: the draft-loop modes and the peers, in one process, on the same prompts and seeds.
 
-modes   main, sampler, gpu_sync_commit, gpu, graph (CUDA only): one engine (same weights, KV pool and CUDA
-        graphs), switched between generate() calls with Engine.set_draft_loop. gpu_sync_commit is vLLM's
-        change as it was (draft step 1 CPU-prepared after the commit's host sync); gpu and graph also
-        build draft step 1 on the device and overlap the commit (speculative.py)
+modes   the arms of spec/registry.ARMS (a draft loop and a commit policy each; graph needs CUDA): one
+        engine (same weights, KV pool and CUDA graphs), switched between generate() calls with
+        Engine.set_draft_loop. gpu_sync_commit is vLLM's change as it was (draft step 1 CPU-prepared
+        after the commit's host sync); gpu and graph also build draft step 1 on the device and overlap
+        the commit (spec/commit.py)
 peers   target_only     protospec without a draft
         hf_assisted     transformers generate(assistant_model=draft), constant k, same weights
         hf_target_only  transformers generate() of the target alone
@@ -17,17 +18,16 @@ import torch
 
 from protospec.bench.hf_peer import HFGenerate, to_hf
 from protospec.bench.latency import LatencyResult, random_prompts, time_calls, time_generate
+from protospec.bench.report import BASELINE, PEER_NAMES
 from protospec.config import SamplingParams
 from protospec.errors import ConfigError
 from protospec.engine.llm import LLM
 from protospec.engine.metrics import RATE_KEYS
+from protospec.spec import registry
 from protospec.spec.phase_timer import NULL_TIMER, PhaseTimer
 
-MODES = ("main", "sampler", "gpu_sync_commit", "gpu", "graph")
-# mode -> (Engine draft_loop, overlap_commit)
-MODE_SETTINGS = {"main": ("main", False), "sampler": ("sampler", False), "gpu_sync_commit": ("gpu", False),
-                 "gpu": ("gpu", True), "graph": ("graph", True)}
-PEERS = ("target_only", "hf_assisted", "hf_target_only")
+MODES = tuple(registry.ARMS)  # the ablation's arms, in table order
+PEERS = PEER_NAMES
 
 
 @dataclass
@@ -57,7 +57,7 @@ class BenchSetup:
     def params(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, max_tokens=self.output_len, ignore_eos=True, seed=self.seed)
 
-    def llm(self, speculative: bool = True, draft_loop: str = "auto") -> LLM:
+    def llm(self, speculative: bool = True, draft_loop: str = registry.AUTO) -> LLM:
         draft = self.speculative_model if speculative else None
         return LLM(self.model, speculative_model=draft, num_speculative_tokens=self.num_speculative_tokens,
                    load_format=self.load_format, dtype=self.dtype, device=self.device, block_size=self.block_size,
@@ -73,9 +73,18 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def apply_mode(engine, mode: str) -> None:
+    """Switch the engine to an arm of the ablation, or to a draft loop by name (overlap as configured)."""
+    arm = registry.ARMS.get(mode)
+    if arm is None:
+        engine.set_draft_loop(mode)
+    else:
+        engine.set_draft_loop(arm.draft_loop, overlap_commit=arm.commit == registry.OVERLAPPED)
+
+
 def run_mode(llm: LLM, setup: BenchSetup, mode: str, breakdown: bool, progress=None) -> dict:
     try:
-        llm.engine.set_draft_loop(*MODE_SETTINGS.get(mode, (mode, None)))  # "auto": as configured
+        apply_mode(llm.engine, mode)
     except ConfigError as exc:  # e.g. the graph mode on a machine without CUDA
         return {"skipped": str(exc)}
     for runner in (llm.engine.target, llm.engine.draft):
@@ -126,8 +135,8 @@ def pool_rounds(rounds: list[dict]) -> dict:
             continue
         latencies = [t for r in rounds for t in r[mode]["latencies_s"]]
         entry = dict(first) | LatencyResult(latencies).summary() | {k: first[k] for k in RATE_KEYS}
-        if "main" in rounds[0] and "p50_s" in rounds[0]["main"]:
-            entry["ratio_to_main_per_round"] = [r["main"]["p50_s"] / r[mode]["p50_s"] for r in rounds]
+        if BASELINE in rounds[0] and "p50_s" in rounds[0][BASELINE]:
+            entry["ratio_to_main_per_round"] = [r[BASELINE]["p50_s"] / r[mode]["p50_s"] for r in rounds]
         pooled[mode] = entry
     return pooled
 

@@ -22,11 +22,11 @@ import time
 import numpy as np
 import torch
 
-from protospec.bench.ablation import MODE_SETTINGS, MODES, PEERS, BenchSetup, run_ablation, run_mode, run_sweep
+from protospec.bench.ablation import MODES, PEERS, BenchSetup, run_ablation, run_mode, run_sweep
 from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
-from protospec.config import DRAFT_LOOP_DOC
+from protospec.spec import registry
 from protospec.engine.progress import progress_bar
 
 RUNS_DIR = "runs"             # ignored by git: where runs go unless recorded on purpose
@@ -91,8 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: 1 on a CPU run, where more threads made timings swing 7x; "
                         "torch's own choice on a GPU run); reported in the output")
-    p.add_argument("--draft-loop", default="auto", choices=["auto", *MODES],
-                   help="the draft loop's input path: " + "; ".join(f"{m}: {d}" for m, d in DRAFT_LOOP_DOC.items()))
+    p.add_argument("--draft-loop", default=registry.AUTO, choices=[registry.AUTO, *MODES],
+                   help="the draft loop's way: " + "; ".join(f"{m}: {d}" for m, d in registry.DRAFT_LOOP_DOC.items())
+                        + "; " + "; ".join(f"{a.name}: {a.draft_loop} with the {a.commit} commit" for a in registry.ARMS.values()
+                                           if a.name not in registry.DRAFT_LOOPS))
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
@@ -141,8 +143,15 @@ def check_args(args: argparse.Namespace, warn=print) -> None:
     for flag, (default, why) in IGNORED_VLLM_FLAGS.items():
         if getattr(args, flag[2:].replace("-", "_")) != default:
             warn(f"warning: {flag} is ignored: {why}")
-    if args.enforce_eager and args.draft_loop == "graph":
-        raise SystemExit("--draft-loop graph replays CUDA graphs: it cannot run with --enforce-eager")
+    kind = registry.DRAFT_LOOPS.get(_draft_loop_of(args.draft_loop))
+    if args.enforce_eager and kind is not None and kind.needs_cuda_graphs:
+        raise SystemExit(f"--draft-loop {args.draft_loop} replays CUDA graphs: it cannot run with --enforce-eager")
+
+
+def _draft_loop_of(mode: str) -> str:
+    """The engine's draft loop for a --draft-loop choice (an arm of the ablation, or auto)."""
+    arm = registry.ARMS.get(mode)
+    return arm.draft_loop if arm is not None else mode
 
 
 def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -215,8 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"iters={setup.num_iters_warmup}+{setup.num_iters} torch_threads={args.threads}", flush=True)
     if args.ablation or args.sweep:
         return run_report(args, setup, argv)
-    loop = MODE_SETTINGS.get(args.draft_loop, (args.draft_loop, None))[0]
-    llm = setup.llm(speculative=setup.speculative_model is not None, draft_loop=loop)
+    llm = setup.llm(speculative=setup.speculative_model is not None, draft_loop=_draft_loop_of(args.draft_loop))
     print(f"device={llm.engine.device} dtype={llm.engine.dtype} kv_blocks={llm.engine.num_blocks} "
           f"draft_loop={llm.engine.draft_loop} cuda_graphs={llm.engine.use_cuda_graphs} "
           f"layer_kernels={llm.engine.use_layer_kernels}", flush=True)

@@ -16,7 +16,8 @@ from collections import Counter
 
 import torch
 
-from protospec.bench.ablation import MODE_SETTINGS, BenchSetup
+from protospec.spec import registry
+from protospec.bench.ablation import MODES, BenchSetup, apply_mode
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
 
@@ -54,7 +55,7 @@ def idle_by_phase(kernels: list[tuple[float, float]], phases: list[tuple[float, 
 def census(llm, setup: BenchSetup, mode: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    llm.engine.set_draft_loop(*MODE_SETTINGS.get(mode, (mode, None)))
+    apply_mode(llm.engine, mode)
     prompts, params = setup.prompts(llm.engine.vocab_size), setup.params()
     for _ in range(3):  # warm-up: graphs captured, kernels loaded
         llm.generate(prompts, params)
@@ -102,7 +103,8 @@ def main(argv=None) -> dict:
     p.add_argument("--output-len", type=int, default=128, help="generated tokens (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=1, help="requests per generate() (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: %(default)s)")
-    p.add_argument("--modes", nargs="+", default=["main", "gpu_sync_commit", "gpu", "graph"], help="draft-loop modes (default: %(default)s)")
+    p.add_argument("--modes", nargs="+", default=[m for m in MODES if m != registry.SAMPLER], choices=MODES,
+                   help="draft-loop modes (default: %(default)s)")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"], help="Numba layer kernels (default: %(default)s)")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")

@@ -60,15 +60,17 @@ def graph_replay_us(fn, steps: int, replays: int) -> float:
 def measure(batch: int, block_size: int, calls: int, repeats: int) -> dict:
     device = torch.device("cuda")
     max_blocks = 129  # llama-160m: 2048 positions + lookahead, 16-token blocks
-    state = DraftDecodeState(batch, max_blocks, block_size, device)
+    state = DraftDecodeState("launch_cost", batch, max_blocks, block_size, device,
+                             torch.zeros(1, dtype=torch.int32, device=device))
+    buf = state.buffers
     gen = torch.Generator().manual_seed(batch)
     lens = torch.randint(256, 300, (batch,), generator=gen, dtype=torch.int32)
     tables = torch.randint(1, 5000, (batch, max_blocks), generator=gen, dtype=torch.int32)
-    state.seq_lens.copy_(lens.to(device))
-    state.block_tables.copy_(tables.to(device))
+    buf.seq_lens.copy_(lens.to(device))
+    buf.block_tables.copy_(tables.to(device))
     state.num_queries.fill_(batch)
-    args = [state.num_queries, block_size, state.sampled_ids, state.input_ids, state.positions, state.seq_lens,
-            state.slot_mapping, state.block_tables, state.error_row]
+    args = [state.num_queries, block_size, state.sampled_ids, buf.input_ids, buf.positions, buf.seq_lens,
+            buf.slot_mapping, buf.block_tables, state.error_row]
     cached = [interop.as_numba(a) if isinstance(a, torch.Tensor) else a for a in args]
     grid, block = interop.launch_config(batch)
     stream = interop.torch_stream_for_numba(device)

@@ -7,11 +7,15 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-PLOT_ORDER = ("main", "sampler", "gpu_sync_commit", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only")
-# One colour per mode in every plot: the baseline red, the device paths blues/greens, peers greys.
-MODE_COLORS = {"main": "#d62728", "sampler": "#ff7f0e", "gpu_sync_commit": "#9ecae1", "gpu": "#1f77b4",
-               "graph": "#2ca02c", "target_only": "#7f7f7f", "hf_assisted": "#b0b0b0", "hf_target_only": "#d9d9d9"}
+from protospec.spec import registry
+
 PEER_NAMES = ("target_only", "hf_assisted", "hf_target_only")
+PLOT_ORDER = (*registry.ARMS, *PEER_NAMES)
+BASELINE = registry.MAIN
+# One colour per mode in every plot: the baseline red, the device paths blues/greens (in the arms'
+# order), peers greys.
+MODE_COLORS = {**dict(zip(registry.ARMS, ("#d62728", "#ff7f0e", "#9ecae1", "#1f77b4", "#2ca02c"))),
+               **dict(zip(PEER_NAMES, ("#7f7f7f", "#b0b0b0", "#d9d9d9")))}
 
 
 def mode_color(name: str) -> str:
@@ -32,9 +36,9 @@ def timed_entries(modes: dict) -> list[tuple[str, dict]]:
 
 
 def ratio_to_main(modes: dict, name: str) -> float | None:
-    if "main" not in modes or "p50_s" not in modes.get(name, {}):
+    if BASELINE not in modes or "p50_s" not in modes.get(name, {}):
         return None
-    return modes["main"]["p50_s"] / modes[name]["p50_s"]
+    return modes[BASELINE]["p50_s"] / modes[name]["p50_s"]
 
 
 def _fmt(value, spec=".3f") -> str:
@@ -60,7 +64,7 @@ def markdown_table(report: dict) -> str:
     for name, e in timed_entries(modes):
         ratio = _fmt(ratio_to_main(modes, name), '.2f')
         rounds = e.get("ratio_to_main_per_round")
-        if rounds and name != "main" and len(rounds) > 1:  # the spread across rounds beside the pooled ratio
+        if rounds and name != BASELINE and len(rounds) > 1:  # the spread across rounds beside the pooled ratio
             ratio += f" ({min(rounds):.2f}-{max(rounds):.2f})"
         lines.append(f"| {name} | {e['p50_s']:.4f} | {e['p10_s']:.4f} | {e['p90_s']:.4f} | {e['avg_s']:.4f} | "
                      f"{ratio} | {_fmt(e.get('acceptance_rate'))} | {_fmt(e.get('prefix_acceptance_rate'))} | "
@@ -68,7 +72,7 @@ def markdown_table(report: dict) -> str:
     for name, e in modes.items():
         if "skipped" in e:
             lines.append(f"| {name} | skipped: {e['skipped']} | | | | | | | | |")
-    per_round = {n: e["ratio_to_main_per_round"] for n, e in modes.items() if "ratio_to_main_per_round" in e and n != "main"}
+    per_round = {n: e["ratio_to_main_per_round"] for n, e in modes.items() if "ratio_to_main_per_round" in e and n != BASELINE}
     if per_round:
         lines.append("")
         lines.append("p50(main) / p50(mode) in each round: " + "; ".join(

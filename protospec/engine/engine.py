@@ -14,7 +14,12 @@ import torch
 
 from protospec.engine.block_manager import BlockManager, blocks_for
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
+from protospec.spec import registry
+from protospec.spec.commit import make_commit_policy
+from protospec.spec.draft_loop import DraftLoop
+from protospec.spec.draft_loops import make_draft_loop
 from protospec.spec.draft_sampling import sample_draft_step
+from protospec.spec.lookahead import Lookahead
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
@@ -42,8 +47,10 @@ class Engine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.k = config.k
-        # Lookahead slots may run up to k positions past the last kept token: RoPE needs room for them.
-        load = dict(load_format=config.load_format, dtype=self.dtype, device=self.device, extra_positions=self.k + 1)
+        self.look = Lookahead(self.k)
+        # Lookahead slots may run past the last kept token: RoPE needs room for them.
+        load = dict(load_format=config.load_format, dtype=self.dtype, device=self.device,
+                    extra_positions=self.look.extra_positions)
         target = load_model(config.model, seed=config.seed, **load)
         draft = None
         if config.speculative_model:
@@ -71,14 +78,16 @@ class Engine:
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
         self.target = ModelRunner(target, self.num_blocks, config.block_size)
         self.draft = ModelRunner(draft, self.num_blocks, config.block_size) if draft is not None else None
-        self.max_blocks_per_seq = blocks_for(self.max_model_len + self.k + 1, config.block_size)
+        self.max_blocks_per_seq = blocks_for(self.max_model_len + self.look.extra_positions, config.block_size)
         self.use_cuda_graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
         if self.use_cuda_graphs:
             if self.device.type != "cuda":
                 raise ConfigError("cuda_graphs=True needs a CUDA device")
             for runner in (self.target, self.draft):
                 if runner is not None:
-                    runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.k + 1))
+                    # The widest repeated forward: the verify, or the draft's two-token first step.
+                    runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.look.verify_len))
+        self._draft_loops: dict[tuple[str, str], DraftLoop] = {}  # built once: switching keeps their buffers and graphs
         self.spec_step = self._build_spec_step() if draft is not None else None
         self.vocab_size = target.config.vocab_size
         self.eos_token_id = target.config.eos_token_id
@@ -101,51 +110,56 @@ class Engine:
             raise ConfigError(f"layer_kernels=True with dtype {self.dtype}: the kernels take {ACTIVATION_DTYPES}")
         return self._resolve_kernel_flag("layer_kernels", cfg.layer_kernels)
 
-    def set_draft_loop(self, mode: str, overlap_commit: bool | None = None) -> None:
-        """Switch the draft loop's input path (main / sampler / gpu / graph / auto; overlap_commit
-        None = unchanged) between generate() calls, keeping weights, KV pool and captured graphs:
-        the ablation compares like with like."""
+    def set_draft_loop(self, name: str, overlap_commit: bool | None = None) -> None:
+        """Switch the draft loop's way (a name of registry.DRAFT_LOOP_NAMES; overlap_commit None =
+        unchanged) between generate() calls, keeping weights, KV pool and captured graphs: the
+        ablation compares like with like."""
         if self.spec_step is None:
             raise ConfigError("set_draft_loop needs a speculative model")
         if self.running or self.waiting:
             raise ConfigError("set_draft_loop between generate() calls only")
         previous = (self.config.draft_loop, self.config.overlap_commit)
-        self.config.draft_loop = mode
+        self.config.draft_loop = name
         if overlap_commit is not None:
             self.config.overlap_commit = overlap_commit
         try:
             self.config.__post_init__()
             self.spec_step = self._build_spec_step()
-        except Exception:  # a refused mode leaves the engine as it was
+        except Exception:  # a refused way leaves the engine as it was
             self.config.draft_loop, self.config.overlap_commit = previous
             raise
 
     def _build_spec_step(self) -> SpeculativeStep:
         cfg = self.config
-        mode, reason = cfg.draft_loop, "disabled_by_user"
-        if mode == "auto":
-            mode, reason = ("gpu", "") if self.device.type == "cuda" else ("main", "no_cuda_device")
-        if mode == "graph" and not self.use_cuda_graphs:
-            raise ConfigError("draft_loop='graph' replays the draft loop as a CUDA graph: it needs a CUDA device "
+        name, reason = registry.resolve(cfg.draft_loop, self.device.type)
+        kind = registry.DRAFT_LOOPS[name]
+        if kind.needs_cuda_graphs and not self.use_cuda_graphs:
+            raise ConfigError(f"draft_loop={name!r} replays the draft loop as a CUDA graph: it needs a CUDA device "
                               "with cuda_graphs on")
-        if mode in ("gpu", "graph") and self.device.type != KERNEL_DEVICE_TYPE:
-            raise ConfigError(f"draft_loop='gpu' on device {self.device}: the advance_step kernel runs on "
+        if kind.on_device and self.device.type != KERNEL_DEVICE_TYPE:
+            raise ConfigError(f"draft_loop={name!r} on device {self.device}: the advance_step kernel runs on "
                               f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
-        if mode in ("gpu", "graph") and self.draft.decode_state is None:  # k = 1 too: the first-step buffers
-            self.draft.enable_gpu_advance(cfg.max_num_seqs, self.max_blocks_per_seq)
+        if (name, reason) not in self._draft_loops:
+            self._draft_loops[name, reason] = make_draft_loop(name, self.draft, self.look, cfg.max_num_seqs,
+                                                              self.max_blocks_per_seq, self.fused_sampling, reason)
+        commit = make_commit_policy(registry.commit_policy_for(name, cfg.overlap_commit), self.draft.counters,
+                                    self.look, cfg.block_size)
         guard = forbid_host_sync if cfg.check_no_sync else None
         fused = cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda"
-        return SpeculativeStep(self.target, self.draft, self.block_manager, self.k, mode, reason, guard,
-                               fused_rejection=fused, fused_sampling=self.fused_sampling,
-                               overlap_commit=cfg.overlap_commit)
+        return SpeculativeStep(self.target, self._draft_loops[name, reason], commit, self.block_manager, guard,
+                               fused_rejection=fused, fused_sampling=self.fused_sampling)
 
     @property
     def draft_loop(self) -> str | None:
-        return self.spec_step.mode if self.spec_step is not None else None
+        return self.spec_step.draft_loop.name if self.spec_step is not None else None
+
+    @property
+    def commit_policy(self) -> str | None:
+        return self.spec_step.commit_policy.name if self.spec_step is not None else None
 
     def _size_pool(self, target, draft) -> int:
         cfg = self.config
-        per_seq = blocks_for(self.max_model_len + self.k + 1, cfg.block_size)
+        per_seq = blocks_for(self.max_model_len + self.look.extra_positions, cfg.block_size)
         enough = cfg.max_num_seqs * per_seq + 1  # + the null block
         per_block = sum(ModelRunner.kv_bytes_per_block(m, cfg.block_size, self.dtype) for m in (target, draft) if m is not None)
         if cfg.num_kv_blocks is not None:
@@ -164,14 +178,14 @@ class Engine:
 
     # ---- admission -------------------------------------------------------------------------
     def blocks_for_request(self, num_prompt_tokens: int, max_tokens: int) -> int:
-        return blocks_for(num_prompt_tokens + max_tokens + self.k, self.config.block_size)
+        return blocks_for(num_prompt_tokens + max_tokens + self.look.slots_past_end, self.config.block_size)
 
     def check_fits_pool(self, num_prompt_tokens: int, max_tokens: int) -> None:
         need = self.blocks_for_request(num_prompt_tokens, max_tokens)
         if need > self.block_manager.num_usable_blocks:
             raise OutOfKVBlocksError(
                 f"out of KV blocks: a request of {num_prompt_tokens} prompt + {max_tokens} new tokens "
-                f"(+ {self.k} lookahead) needs {need} blocks of {self.config.block_size}, the pool has "
+                f"(+ {self.look.slots_past_end} lookahead) needs {need} blocks of {self.config.block_size}, the pool has "
                 f"{self.block_manager.num_usable_blocks}; raise num_kv_blocks / kv_cache_gib or shorten the request"
             )
 
@@ -192,7 +206,7 @@ class Engine:
         return admitted
 
     # ---- steps -----------------------------------------------------------------------------
-    def _sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
+    def sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
         """Built once per batch composition: rebuilding them (four host-to-device copies) after every
         spec step's host sync would keep the GPU waiting for nothing."""
         cached = self._sampling_cache
@@ -208,7 +222,7 @@ class Engine:
         if self.draft is not None:
             self.draft.execute(self.draft.prepare("prefill", prompts, starts, tables, num_logits=0))
         logits = self.target.execute(self.target.prepare("prefill", prompts, starts, tables, num_logits=1))
-        ids = self._sample(logits, self._sampling_tensors(seqs))
+        ids = self._sample(logits, self.sampling_tensors(seqs))
         for seq, tok in zip(seqs, ids.tolist()):
             seq.num_cached_target = seq.num_cached_draft = len(seq.prompt_token_ids)
             seq.append_tokens([tok])
@@ -220,7 +234,7 @@ class Engine:
         chunks = [s.token_ids[s.num_cached_target:] for s in seqs]
         starts = [s.num_cached_target for s in seqs]
         logits = self.target.execute(self.target.prepare("decode", chunks, starts, [s.block_table for s in seqs], num_logits=1))
-        ids = self._sample(logits, self._sampling_tensors(seqs))
+        ids = self._sample(logits, self.sampling_tensors(seqs))
         for seq, tok in zip(seqs, ids.tolist()):
             seq.num_cached_target = seq.num_tokens
             seq.append_tokens([tok])
@@ -236,31 +250,36 @@ class Engine:
         noise = None if st.all_greedy else exponential_noise((1, vocab), st.generators, logits.device)  # [B, 1, V]
         return sample_draft_step(logits, st, 0, ids, probs, noise, None, fused=True)
 
-    def _retire_finished(self) -> None:
+    def retire_finished(self) -> None:
         for seq in [s for s in self.running if s.finished]:
             self.block_manager.free(seq.block_table)
             self.running.remove(seq)
 
-    def step(self) -> None:
-        """Admit what fits and prefill it; then one spec (or decode) step for the running batch."""
+    def admit_and_prefill(self) -> list[Sequence]:
+        """Admit the waiting requests that fit and prefill both models for them; returns them."""
         admitted = self._admit()
         if admitted:
             self._prefill(admitted)
-            self._retire_finished()
+        return admitted
+
+    def step(self) -> None:
+        """Admit what fits and prefill it; then one spec (or decode) step for the running batch."""
+        if self.admit_and_prefill():
+            self.retire_finished()
         if not self.running:
             if self.waiting:  # cannot happen after check_fits_pool; guard against a silent hang
                 raise OutOfKVBlocksError("no running request and the next waiting one does not fit the pool")
             return
         if self.spec_step is not None:
-            self.spec_step(self.running, self._sampling_tensors(self.running))
+            self.spec_step(self.running, self.sampling_tensors(self.running))
         else:
             self._decode(self.running)
-        self._retire_finished()
+        self.retire_finished()
 
     def abort_all(self) -> None:
         """Drop every request and return its blocks (used when a generate() call fails midway)."""
         if self.spec_step is not None:
-            self.spec_step.launched.clear()
+            self.spec_step.commit_policy.clear()
         for seq in self.running + list(self.waiting):
             self.block_manager.free(seq.block_table)
         self.running.clear()

@@ -186,6 +186,24 @@ def launch_tensors(kernel, grid: int, block: int, args: list) -> None:
     launcher(grid, block, args)
 
 
+def compiled_resources(kernel, threads_per_block: int) -> list[dict]:
+    """For each signature a GPU launch compiled `kernel` for: registers and local (spill) memory per
+    thread, static shared memory per block, and how many blocks of `threads_per_block` fit on one SM
+    (the driver's occupancy answer). Empty before the first launch, and in the simulator."""
+    launcher = _tensor_launchers.get(kernel)
+    if launcher is None:
+        return []
+    out = []
+    for key, compiled in launcher.compiled_kernels.items():
+        info = {name: getattr(compiled, name, None) for name in ("regs_per_thread", "local_mem_per_thread",
+                                                                 "shared_mem_per_block")}
+        blocks = ctypes.c_int(0)
+        _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), launcher._compiled[key][0],
+                                                               threads_per_block, 0)
+        out.append(dict(info, blocks_per_sm=blocks.value))
+    return out
+
+
 def _specialize(kernel, numba_args: list) -> tuple:
     """Compile `kernel` for these arguments' types: (Numba's compiled kernel, its CUfunction handle)."""
     compiled = next(iter(kernel.specialize(*numba_args).overloads.values()))

@@ -27,6 +27,7 @@ from protospec.model.inputs import prepare_inputs
 from protospec.engine.llm import LLM
 from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID
 from protospec.engine.sequence import Sequence
+from protospec.spec import registry
 
 INPUT_FIELDS = ("input_ids", "positions", "seq_lens", "slot_mapping")
 
@@ -99,7 +100,7 @@ class DraftLoopDebugger:
         seqs = self.llm.make_sequences(prompts, params)
         eng.waiting.extend(seqs)
         self.seqs.extend(seqs)
-        eng._prefill(eng._admit())
+        eng.admit_and_prefill()
         return self.seqs
 
     def decode(self, ids: list[int]) -> list[str]:
@@ -128,9 +129,9 @@ class DraftLoopDebugger:
         if launched is None:
             # A step launched ahead by an overlapped commit inside engine.step() is set aside:
             # stepping by hand starts from draft step 1, so its inputs get compared with their twin.
-            eng.spec_step.launched.discard()
+            eng.spec_step.commit_policy.discard()
         self._counters_before = {name: dict(r.counters) for name, r in (("target", eng.target), ("draft", eng.draft))}
-        self.state = eng.spec_step.begin(seqs, eng._sampling_tensors(seqs))
+        self.state = eng.spec_step.begin(seqs, eng.sampling_tensors(seqs))
         bs, k = eng.config.block_size, eng.k
         self.trace = SpecStepTrace(block_tables=[list(seq.block_table) for seq in seqs])
         if launched is not None and self.state.step == 1:  # continuing from the launched draft step 1
@@ -150,7 +151,7 @@ class DraftLoopDebugger:
             return None
         seqs, tables = s.seqs, [seq.block_table for seq in s.seqs]
         previous = s.draft_ids[:, step - 1].tolist() if step > 0 else []
-        path = "cpu_prepare" if step == 0 or spec.mode in ("main", "sampler") else "gpu_advance"
+        path = "gpu_advance" if step > 0 and spec.draft_loop.kind.on_device else "cpu_prepare"
         d = DraftStepTrace(step, path, _host_inputs(inputs), self._twin(step, seqs, tables, previous), s.draft_ids[:, step].tolist())
         self.trace.draft_steps.append(d)
         return d
@@ -178,14 +179,15 @@ class DraftLoopDebugger:
             self.reject()
         eng, spec = self.engine, self.engine.spec_step
         if overlap:
-            if not spec.overlap_commit:
-                raise ValueError(f"commit(overlap=True) needs the gpu or graph mode with overlap_commit on "
-                                 f"(mode {spec.mode!r}, overlap_commit={spec.overlap_commit})")
+            if spec.commit_policy.name != registry.OVERLAPPED:
+                raise ValueError(f"commit(overlap=True) needs the overlapped commit policy, which a device draft loop "
+                                 f"has with overlap_commit on (draft loop {spec.draft_loop.name!r}, commit policy "
+                                 f"{spec.commit_policy.name!r})")
             spec.queue_commit_copy(self.state)
             spec.launch_next(self.state)
         spec.commit(self.state)
-        eng._retire_finished()
-        pending = spec.launched.pending
+        eng.retire_finished()
+        pending = spec.commit_policy.pending
         if pending is not None:
             seqs = pending.seqs
             self._launched = self.trace.next_first_step = DraftStepTrace(

@@ -4,7 +4,7 @@ the draft's first step (2 tokens) and the target's verify (k+1 tokens).
 An eager 12-layer forward is CPU-launch-bound (~800 kernel launches); replayed as a graph it costs
 one launch. vLLM captured its decode forward the same way in the study we reproduce, so the draft
 loop's input preparation is what is left to compare. A graph reads fixed addresses, so each
-layout gets persistent buffers (StaticBatch): CPU-prepared inputs are copied in (device to
+layout gets persistent buffers (PersistentInputs): CPU-prepared inputs are copied in (device to
 device), while device-built inputs (the draft's decode buffers, advanced by advance_step, and its
 first-step buffers, built by first_draft_step) are captured themselves (no copies).
 Batches are padded up to a power-of-two row count and block tables to a power-of-two width.
@@ -15,8 +15,8 @@ import contextlib
 
 import torch
 
-from protospec.model.attention import PAD_SLOT_ID, AttentionMetadata
 from protospec.model.inputs import ForwardInputs
+from protospec.model.persistent_inputs import PersistentInputs
 
 
 def bucket(n: int, cap: int, smallest: int = 1) -> int:
@@ -25,43 +25,6 @@ def bucket(n: int, cap: int, smallest: int = 1) -> int:
     while size < n:
         size *= 2
     return min(size, cap)
-
-
-class StaticBatch:
-    """Persistent inputs of one layout: `rows` sequences x `query_len` tokens, `width` table blocks."""
-
-    def __init__(self, rows: int, query_len: int, width: int, logits_per_seq: int, block_size: int, device):
-        num_tokens = rows * query_len
-        self.rows, self.query_len = rows, query_len
-        self.input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(num_tokens, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((num_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(rows, width, dtype=torch.int32, device=device)
-        grid = torch.arange(num_tokens, device=device).view(rows, query_len)
-        self.inputs = ForwardInputs(self.input_ids, self.positions, AttentionMetadata(
-            slot_mapping=self.slot_mapping,
-            block_tables=self.block_tables,
-            seq_lens=torch.zeros(rows, dtype=torch.int32, device=device),  # not read by the forward
-            query_start_loc=torch.arange(0, num_tokens + 1, query_len, device=device, dtype=torch.int32),
-            padded_token_index=grid,
-            token_grid_index=grid.reshape(-1),
-            logits_indices=grid[:, query_len - logits_per_seq:].reshape(-1).contiguous(),  # reshape may keep strides
-            block_size=block_size,
-            uniform_query_len=query_len,
-        ), query_len, logits_per_seq)
-
-    def fill(self, src: ForwardInputs) -> None:
-        """Copy a CPU-prepared batch in. Padding rows get slot -1, so a replay never writes K/V
-        for them (stale slots there could belong to another sequence by now)."""
-        tokens, (seqs, width) = src.input_ids.shape[0], src.meta.block_tables.shape
-        self.input_ids[:tokens].copy_(src.input_ids)
-        self.positions[:tokens].copy_(src.positions)
-        self.slot_mapping[:tokens].copy_(src.meta.slot_mapping)
-        if tokens < self.slot_mapping.shape[0]:
-            self.slot_mapping[tokens:].fill_(PAD_SLOT_ID)
-        # Columns past `width` keep stale block ids: harmless, attention masks keys past each
-        # query's position, and every position of this batch lies inside its first `width` blocks.
-        self.block_tables[:seqs, :width].copy_(src.meta.block_tables)
 
 
 @contextlib.contextmanager
@@ -106,24 +69,24 @@ class GraphCache:
     def __init__(self, model, kv_caches, block_size: int, max_rows: int, max_blocks: int):
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.max_rows, self.max_blocks = max_rows, max_blocks
-        self.static: dict[tuple, StaticBatch] = {}
+        self.static: dict[tuple, PersistentInputs] = {}
         self.graphs: dict[tuple, CapturedForward] = {}
 
     def run(self, inputs: ForwardInputs) -> torch.Tensor:
         seqs, width = inputs.meta.block_tables.shape
         rows = bucket(seqs, self.max_rows)
         width = bucket(width, self.max_blocks, smallest=8)
-        if inputs.decode_state is not None:  # device-built inputs: capture their persistent buffers themselves
-            key = (type(inputs.decode_state).__name__, rows, width)
+        if inputs.persistent is not None:  # device-built inputs: capture their persistent buffers themselves
+            key = (inputs.persistent.name, rows, width)
             if key not in self.graphs:
-                static_inputs = inputs.decode_state.inputs(rows, width)
+                static_inputs = inputs.persistent.view(rows, width)
         else:
-            key = (inputs.query_len, inputs.logits_per_seq, rows, width)
+            key = (f"static_q{inputs.query_len}_l{inputs.logits_per_seq}", rows, width)
             if key not in self.static:
-                self.static[key] = StaticBatch(rows, inputs.query_len, width, inputs.logits_per_seq,
-                                               self.block_size, inputs.input_ids.device)
+                self.static[key] = PersistentInputs(key[0], rows, inputs.query_len, width, inputs.logits_per_seq,
+                                                    self.block_size, inputs.input_ids.device)
             self.static[key].fill(inputs)
-            static_inputs = self.static[key].inputs
+            static_inputs = self.static[key].view(rows, width)
         if key not in self.graphs:
             self.graphs[key] = CapturedForward(self.model, self.kv_caches, static_inputs)
         return self.graphs[key].replay()[: seqs * inputs.logits_per_seq]

@@ -11,10 +11,14 @@ sequence, starting at this position, and give me logits for the last n of them":
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from protospec.model.attention import NULL_BLOCK, AttentionMetadata
+
+if TYPE_CHECKING:
+    from protospec.model.persistent_inputs import PersistentInputs
 
 
 @dataclass
@@ -26,7 +30,7 @@ class ForwardInputs:
     # every sequence feeds `query_len` tokens and wants `logits_per_seq` logits; None = ragged.
     query_len: int | None = None
     logits_per_seq: int | None = None
-    decode_state: object | None = None  # set when these are views of the persistent decode buffers
+    persistent: PersistentInputs | None = None  # set when these are views of persistent buffers
 
 
 def host_to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

@@ -6,8 +6,6 @@ from collections import Counter
 import torch
 
 from protospec.model.graphs import GraphCache
-from protospec.spec.decode_state import DraftDecodeState
-from protospec.spec.first_step_state import FirstStepState
 from protospec.model.inputs import ForwardInputs, prepare_inputs
 from protospec.model.llama import LlamaForCausalLM
 
@@ -15,9 +13,9 @@ from protospec.model.llama import LlamaForCausalLM
 class ModelRunner:
     """Counters (see `counters`): every CPU prepare is counted under `cpu_prepare` and under
     `cpu_prepare:<why>` (prefill, first_draft_step, verify, decode); a draft step 2..k that could
-    have been advanced on the GPU but was CPU-prepared counts as `fallback:<reason>`; each
-    advance_step launch counts as `gpu_advance`, each first draft step built on the device (the
-    overlapped commit) as `gpu_first_step`."""
+    have been advanced on the GPU but was CPU-prepared counts as `fallback:<reason>`. The draft
+    loops count their device-built inputs here too: `gpu_advance` per advance_step launch,
+    `gpu_first_step` per draft step 1 built on the device (spec/device_draft_loops.py)."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int):
         cfg = model.config
@@ -32,8 +30,6 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self.counters: Counter[str] = Counter()
-        self.decode_state: DraftDecodeState | None = None
-        self.first_step: FirstStepState | None = None
         self.graphs: GraphCache | None = None
         self.max_graph_query_len = 0
 
@@ -41,12 +37,6 @@ class ModelRunner:
         """Replay forwards of up to max_query_len tokens per sequence as CUDA graphs (never prefill)."""
         self.graphs = GraphCache(self.model, self.kv_caches, self.block_size, max_rows, max_blocks)
         self.max_graph_query_len = max_query_len
-
-    def enable_gpu_advance(self, max_num_seqs: int, max_blocks: int) -> None:
-        """Allocate the persistent decode buffers (steps 2..k, and the first step when it is built on
-        the device) and bind the advance_step kernel to them."""
-        self.decode_state = DraftDecodeState(max_num_seqs, max_blocks, self.block_size, self.device)
-        self.first_step = FirstStepState(max_num_seqs, max_blocks, self.block_size, self.decode_state.error_row, self.device)
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -60,17 +50,6 @@ class ModelRunner:
         self.counters["cpu_prepare"] += 1
         self.counters[why if why.startswith("fallback:") else f"cpu_prepare:{why}"] += 1
         return prepare_inputs(token_chunks, start_positions, block_tables, self.block_size, num_logits, self.device, max_blocks)
-
-    def advance(self) -> ForwardInputs:
-        """The GPU path: advance the decode buffers in place with the advance_step kernel."""
-        self.counters["gpu_advance"] += 1
-        self.decode_state.advance()
-        return self.decode_state.inputs()
-
-    def first_step_on_device(self, result, block_tables, lengths, last_tokens) -> ForwardInputs:
-        """The next first draft step's inputs, built on the device from a rejection output."""
-        self.counters["gpu_first_step"] += 1
-        return self.first_step.build(result, block_tables, lengths, last_tokens)
 
     def execute(self, inputs: ForwardInputs) -> torch.Tensor:
         """Forward; returns logits [num_logits, vocab] float32 on the device."""

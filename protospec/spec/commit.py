@@ -1,11 +1,15 @@
-"""The overlapped commit's bookkeeping (speculative.py): the next spec step, launched before the
-commit's host sync, and what becomes of it.
+"""Commit policies: what the host does around the one sync of a spec step, chosen once per engine.
 
-It is reused only for the very same batch (the same Sequence objects, in order, with the same
-SamplingTensors) whose block tables still cover its lookahead. Otherwise it is discarded: what it
-wrote to the draft's cache is written again by the step that replaces it, and the random numbers it
-drew stay with their requests (seq_id -> their rows), so the replacement draws nothing new for them
-and seeded outputs do not depend on whether the commit overlapped.
+synced      the host waits for the rejection output, commits, then prepares the next spec step.
+overlapped  after the rejection sampler and the commit's copy are queued, the NEXT spec step's draft
+            step 1 is queued too, its inputs built on the device from the rejection output
+            (L' = L + accepted + 1; the last two tokens are on the device already). The host then
+            waits only for the copy and commits while the device runs that step. The next `begin`
+            takes the launched step if the batch is the same; otherwise (a request finished or
+            joined) it is discarded: its K/V writes are rewritten with the same values, and its
+            random numbers stay with their requests (seq_id -> their rows), so outputs do not
+            depend on whether the commit overlapped. Only the device draft loops can build draft
+            step 1 on the device; vLLM's change prepared it on the CPU after the sync (synced).
 """
 from __future__ import annotations
 
@@ -14,33 +18,85 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from protospec.engine.sequence import Sequence
+from protospec.spec import registry
+from protospec.spec.lookahead import Lookahead
+from protospec.spec.sampler import SamplingTensors
+from protospec.spec.step_state import StepState
+
 if TYPE_CHECKING:
-    from protospec.spec.sampler import SamplingTensors
-    from protospec.engine.sequence import Sequence
-    from protospec.spec.step import StepState
+    from protospec.spec.step import SpeculativeStep
 
 
-class LaunchedStep:
-    def __init__(self, counters: Counter):
-        self.pending: StepState | None = None  # the next spec step, its draft step 1 already launched
-        self._counters = counters              # the draft runner's: counts "first_step_discarded"
+class SyncedCommit:
+    name = registry.SYNCED
+    pending: StepState | None = None  # never: nothing is launched ahead
+
+    def take(self, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
+        """A spec step launched ahead for this batch, if any."""
+        return None
+
+    def launch_next(self, step: SpeculativeStep, s: StepState) -> None:
+        """Queue work of the next spec step before the commit's host sync (nothing, here)."""
+
+    def kept_lookahead(self) -> int:
+        """Slots a sequence keeps past its end after the commit (a launched step's lookahead)."""
+        return 0
+
+    def kept_randoms(self, seqs: list[Sequence]) -> list | None:
+        """Random numbers drawn for these requests by a discarded launched step."""
+        return None
+
+    def discard(self) -> None:
+        """Drop a launched step (the batch changed, or a debugger takes over), keeping its randoms."""
+
+    def clear(self) -> None:
+        """Forget everything launched or kept (the engine aborted its requests)."""
+
+
+class OverlappedCommit(SyncedCommit):
+    name = registry.OVERLAPPED
+
+    def __init__(self, counters: Counter, look: Lookahead, block_size: int):
+        self.pending = None           # the next spec step, its draft step 1 already launched
+        self._counters = counters     # the draft runner's: counts "first_step_discarded"
+        self.look, self.block_size = look, block_size
         # seq_id -> (uniforms [k], noise [2k + 1, V]) drawn by a discarded step for that request
         self._kept_randoms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def take(self, seqs: list[Sequence], st: SamplingTensors, lookahead: int, block_size: int) -> StepState | None:
-        """The pending step if it was made for this batch and its block tables still hold
-        `lookahead` slots past every sequence's end; otherwise it is discarded."""
+    def launch_next(self, step: SpeculativeStep, s: StepState) -> None:
+        """Not when a sequence may reach max_tokens in this step: it may have no next step, and the
+        next step's lookahead could pass the blocks its admission promised."""
+        if any(self.look.may_finish_within_step(seq.num_remaining) for seq in s.seqs):
+            return
+        seqs = list(s.seqs)  # a copy: the engine's running list changes when requests finish
+        for seq in seqs:
+            step.block_manager.ensure_capacity(seq.block_table, seq.num_tokens + self.look.next_step_slots)
+        loop = step.draft_loop
+        nxt = loop.new_state(seqs, s.st, max(len(seq.block_table) for seq in seqs))
+        with step.timer.phase("prepare"):
+            nxt.first_inputs = loop.build_first_inputs(s.result, seqs)
+        loop.draft_step(nxt, step.draw_randoms)
+        self.pending = nxt
+
+    def take(self, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
+        """The pending step if it was made for this very batch (the same Sequence objects, in order,
+        with the same SamplingTensors) and its block tables still hold the lookahead past every
+        sequence's end; otherwise it is discarded."""
         pending, self.pending = self.pending, None
         if pending is None:
             return None
         same_batch = pending.st is st and len(pending.seqs) == len(seqs) and all(a is b for a, b in zip(pending.seqs, seqs))
-        if same_batch and all(len(seq.block_table) * block_size >= seq.num_tokens + lookahead for seq in seqs):
+        lookahead = self.look.slots_past_end
+        if same_batch and all(len(seq.block_table) * self.block_size >= seq.num_tokens + lookahead for seq in seqs):
             return pending
         self._keep_randoms(pending)
         return None
 
+    def kept_lookahead(self) -> int:
+        return self.look.slots_past_end if self.pending is not None else 0
+
     def discard(self) -> None:
-        """Drop the pending step (the batch changed, or a debugger takes over), keeping its randoms."""
         pending, self.pending = self.pending, None
         if pending is not None:
             self._keep_randoms(pending)
@@ -53,7 +109,6 @@ class LaunchedStep:
                 self._kept_randoms[seq.seq_id] = (r.uniforms[row], r.noise_block[row])
 
     def clear(self) -> None:
-        """Forget the pending step and every kept random number (the engine aborted its requests)."""
         self.pending = None
         self._kept_randoms.clear()
 
@@ -65,3 +120,7 @@ class LaunchedStep:
         kept = [self._kept_randoms.get(seq.seq_id) for seq in seqs]
         self._kept_randoms.clear()
         return kept
+
+
+def make_commit_policy(name: str, counters: Counter, look: Lookahead, block_size: int) -> SyncedCommit:
+    return OverlappedCommit(counters, look, block_size) if name == registry.OVERLAPPED else SyncedCommit()

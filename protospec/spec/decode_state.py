@@ -1,77 +1,45 @@
-"""Persistent decode inputs for the draft's steps 2..k, advanced in place on the device.
+"""The draft's decode inputs for steps 2..k, advanced in place on the device.
 
-The first draft step of a spec step is CPU-prepared (it follows a verify or a prefill and may
-feed 2 tokens per sequence); `seed` then copies its seq_lens and block tables into these buffers
-(device to device), and `advance` runs the advance_step kernel for every later step. The buffers
-never move, so the kernel's arguments are bound once (and a CUDA graph could replay them).
+Draft step 1 (CPU-prepared after a verify or a prefill, or built on the device by the overlapped
+commit) feeds 2 tokens per sequence; `seed` then copies its seq_lens and block tables into these
+buffers (device to device), and `advance` runs the advance_step kernel for every later step. The
+buffers never move, so the kernel's arguments are bound once and a CUDA graph replays them.
 """
 from __future__ import annotations
 
 import torch
 
-from protospec.model.attention import PAD_SLOT_ID, AttentionMetadata
-from protospec.model.inputs import ForwardInputs
 from protospec.kernels.advance_step import AdvanceStepLauncher
+from protospec.model.attention import AttentionMetadata
+from protospec.model.inputs import ForwardInputs
+from protospec.model.persistent_inputs import PersistentInputs
 
 
 class DraftDecodeState:
-    def __init__(self, max_num_seqs: int, max_blocks: int, block_size: int, device: torch.device):
-        n = max_num_seqs
-
-        def zeros(*shape, dtype=torch.int64):
-            return torch.zeros(*shape, dtype=dtype, device=device)
-
-        self.block_size = block_size
-        self.num_queries = zeros(1, dtype=torch.int32)   # [1] real rows this spec step
-        self.sampled_ids = zeros(n)                      # [n] the sampler writes here
-        self.input_ids = zeros(n)                        # [n]
-        self.positions = zeros(n)                        # [n]
-        self.seq_lens = zeros(n, dtype=torch.int32)      # [n]
-        self.slot_mapping = torch.full((n,), PAD_SLOT_ID, dtype=torch.int64, device=device)
-        self.block_tables = zeros(n, max_blocks, dtype=torch.int32)  # [n, max_blocks]
-        self.error_row = zeros(1, dtype=torch.int32)     # [1] row + 1 of a bad position, 0 = fine
-        rows = torch.arange(n + 1, device=device)
-        # A decode step's layout never changes: token r belongs to sequence r.
-        self._grid_index = rows[:n]
-        self._query_start = rows.to(torch.int32)
-        self.num_seqs = self.width = 0
-        self._views: dict[tuple[int, int], ForwardInputs] = {}  # the buffers never move: build views once
-        self.advance = AdvanceStepLauncher(block_size, self.num_queries, self.sampled_ids, self.input_ids,
-                                           self.positions, self.seq_lens, self.slot_mapping, self.block_tables,
-                                           self.error_row)
+    def __init__(self, name: str, max_num_seqs: int, max_blocks: int, block_size: int, device: torch.device,
+                 error_row: torch.Tensor):
+        self.buffers = PersistentInputs(name, max_num_seqs, 1, max_blocks, 1, block_size, device)
+        self.num_queries = torch.zeros(1, dtype=torch.int32, device=device)         # [1] real rows this spec step
+        self.sampled_ids = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)  # [n] the sampler writes here
+        self.error_row = error_row  # [1] int32: row + 1 of a position past its block table, 0 = fine
+        b = self.buffers
+        self.advance = AdvanceStepLauncher(block_size, self.num_queries, self.sampled_ids, b.input_ids, b.positions,
+                                           b.seq_lens, b.slot_mapping, b.block_tables, self.error_row)
 
     @property
     def max_num_seqs(self) -> int:
-        return self.input_ids.shape[0]
+        return self.buffers.max_rows
 
     def seed(self, meta: AttentionMetadata) -> None:
-        """Take the first draft step's seq_lens and block tables. Device copies only: no sync."""
+        """Take draft step 1's seq_lens and block tables. Device copies only: no sync."""
         num_seqs, width = meta.block_tables.shape
-        if num_seqs > self.max_num_seqs or width > self.block_tables.shape[1]:
-            raise ValueError(f"batch {num_seqs} x {width} blocks exceeds the decode buffers "
-                             f"{self.max_num_seqs} x {self.block_tables.shape[1]}")
-        self.seq_lens[:num_seqs].copy_(meta.seq_lens)
-        self.block_tables[:num_seqs, :width].copy_(meta.block_tables)
+        b = self.buffers
+        b.check_fits(num_seqs, width)
+        b.seq_lens[:num_seqs].copy_(meta.seq_lens)
+        b.block_tables[:num_seqs, :width].copy_(meta.block_tables)
         self.num_queries.fill_(num_seqs)
-        self.num_seqs, self.width = num_seqs, width
+        b.num_seqs, b.width = num_seqs, width
 
     def inputs(self, rows: int | None = None, width: int | None = None) -> ForwardInputs:
-        """Views of the buffers in the layout the model reads: the current batch, or `rows` x
-        `width` for a CUDA graph (rows past the batch are padding rows the kernel keeps inert)."""
-        b, w = rows or self.num_seqs, width or self.width
-        if (b, w) in self._views:
-            return self._views[b, w]
-        meta = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:b],
-            block_tables=self.block_tables[:b, :w],
-            seq_lens=self.seq_lens[:b],
-            query_start_loc=self._query_start[: b + 1],
-            padded_token_index=self._grid_index[:b, None],
-            token_grid_index=self._grid_index[:b],
-            logits_indices=self._grid_index[:b],
-            block_size=self.block_size,
-            uniform_query_len=1,
-        )
-        self._views[b, w] = ForwardInputs(self.input_ids[:b], self.positions[:b], meta, query_len=1, logits_per_seq=1,
-                                          decode_state=self)
-        return self._views[b, w]
+        """The current batch, or `rows` x `width` for a CUDA graph (padding rows stay inert)."""
+        return self.buffers.view(rows, width)

@@ -15,14 +15,17 @@ from __future__ import annotations
 import torch
 
 from protospec.model.graphs import sync_allowed
+from protospec.model.runner import ModelRunner
+from protospec.spec.decode_state import DraftDecodeState
 from protospec.spec.draft_sampling import sample_draft_step
 from protospec.spec.sampler import SamplingTensors
 
 
 class DraftLoopGraph:
-    def __init__(self, runner, k: int, rows: int, width: int, st: SamplingTensors, fused_sampling: bool = False):
+    def __init__(self, runner: ModelRunner, decode: DraftDecodeState, k: int, rows: int, width: int, st: SamplingTensors,
+                 fused_sampling: bool = False):
         device, vocab = runner.device, runner.vocab_size
-        self.runner, self.k, self.rows, self.width = runner, k, rows, width
+        self.runner, self.decode, self.k, self.rows, self.width = runner, decode, k, rows, width
         self.draft_ids = torch.zeros(rows, k, dtype=torch.int64, device=device)         # [rows, k]
         self.draft_probs = torch.zeros(rows, k, vocab, dtype=torch.float32, device=device)  # [rows, k, V]
         self.noise = torch.ones(rows, k, vocab, dtype=torch.float32, device=device)     # [rows, k, V] Exp(1)
@@ -40,7 +43,7 @@ class DraftLoopGraph:
         return rows, width, st.all_greedy, st.any_greedy, st.needs_filter
 
     def _steps(self) -> None:
-        decode, model = self.runner.decode_state, self.runner.model
+        decode, model = self.decode, self.runner.model
         inputs = decode.inputs(self.rows, self.width)
         sampled = decode.sampled_ids[: self.rows]
         for step in range(1, self.k):

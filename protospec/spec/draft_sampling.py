@@ -1,6 +1,6 @@
 """One draft step's sample into the spec step's buffers: the fused kernel or the torch ops.
 
-Shared by the step-by-step draft loop (speculative.py) and the captured one (draft_graph.py), so
+Shared by the step-by-step draft loops (draft_loop.py) and the captured one (draft_graph.py), so
 every mode samples the same way and the modes' outputs stay comparable token for token.
 """
 from __future__ import annotations

@@ -2,7 +2,6 @@
 and a few launches to profile: python3 scripts/device/attention_profile.py [--batch 64] [--queries 1 6]
 Run under `ncu --clock-control none --kernel-name regex:attention ...` for the hardware counters."""
 import argparse
-import ctypes
 
 import torch
 
@@ -24,10 +23,5 @@ for queries in args.queries:
     torch.cuda.synchronize()
     rows = by_kv_head.rows_per_block(queries * cfg.num_attention_heads // cfg.num_key_value_heads)
     dispatcher = by_kv_head.attention_kernel(rows, cfg.head_dim, 16)
-    launcher = interop._tensor_launchers[dispatcher]
-    for key, compiled in launcher.compiled_kernels.items():
-        info = {name: getattr(compiled, name, None) for name in ("regs_per_thread", "local_mem_per_thread", "shared_mem_per_block")}
-        blocks = ctypes.c_int(0)
-        function = launcher._compiled[key][0]
-        interop._libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), function, by_kv_head.THREADS, 0)
-        print(f"queries {queries} rows {rows}: {info}, blocks per SM {blocks.value}", flush=True)
+    for info in interop.compiled_resources(dispatcher, by_kv_head.THREADS):
+        print(f"queries {queries} rows {rows}: {info}", flush=True)

@@ -41,8 +41,8 @@ for rows, budget, min_blocks, per_sm, fill in itertools.product(args.rows, args.
     regs = {}
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for r in sorted({by_kv_head.rows_per_block(q, b * cfg.num_key_value_heads, sms) for b, q in shapes}):
-        launcher = interop._tensor_launchers.get(by_kv_head.attention_kernel(r, cfg.head_dim, 16))
-        if launcher:
-            regs[r] = [getattr(c, "regs_per_thread", None) for c in launcher.compiled_kernels.values()]
+        resources = interop.compiled_resources(by_kv_head.attention_kernel(r, cfg.head_dim, 16), by_kv_head.THREADS)
+        if resources:
+            regs[r] = [info["regs_per_thread"] for info in resources]
     print(f"{rows:>4} {budget:>6} {min_blocks:>10} {per_sm:>9} {fill:>4} | " + " ".join(f"{t:6.1f}" for t in times)
           + f" | {regs}", flush=True)

@@ -1,0 +1,76 @@
+"""The draft loop's ways, the commit policies and the bench's arms: named here, and only here.
+
+Config, engine, bench, report and debugger read these tables; the classes that implement each way
+are in draft_loops.py and device_draft_loops.py (DRAFT_LOOP_CLASSES maps a name to its class).
+This module imports nothing heavy, so the config can check a name before anything is loaded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+AUTO = "auto"
+MAIN, SAMPLER, GPU, GRAPH = "main", "sampler", "gpu", "graph"
+SYNCED, OVERLAPPED = "synced", "overlapped"
+
+
+@dataclass(frozen=True)
+class DraftLoopKind:
+    name: str
+    doc: str                    # one line for --help and docstrings
+    on_device: bool             # inputs built by Numba kernels (the simulator on a CPU)
+    needs_cuda_graphs: bool     # replays steps 2..k as a CUDA graph
+    host_sync_per_step: bool    # copies each draft step's ids to the host
+
+
+DRAFT_LOOPS: dict[str, DraftLoopKind] = {kind.name: kind for kind in (
+    DraftLoopKind(MAIN, "CPU prepare_inputs every draft step; the draft ids are copied to the host every step (a sync)",
+                  on_device=False, needs_cuda_graphs=False, host_sync_per_step=True),
+    DraftLoopKind(SAMPLER, "CPU prepare_inputs every draft step; the draft ids stay on the device (no per-step sync)",
+                  on_device=False, needs_cuda_graphs=False, host_sync_per_step=False),
+    DraftLoopKind(GPU, "the advance_step kernel for steps 2..k, no sync; with the overlapped commit, draft step 1 is "
+                  "built on the device by the first_draft_step kernel and launched before the commit's host sync "
+                  "(synced: draft step 1 CPU-prepared after the sync, as vLLM's change did)",
+                  on_device=True, needs_cuda_graphs=False, host_sync_per_step=False),
+    DraftLoopKind(GRAPH, "as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph",
+                  on_device=True, needs_cuda_graphs=True, host_sync_per_step=False),
+)}
+AUTO_DOC = "gpu on CUDA, main on a CPU (where the kernels would only run in Numba's simulator)"
+DRAFT_LOOP_NAMES = (AUTO, *DRAFT_LOOPS)
+DRAFT_LOOP_DOC = {**{name: kind.doc for name, kind in DRAFT_LOOPS.items()}, AUTO: AUTO_DOC}
+
+COMMIT_DOC = {
+    SYNCED: "the host waits for the rejection output, commits, then prepares the next spec step",
+    OVERLAPPED: "the next spec step's draft step 1 is built on the device and queued before the host syncs "
+                "(device draft loops only)",
+}
+
+
+def resolve(name: str, device_type: str) -> tuple[str, str]:
+    """(draft loop, fallback reason): `auto` picks by device; the reason labels the CPU-prepared
+    steps 2..k in the counters (why the device path did not run)."""
+    if name == AUTO:
+        return (GPU, "") if device_type == "cuda" else (MAIN, "no_cuda_device")
+    return name, "disabled_by_user"
+
+
+def commit_policy_for(name: str, overlap_commit: bool) -> str:
+    """The overlapped commit needs draft step 1 built on the device: only the device loops have it."""
+    return OVERLAPPED if overlap_commit and DRAFT_LOOPS[name].on_device else SYNCED
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of the bench's ablation: a draft loop and a commit policy, under one name."""
+    name: str
+    draft_loop: str
+    commit: str
+
+
+# In the order of the ablation's table: each arm removes one more host cost than the one before.
+ARMS: dict[str, Arm] = {arm.name: arm for arm in (
+    Arm(MAIN, MAIN, SYNCED),
+    Arm(SAMPLER, SAMPLER, SYNCED),
+    Arm(f"{GPU}_sync_commit", GPU, SYNCED),    # vLLM's change as it was
+    Arm(GPU, GPU, OVERLAPPED),
+    Arm(GRAPH, GRAPH, OVERLAPPED),
+)}

@@ -1,0 +1,28 @@
+"""What one spec step carries between its stages (spec/step.py), whichever draft loop made it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from protospec.engine.sequence import Sequence
+from protospec.model.inputs import ForwardInputs
+from protospec.spec.randoms import SpecStepRandoms
+from protospec.spec.rejection import RejectionOutput
+from protospec.spec.sampler import SamplingTensors
+
+
+@dataclass
+class StepState:
+    seqs: list[Sequence]
+    st: SamplingTensors
+    max_blocks: int                           # block-table width of this step (lookahead included)
+    draft_ids: torch.Tensor                   # [B, k] int64, filled step by step
+    draft_probs: torch.Tensor                 # [B, k, V] float32
+    host_draft_ids: list[list[int]] | None = None  # the draft ids on the host, where a loop copies them every step
+    randoms: SpecStepRandoms | None = None    # drawn in draft step 1, after its forward is queued
+    first_inputs: ForwardInputs | None = None  # draft step 1's inputs when built ahead (the overlapped commit)
+    step: int = 0                             # draft steps done
+    target_probs: torch.Tensor | None = None  # [B, k+1, V] after verify
+    result: RejectionOutput | None = None     # after reject
+    commit_copy: tuple[torch.Tensor, torch.cuda.Event | None] | None = None  # (host int64 copy, its event): what commit reads
