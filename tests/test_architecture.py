@@ -1,0 +1,111 @@
+"""The package's shape, checked: no import circle, each draft-loop name spelled in one module, no reaching
+into another package's private attributes."""
+import ast
+import re
+from pathlib import Path
+
+from protospec.spec import registry
+
+PACKAGE = Path(__file__).resolve().parents[1] / "protospec"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _top_level_imports(path: Path, known: set[str]) -> set[str]:
+    """protospec modules imported when this module is imported (module level, not under TYPE_CHECKING,
+    not inside functions)."""
+    out = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, (ast.If, ast.Try)):
+                visit(node.body + node.orelse + getattr(node, "finalbody", []) +
+                      [n for h in getattr(node, "handlers", []) for n in h.body])
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name in known)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("protospec"):
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    out.add(sub if sub in known else node.module)
+
+    visit(ast.parse(path.read_text()).body)
+    return out
+
+
+def test_no_import_circle():
+    modules = _modules()
+    # A package's own __init__ importing its submodules is the usual pattern, not a circle: edges to a
+    # module's own parent packages are left out.
+    graph = {name: {dep for dep in _top_level_imports(path, set(modules)) if not name.startswith(dep + ".")} - {name}
+             for name, path in modules.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(node):
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(dep):] + [dep]))
+            if dep not in state:
+                dfs(dep)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            dfs(name)
+
+
+def test_each_draft_loop_name_is_spelled_in_the_registry_only():
+    names = set(registry.DRAFT_LOOPS) | set(registry.ARMS)
+    pattern = re.compile(r"""["'](%s)["']""" % "|".join(sorted(names)))
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "registry.py":
+            continue
+        code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+        tree = ast.parse(path.read_text())
+        docstrings = {ast.get_docstring(n, clean=False) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))} - {None}
+        for doc in docstrings:
+            code = code.replace(doc, "")
+        offenders += [f"{path.relative_to(PACKAGE)}: {m.group(0)}" for m in pattern.finditer(code)]
+    assert not offenders, offenders
+
+
+def _package_of(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0] if len(path.relative_to(PACKAGE).parts) > 1 else ""
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_reaches_into_another_packages_private_attributes():
+    """`other._name`, where protospec defines `_name` in another subpackage than the one reading it."""
+    trees = {path: ast.parse(path.read_text()) for path in PACKAGE.rglob("*.py")}
+    defined: dict[str, set[str]] = {}  # private attribute or method name -> packages defining it
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and _private(node.name):
+                defined.setdefault(node.name, set()).add(_package_of(path))
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _private(node.attr):
+                defined.setdefault(node.attr, set()).add(_package_of(path))
+    offenders = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and _private(node.attr):
+                owners = defined.get(node.attr, set())
+                if owners and _package_of(path) not in owners and ast.unparse(node.value) not in ("self", "cls"):
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, offenders
