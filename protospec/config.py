@@ -83,6 +83,15 @@ class EngineConfig:
     # spec step's draft step 1 is built on the device and queued before the commit's host sync, so
     # the device works while the host commits), False = synced. The CPU-prepared loops are synced.
     overlap_commit: bool = True
+    # Which draft tokens a spec step keeps (spec/acceptance.py): "rejection" (lossless) or "typical"
+    # (Medusa's typical acceptance, lossy; posterior_threshold and posterior_alpha as vLLM names them).
+    acceptance: str = registry.REJECTION
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    # The n-gram proposer (speculative_model="[ngram]"): the longest suffix of prompt_lookup_max ..
+    # prompt_lookup_min tokens that occurred before is looked up (kernels/ngram_match.py).
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
 
     def __post_init__(self) -> None:
         """Checked before anything is loaded or allocated; the upper bounds keep a typo from asking
@@ -108,8 +117,25 @@ class EngineConfig:
         kind = registry.DRAFT_LOOPS.get(self.draft_loop)
         if self.check_no_sync and kind is not None and kind.host_sync_per_step:
             raise ConfigError(f"check_no_sync cannot hold with draft_loop={self.draft_loop!r}, which syncs every draft step")
+        if self.acceptance not in registry.ACCEPTANCE_DOC:
+            raise ConfigError(f"acceptance must be one of {tuple(registry.ACCEPTANCE_DOC)}, got {self.acceptance!r}")
+        for name in ("posterior_threshold", "posterior_alpha"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value) or not 0 < value <= 1:
+                raise ConfigError(f"{name} must be a number in (0, 1], got {value!r}")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not _is_int(lo) or not _is_int(hi) or not 1 <= lo <= hi <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"prompt_lookup_min / prompt_lookup_max must be integers with 1 <= min <= max <= "
+                              f"{MAX_SPECULATIVE_TOKENS}, got {lo!r} / {hi!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
+
+    @property
+    def proposer(self) -> str | None:
+        """registry.NGRAM for speculative_model="[ngram]", registry.DRAFT for a draft model, None without."""
+        if not self.speculative_model:
+            return None
+        return registry.NGRAM if self.speculative_model == registry.NGRAM_MODEL else registry.DRAFT
 
     @property
     def k(self) -> int:

@@ -103,3 +103,21 @@ def test_array_fields_follow_numbas_layout_for_c_contiguous_arrays():
         fields = array_fields(tensor)
         assert fields[:5] == [0, 0, tensor.numel(), tensor.element_size(), tensor.data_ptr()]
         assert fields[5:] == list(tensor.shape) + expected_strides
+
+
+def _with_fewer_proposals(args, num_proposed):
+    """Zero the draft_probs rows past each row's proposals, as a proposer with fewer tokens leaves them."""
+    k = args[0].shape[1]
+    proposed = torch.tensor(num_proposed, dtype=torch.int64, device=args[0].device)
+    past = torch.arange(k, device=args[0].device)[None, :] >= proposed[:, None]
+    args[1] = args[1].masked_fill(past[:, :, None], 0.0)
+    return args + [proposed]
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_rows_with_fewer_proposals_match_the_reference(greedy):
+    args = _with_fewer_proposals(_case(5, 4, 3, 40, greedy=greedy), [0, 1, 3, 2])
+    ref = _assert_same(args)
+    assert ref.num_accepted[0].item() == 0 and not ref.passed_mask[0].any()  # nothing proposed, nothing tested
+    assert not ref.passed_mask[1, 1:].any() and not ref.passed_mask[3, 2:].any()
+    assert (ref.output_token_ids[0, 1:] == -1).all()  # one token emitted: a target-only step for that row

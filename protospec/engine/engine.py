@@ -15,11 +15,13 @@ import torch
 from protospec.engine.block_manager import BlockManager, blocks_for
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
 from protospec.spec import registry
+from protospec.spec.acceptance import make_acceptance
 from protospec.spec.commit import make_commit_policy
 from protospec.spec.draft_loop import DraftLoop
 from protospec.spec.draft_loops import make_draft_loop
 from protospec.spec.draft_sampling import sample_draft_step
 from protospec.spec.lookahead import Lookahead
+from protospec.spec.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
@@ -53,7 +55,7 @@ class Engine:
                     extra_positions=self.look.extra_positions)
         target = load_model(config.model, seed=config.seed, **load)
         draft = None
-        if config.speculative_model:
+        if config.proposer == registry.DRAFT:
             # Same seed: with dummy weights, a draft named like its target IS the target (a test fixture).
             draft = load_model(config.speculative_model, seed=config.seed, **load)
             if draft.config.vocab_size != target.config.vocab_size:
@@ -87,9 +89,9 @@ class Engine:
                 if runner is not None:
                     # The widest repeated forward: the verify, or the draft's two-token first step.
                     runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.look.verify_len))
-        self._draft_loops: dict[tuple[str, str], DraftLoop] = {}  # built once: switching keeps their buffers and graphs
-        self.spec_step = self._build_spec_step() if draft is not None else None
         self.vocab_size = target.config.vocab_size
+        self._draft_loops: dict[tuple, DraftLoop] = {}  # built once: switching keeps their buffers and graphs
+        self.spec_step = self._build_spec_step() if config.proposer is not None else None
         self.eos_token_id = target.config.eos_token_id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -139,15 +141,28 @@ class Engine:
         if kind.on_device and self.device.type != KERNEL_DEVICE_TYPE:
             raise ConfigError(f"draft_loop={name!r} on device {self.device}: the advance_step kernel runs on "
                               f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
-        if (name, reason) not in self._draft_loops:
-            self._draft_loops[name, reason] = make_draft_loop(name, self.draft, self.look, cfg.max_num_seqs,
-                                                              self.max_blocks_per_seq, self.fused_sampling, reason)
-        commit = make_commit_policy(registry.commit_policy_for(name, cfg.overlap_commit), self.draft.counters,
+        loop = self._draft_loop(name, reason, kind)
+        commit = make_commit_policy(registry.commit_policy_for(loop.kind, cfg.overlap_commit), loop.counters,
                                     self.look, cfg.block_size)
         guard = forbid_host_sync if cfg.check_no_sync else None
         fused = cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda"
-        return SpeculativeStep(self.target, self._draft_loops[name, reason], commit, self.block_manager, guard,
-                               fused_rejection=fused, fused_sampling=self.fused_sampling)
+        acceptance = make_acceptance(cfg.acceptance, fused, cfg.posterior_threshold, cfg.posterior_alpha)
+        return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
+                               fused_sampling=self.fused_sampling)
+
+    def _draft_loop(self, name: str, reason: str, kind: registry.DraftLoopKind) -> DraftLoop:
+        """The proposer's loop for a draft-loop way, built once (its buffers and graphs are kept)."""
+        cfg = self.config
+        key = (cfg.proposer, name, reason)
+        if key not in self._draft_loops:
+            if cfg.proposer == registry.NGRAM:  # a device way matches on the device, a CPU way on the host
+                self._draft_loops[key] = NgramLoop(self.device, self.vocab_size, self.look, cfg.prompt_lookup_min,
+                                                   cfg.prompt_lookup_max, cfg.max_num_seqs,
+                                                   self.max_model_len + self.look.extra_positions, kind.on_device)
+            else:
+                self._draft_loops[key] = make_draft_loop(name, self.draft, self.look, cfg.max_num_seqs,
+                                                         self.max_blocks_per_seq, self.fused_sampling, reason)
+        return self._draft_loops[key]
 
     @property
     def draft_loop(self) -> str | None:

@@ -166,4 +166,6 @@ class LLM:
         out = {"target": dict(self.engine.target.counters)}
         if self.engine.draft is not None:
             out["draft"] = dict(self.engine.draft.counters)
+        elif self.engine.spec_step is not None:  # a proposer without a model (n-gram)
+            out["proposer"] = dict(self.engine.spec_step.draft_loop.counters)
         return out

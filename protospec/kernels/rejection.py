@@ -30,11 +30,12 @@ THREADS = 32 if interop.SIMULATOR else 512
 
 @cuda.jit
 def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
-                            out_ids, num_accepted, accepted_mask, passed_mask):
+                            num_proposed, out_ids, num_accepted, accepted_mask, passed_mask):
     """
     draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
     target_probs    [B, k + 1, V] float32 uniforms       [B, k] float32
     recovered_noise [B, k, V] float32     bonus_noise    [B, V] float32   (Exp(1), > 0)
+    num_proposed    [B] int64: positions past it are not tested (their draft_probs rows are zero)
     out_ids         [B, k + 1] int64 out  num_accepted   [B] int64 out
     accepted_mask   [B, k] uint8 out      passed_mask    [B, k] uint8 out
     """
@@ -50,9 +51,10 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
 
     if tid == 0:
         n = k
+        proposed = num_proposed[row]
         for i in range(k):
             d = draft_ids[row, i]
-            passed = uniforms[row, i] * draft_probs[row, i, d] < target_probs[row, i, d]
+            passed = i < proposed and uniforms[row, i] * draft_probs[row, i, d] < target_probs[row, i, d]
             passed_mask[row, i] = 1 if passed else 0
             if not passed and n == k:
                 n = i
@@ -103,8 +105,11 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
                 out_ids[row, i] = PLACEHOLDER_TOKEN_ID
 
 
+_all_proposed: dict[tuple, torch.Tensor] = {}  # (batch, k, device) -> [B] int64 filled with k, never written
+
+
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
-                           bonus_noise) -> RejectionOutput:
+                           bonus_noise, num_proposed=None) -> RejectionOutput:
     """Same arguments and result as protospec.spec.rejection.rejection_sample, in one kernel launch."""
     batch, k = draft_token_ids.shape
     vocab = target_probs.shape[-1]
@@ -124,10 +129,16 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
             f"target_probs {tuple(target_probs.shape)}, uniforms {tuple(uniforms.shape)}, "
             f"recovered_noise {tuple(recovered_noise.shape)}, bonus_noise {tuple(bonus_noise.shape)}")
     device = draft_token_ids.device
+    if num_proposed is None:
+        key = (batch, k, device)
+        if key not in _all_proposed:
+            _all_proposed[key] = torch.full((batch,), k, dtype=torch.int64, device=device)
+        num_proposed = _all_proposed[key]
+    check_tensor("num_proposed", num_proposed, torch.int64, 1, rows=batch)
     out_ids = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     masks = torch.empty(2, batch, k, dtype=torch.uint8, device=device)  # accepted, passed
-    args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
+    args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
             out_ids, num_accepted, masks[0], masks[1]]
     interop.launch_tensors(rejection_sample_kernel, batch, THREADS, args)
     masks = masks.bool()

@@ -130,7 +130,7 @@ class DraftLoopDebugger:
             # A step launched ahead by an overlapped commit inside engine.step() is set aside:
             # stepping by hand starts from draft step 1, so its inputs get compared with their twin.
             eng.spec_step.commit_policy.discard()
-        self._counters_before = {name: dict(r.counters) for name, r in (("target", eng.target), ("draft", eng.draft))}
+        self._counters_before = self.llm.counters
         self.state = eng.spec_step.begin(seqs, eng.sampling_tensors(seqs))
         bs, k = eng.config.block_size, eng.k
         self.trace = SpecStepTrace(block_tables=[list(seq.block_table) for seq in seqs])
@@ -196,8 +196,9 @@ class DraftLoopDebugger:
         self.trace.written_slots["draft"] = sorted(
             {int(x) for d in self.trace.draft_steps for x in d.device_inputs["slot_mapping"] if x >= 0})
         before = self._counters_before
-        self.trace.counters = {name: {k: v - before[name].get(k, 0) for k, v in r.counters.items() if v != before[name].get(k, 0)}
-                               for name, r in (("target", eng.target), ("draft", eng.draft))}
+        self.trace.counters = {name: {k: v - before.get(name, {}).get(k, 0) for k, v in now.items()
+                                      if v != before.get(name, {}).get(k, 0)}
+                               for name, now in self.llm.counters.items()}
         return self.trace
 
     def spec_step(self, overlap: bool = False) -> SpecStepTrace:

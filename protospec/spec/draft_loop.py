@@ -49,6 +49,11 @@ class DraftLoop:
     def name(self) -> str:
         return self.kind.name
 
+    @property
+    def counters(self):
+        """Which input path ran how often (the draft runner's counters)."""
+        return self.draft.counters
+
     # ---- the step's buffers ------------------------------------------------------------------
     def new_state(self, seqs: list[Sequence], st: SamplingTensors, max_blocks: int) -> StepState:
         draft_ids, draft_probs = self._outputs(len(seqs), max_blocks, st)

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 AUTO = "auto"
 MAIN, SAMPLER, GPU, GRAPH = "main", "sampler", "gpu", "graph"
 SYNCED, OVERLAPPED = "synced", "overlapped"
+REJECTION, TYPICAL = "rejection", "typical"
+DRAFT, NGRAM = "draft", "ngram"
+NGRAM_MODEL = "[ngram]"  # speculative_model that selects the n-gram proposer (vLLM's spelling)
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,7 @@ class DraftLoopKind:
     on_device: bool             # inputs built by Numba kernels (the simulator on a CPU)
     needs_cuda_graphs: bool     # replays steps 2..k as a CUDA graph
     host_sync_per_step: bool    # copies each draft step's ids to the host
+    builds_first_step: bool = False  # can build the next draft step 1 on the device (the overlapped commit)
 
 
 DRAFT_LOOPS: dict[str, DraftLoopKind] = {kind.name: kind for kind in (
@@ -30,9 +34,9 @@ DRAFT_LOOPS: dict[str, DraftLoopKind] = {kind.name: kind for kind in (
     DraftLoopKind(GPU, "the advance_step kernel for steps 2..k, no sync; with the overlapped commit, draft step 1 is "
                   "built on the device by the first_draft_step kernel and launched before the commit's host sync "
                   "(synced: draft step 1 CPU-prepared after the sync, as vLLM's change did)",
-                  on_device=True, needs_cuda_graphs=False, host_sync_per_step=False),
+                  on_device=True, needs_cuda_graphs=False, host_sync_per_step=False, builds_first_step=True),
     DraftLoopKind(GRAPH, "as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph",
-                  on_device=True, needs_cuda_graphs=True, host_sync_per_step=False),
+                  on_device=True, needs_cuda_graphs=True, host_sync_per_step=False, builds_first_step=True),
 )}
 AUTO_DOC = "gpu on CUDA, main on a CPU (where the kernels would only run in Numba's simulator)"
 DRAFT_LOOP_NAMES = (AUTO, *DRAFT_LOOPS)
@@ -44,6 +48,18 @@ COMMIT_DOC = {
                 "(device draft loops only)",
 }
 
+# Proposers other than a draft model. The n-gram proposer's matching runs on the device where a device
+# way is chosen (draft_loop gpu / graph / auto on CUDA), on the host otherwise.
+PROPOSER_KINDS: dict[str, DraftLoopKind] = {NGRAM: DraftLoopKind(
+    NGRAM, "prompt lookup: the k tokens that followed the most recent earlier occurrence of the last n tokens",
+    on_device=False, needs_cuda_graphs=False, host_sync_per_step=False)}
+PROPOSER_DOC = {DRAFT: "a draft model proposes k tokens one step at a time", NGRAM: PROPOSER_KINDS[NGRAM].doc}
+
+ACCEPTANCE_DOC = {
+    REJECTION: "lossless rejection sampling: the output follows the target exactly",
+    TYPICAL: "typical acceptance (Medusa): keep d_i while p_i(d_i) > min(threshold, alpha * exp(-entropy)); lossy",
+}
+
 
 def resolve(name: str, device_type: str) -> tuple[str, str]:
     """(draft loop, fallback reason): `auto` picks by device; the reason labels the CPU-prepared
@@ -53,9 +69,9 @@ def resolve(name: str, device_type: str) -> tuple[str, str]:
     return name, "disabled_by_user"
 
 
-def commit_policy_for(name: str, overlap_commit: bool) -> str:
+def commit_policy_for(kind: DraftLoopKind, overlap_commit: bool) -> str:
     """The overlapped commit needs draft step 1 built on the device: only the device loops have it."""
-    return OVERLAPPED if overlap_commit and DRAFT_LOOPS[name].on_device else SYNCED
+    return OVERLAPPED if overlap_commit and kind.builds_first_step else SYNCED
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ Glossary, per sequence and spec step with k draft tokens:
                    target computed that distribution in the same verify forward)
 - output tokens:   [B, k + 1]: accepted tokens, then one recovered or bonus token, then
                    PLACEHOLDER_TOKEN_ID for the empty rest
+- fewer proposals: a proposer may offer n_b < k tokens for row b (num_proposed; an n-gram proposer
+                   with a short or no match). Positions i >= n_b are not tested; their draft_probs
+                   rows must be zero, so at i = n_b (all n_b accepted) the "residual" is p_i itself
+                   and the token emitted there follows the target exactly, as a bonus token would.
 
 Random numbers come in as arguments (uniforms and Exp(1) noise), made outside by the caller
 from per-request generators, so seeded runs repeat and tests can drive the sampler in bulk.
@@ -59,6 +63,7 @@ def rejection_sample(
     uniforms: torch.Tensor,         # [B, k] float32 in [0, 1)
     recovered_noise: torch.Tensor,  # [B, k, V] Exp(1)
     bonus_noise: torch.Tensor,      # [B, V] Exp(1)
+    num_proposed: torch.Tensor | None = None,  # [B] int64 in [0, k]; None: k for every row
 ) -> RejectionOutput:
     batch, k = draft_token_ids.shape
     ids = draft_token_ids.unsqueeze(-1)
@@ -66,6 +71,8 @@ def rejection_sample(
     q_of_draft = draft_probs.gather(-1, ids).squeeze(-1)           # [B, k]
     # u < p/q, written without the division; q > 0 for a token the draft sampled.
     accepted = uniforms * q_of_draft < p_of_draft                  # [B, k]
+    if num_proposed is not None:  # positions past a row's proposals are not tested
+        accepted &= torch.arange(k, device=accepted.device)[None, :] < num_proposed[:, None]
     accepted_prefix = accepted.long().cumprod(dim=-1).bool()       # False from the first rejection on
     num_accepted = accepted_prefix.sum(-1)                         # [B]
 

@@ -22,7 +22,8 @@ from protospec.spec.draft_sampling import target_probs
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.phase_timer import NULL_TIMER
 from protospec.spec.randoms import SpecStepRandoms
-from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
+from protospec.spec.acceptance import RejectionSampling
+from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.spec.sampler import SamplingTensors
 from protospec.spec.step_state import StepState
 
@@ -32,22 +33,16 @@ class SpeculativeStep:
     happens there). `timer` observes the stages (a PhaseTimer for the bench's --breakdown)."""
 
     def __init__(self, target: ModelRunner, draft_loop: DraftLoop, commit_policy: SyncedCommit,
-                 block_manager: BlockManager, loop_guard=None, fused_rejection: bool = False,
-                 fused_sampling: bool = False):
+                 block_manager: BlockManager, loop_guard=None, acceptance=None, fused_sampling: bool = False):
         self.target, self.draft_loop, self.commit_policy = target, draft_loop, commit_policy
-        self.draft = draft_loop.draft
         self.block_manager = block_manager
+        self.acceptance = acceptance or RejectionSampling()  # acceptance.py: which draft tokens are kept
         self.look: Lookahead = draft_loop.look
         self.k = self.look.k
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.device = target.device
         self.fused_sampling = fused_sampling  # kernels/sampling.py: the verify's probabilities in one kernel
         self.timer = NULL_TIMER
-        if fused_rejection:
-            from protospec.kernels.rejection import rejection_sample_fused
-            self.rejection_sample = rejection_sample_fused
-        else:
-            self.rejection_sample = rejection_sample
 
     @property
     def timer(self):
@@ -63,7 +58,7 @@ class SpeculativeStep:
 
     def draw_randoms(self, s: StepState) -> SpecStepRandoms:
         """The spec step's random numbers (those a discarded launched step drew for these requests kept)."""
-        return SpecStepRandoms.draw(s.st, self.k, self.draft.vocab_size, self.device,
+        return SpecStepRandoms.draw(s.st, self.k, self.target.vocab_size, self.device,
                                     self.commit_policy.kept_randoms(s.seqs))
 
     # ---- the stages of one spec step; __call__ runs them in order, a debugger may pause between ----
@@ -102,18 +97,20 @@ class SpeculativeStep:
 
     def reject(self, s: StepState) -> RejectionOutput:
         with self.timer.phase("rejection"):
-            r = s.randoms
-            s.result = self.rejection_sample(s.draft_ids, s.draft_probs, s.target_probs, r.uniforms, r.recovered_noise,
-                                             r.bonus_noise)
+            s.result = self.acceptance(s.draft_ids, s.draft_probs, s.target_probs, s.randoms, s.num_proposed)
         return s.result
 
     def queue_commit_copy(self, s: StepState) -> None:
         """Queue the one device-to-host copy the commit reads: per row the k + 1 output ids, the
-        accepted and the passed counts; then the device-built inputs' error flag (0 = none). Queued
-        before any work of the next step, so the commit waits for this copy only."""
+        accepted and the passed counts (and the proposed count, where a proposer may offer fewer than
+        k); then the device-built inputs' error flag (0 = none). Queued before any work of the next
+        step, so the commit waits for this copy only."""
         with self.timer.phase("commit"):
             r = s.result
-            parts = [torch.cat([r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)], 1).flatten()]
+            columns = [r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)]
+            if s.num_proposed is not None:
+                columns.append(s.num_proposed[:, None])
+            parts = [torch.cat(columns, 1).flatten()]
             flag = self.draft_loop.error_flag()
             if flag is not None:
                 parts.append(flag.long())
@@ -139,7 +136,7 @@ class SpeculativeStep:
             if done is not None:
                 done.synchronize()  # the spec step's first host sync on the no-sync paths
             flat = host.tolist()
-            width = self.look.commit_row_width
+            width = self.look.commit_row_width + (s.num_proposed is not None)
             rows = [flat[i * width : (i + 1) * width] for i in range(len(s.seqs))]
             flag = self.draft_loop.error_flag()
             bad_row = flat[-1] if flag is not None else 0
@@ -151,11 +148,14 @@ class SpeculativeStep:
                                        "reservation is broken)")
             # A launched next step keeps its lookahead (the device's block tables list it).
             lookahead = self.commit_policy.kept_lookahead()
-            for seq, (*row, accepted, passed) in zip(s.seqs, rows):
+            k = self.k
+            for seq, row in zip(s.seqs, rows):
+                accepted, passed = row[k + 1], row[k + 2]
+                proposed = row[k + 3] if s.num_proposed is not None else k
                 length = seq.num_tokens
-                emitted = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
+                emitted = [t for t in row[: k + 1] if t != PLACEHOLDER_TOKEN_ID]
                 kept = seq.append_tokens(emitted)
-                seq.metrics.record_step(self.k, accepted, kept, num_passed=passed)
+                seq.metrics.record_step(proposed, accepted, kept, num_passed=passed)
                 # Target has K/V for t_{L-1}, d_1..d_accepted; the draft never ran on d_k.
                 seq.num_cached_target = length + accepted
                 seq.num_cached_draft = length + min(accepted, self.k - 1)

@@ -20,6 +20,7 @@ class StepState:
     draft_ids: torch.Tensor                   # [B, k] int64, filled step by step
     draft_probs: torch.Tensor                 # [B, k, V] float32
     host_draft_ids: list[list[int]] | None = None  # the draft ids on the host, where a loop copies them every step
+    num_proposed: torch.Tensor | None = None  # [B] int64, where a proposer may offer fewer than k (n-gram)
     randoms: SpecStepRandoms | None = None    # drawn in draft step 1, after its forward is queued
     first_inputs: ForwardInputs | None = None  # draft step 1's inputs when built ahead (the overlapped commit)
     step: int = 0                             # draft steps done
