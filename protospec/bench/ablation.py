@@ -50,6 +50,11 @@ class BenchSetup:
     layer_kernels: bool | None = None  # None: the engine's default (on CUDA unless compile)
     enforce_eager: bool = False        # no CUDA graphs
     max_model_len: int | None = None   # None: the target's max_position_embeddings
+    acceptance: str = registry.REJECTION  # spec/acceptance.py
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    prompt_lookup_min: int = 1         # the n-gram proposer (speculative_model "[ngram]")
+    prompt_lookup_max: int = 4
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -63,7 +68,9 @@ class BenchSetup:
                    load_format=self.load_format, dtype=self.dtype, device=self.device, block_size=self.block_size,
                    seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop, compile=self.compile,
                    layer_kernels=self.layer_kernels, cuda_graphs=False if self.enforce_eager else None,
-                   max_model_len=self.max_model_len)
+                   max_model_len=self.max_model_len, acceptance=self.acceptance,
+                   posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
+                   prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
 
 
 def _release_memory() -> None:
@@ -87,8 +94,8 @@ def run_mode(llm: LLM, setup: BenchSetup, mode: str, breakdown: bool, progress=N
         apply_mode(llm.engine, mode)
     except ConfigError as exc:  # e.g. the graph mode on a machine without CUDA
         return {"skipped": str(exc)}
-    for runner in (llm.engine.target, llm.engine.draft):
-        runner.counters.clear()
+    llm.engine.target.counters.clear()
+    llm.engine.spec_step.draft_loop.counters.clear()
     result = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup, setup.num_iters, progress)
     entry = result.summary()
     entry["counters"] = llm.counters
@@ -116,9 +123,11 @@ def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None) -> dict
     if peer == "hf_assisted" and setup.batch_size != 1:
         return {"skipped": "transformers' assisted generation supports batch size 1 only"}
     target = to_hf(spec_llm.engine.target.model)
-    assistant = to_hf(spec_llm.engine.draft.model) if peer == "hf_assisted" else None
+    # With the n-gram proposer the assisted peer is transformers' prompt lookup decoding.
+    ngram = peer == "hf_assisted" and spec_llm.engine.draft is None
+    assistant = to_hf(spec_llm.engine.draft.model) if peer == "hf_assisted" and not ngram else None
     fn = HFGenerate(target, setup.prompts(spec_llm.engine.vocab_size), setup.output_len, setup.temperature, assistant,
-                    setup.num_speculative_tokens, setup.seed)
+                    setup.num_speculative_tokens, setup.seed, prompt_lookup_max=setup.prompt_lookup_max if ngram else None)
     entry = time_calls(fn, setup.num_iters_warmup, setup.num_iters, on_cuda, progress).summary()
     del target, assistant, fn
     _release_memory()

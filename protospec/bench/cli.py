@@ -38,6 +38,9 @@ GPU_DEFAULTS = dict(model="JackFram/llama-160m", speculative_model="JackFram/lla
 CPU_DEFAULTS = dict(GPU_DEFAULTS, input_len=32, output_len=32, num_iters_warmup=1, num_iters=3)
 
 
+VLLM_ACCEPTANCE = {"rejection_sampler": registry.REJECTION, "typical_acceptance_sampler": registry.TYPICAL}
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The module docstring as written, and every option's default in its help."""
 
@@ -95,6 +98,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the draft loop's way: " + "; ".join(f"{m}: {d}" for m, d in registry.DRAFT_LOOP_DOC.items())
                         + "; " + "; ".join(f"{a.name}: {a.draft_loop} with the {a.commit} commit" for a in registry.ARMS.values()
                                            if a.name not in registry.DRAFT_LOOPS))
+    p.add_argument("--proposer", default=None, choices=list(registry.PROPOSER_DOC),
+                   help="; ".join(f"{name}: {doc}" for name, doc in registry.PROPOSER_DOC.items())
+                        + f" (ngram = --speculative-model '{registry.NGRAM_MODEL}'; unset: as --speculative-model says)")
+    p.add_argument("--prompt-lookup-max", "--ngram-prompt-lookup-max", type=int, default=4,
+                   help="the n-gram proposer's longest suffix to look up")
+    p.add_argument("--prompt-lookup-min", "--ngram-prompt-lookup-min", type=int, default=1,
+                   help="the n-gram proposer's shortest suffix to look up")
+    p.add_argument("--acceptance", default=registry.REJECTION, choices=list(registry.ACCEPTANCE_DOC),
+                   help="; ".join(f"{name}: {doc}" for name, doc in registry.ACCEPTANCE_DOC.items()))
+    p.add_argument("--spec-decoding-acceptance-method", default=None, choices=list(VLLM_ACCEPTANCE),
+                   help="vLLM's name for --acceptance")
+    p.add_argument("--posterior-threshold", "--typical-acceptance-sampler-posterior-threshold", type=float,
+                   default=0.09, help="typical acceptance: the bar's upper limit")
+    p.add_argument("--posterior-alpha", "--typical-acceptance-sampler-posterior-alpha", type=float, default=0.3,
+                   help="typical acceptance: the bar is min(threshold, alpha * exp(-entropy))")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
@@ -166,6 +184,10 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         args.load_format = "auto"
     if args.draft_equals_target:
         args.speculative_model = args.model
+    if args.proposer == registry.NGRAM:
+        args.speculative_model = registry.NGRAM_MODEL
+    if args.spec_decoding_acceptance_method is not None:
+        args.acceptance = VLLM_ACCEPTANCE[args.spec_decoding_acceptance_method]
     args.dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)  # vLLM's aliases
     if args.threads is None and not on_gpu:
         args.threads = 1
@@ -182,7 +204,8 @@ def setup_from(args) -> BenchSetup:
                       args.batch_size, args.num_iters_warmup, args.num_iters, args.dtype, args.block_size,
                       args.load_format, args.seed, args.temperature, args.device, args.compile,
                       {"auto": None, "on": True, "off": False}[args.layer_kernels], args.enforce_eager,
-                      args.max_model_len)
+                      args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
+                      args.prompt_lookup_min, args.prompt_lookup_max)
 
 
 def print_latency(entry: dict) -> None:

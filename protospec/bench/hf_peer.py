@@ -1,5 +1,6 @@
 """The same-run peers from Hugging Face transformers: assisted generation (speculative decoding with
-an assistant model and a constant k) and plain target-only generate(), on protospec's own weights."""
+an assistant model and a constant k, or prompt lookup decoding for the n-gram proposer) and plain
+target-only generate(), on protospec's own weights."""
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,8 @@ class HFGenerate:
     `output_len` new tokens, sampling like protospec's bench (temperature, no top-k/top-p)."""
 
     def __init__(self, target, prompts: list[list[int]], output_len: int, temperature: float,
-                 assistant=None, num_assistant_tokens: int = 5, seed: int = 0):
-        if assistant is not None and len(prompts) != 1:
+                 assistant=None, num_assistant_tokens: int = 5, seed: int = 0, prompt_lookup_max: int | None = None):
+        if (assistant is not None or prompt_lookup_max) and len(prompts) != 1:
             raise ValueError("transformers' assisted generation supports batch size 1 only")
         device = next(target.parameters()).device
         self.target, self.seed = target, seed
@@ -48,6 +49,8 @@ class HFGenerate:
             # A constant k, as protospec uses: no schedule, no early stop on low draft confidence.
             self.kwargs.update(assistant_model=assistant, num_assistant_tokens=num_assistant_tokens,
                                num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+        elif prompt_lookup_max:  # transformers' prompt lookup decoding: its n-gram proposer
+            self.kwargs.update(prompt_lookup_num_tokens=num_assistant_tokens, max_matching_ngram_size=prompt_lookup_max)
 
     @torch.inference_mode()
     def __call__(self) -> torch.Tensor:
