@@ -92,6 +92,12 @@ class EngineConfig:
     # prompt_lookup_min tokens that occurred before is looked up (kernels/ngram_match.py).
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
+    # Dynamic k (spec/dynamic_k.py): "off", "heuristic" (per-request schedule) or "confidence" (stop
+    # proposing below draft_confidence_threshold); k above is then the most a step proposes.
+    dynamic_k: str = registry.DYNAMIC_K_OFF
+    draft_confidence_threshold: float = 0.4
+    # Target-only steps while more requests than this run (vLLM's name); None = always speculate.
+    speculative_disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         """Checked before anything is loaded or allocated; the upper bounds keep a typo from asking
@@ -123,6 +129,14 @@ class EngineConfig:
             value = getattr(self, name)
             if not _is_real(value) or not math.isfinite(value) or not 0 < value <= 1:
                 raise ConfigError(f"{name} must be a number in (0, 1], got {value!r}")
+        if self.dynamic_k not in registry.DYNAMIC_K_DOC:
+            raise ConfigError(f"dynamic_k must be one of {tuple(registry.DYNAMIC_K_DOC)}, got {self.dynamic_k!r}")
+        c = self.draft_confidence_threshold
+        if not _is_real(c) or not math.isfinite(c) or not 0 <= c <= 1:
+            raise ConfigError(f"draft_confidence_threshold must be a number in [0, 1], got {c!r}")
+        cap = self.speculative_disable_by_batch_size
+        if cap is not None and (not _is_int(cap) or cap < 1):
+            raise ConfigError(f"speculative_disable_by_batch_size must be None or an integer >= 1, got {cap!r}")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if not _is_int(lo) or not _is_int(hi) or not 1 <= lo <= hi <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"prompt_lookup_min / prompt_lookup_max must be integers with 1 <= min <= max <= "

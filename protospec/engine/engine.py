@@ -20,6 +20,7 @@ from protospec.spec.commit import make_commit_policy
 from protospec.spec.draft_loop import DraftLoop
 from protospec.spec.draft_loops import make_draft_loop
 from protospec.spec.draft_sampling import sample_draft_step
+from protospec.spec.dynamic_k import make_dynamic_k
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
@@ -147,8 +148,9 @@ class Engine:
         guard = forbid_host_sync if cfg.check_no_sync else None
         fused = cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda"
         acceptance = make_acceptance(cfg.acceptance, fused, cfg.posterior_threshold, cfg.posterior_alpha)
+        dynamic_k = make_dynamic_k(cfg.dynamic_k, self.k, cfg.draft_confidence_threshold)
         return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
-                               fused_sampling=self.fused_sampling)
+                               fused_sampling=self.fused_sampling, dynamic_k=dynamic_k)
 
     def _draft_loop(self, name: str, reason: str, kind: registry.DraftLoopKind) -> DraftLoop:
         """The proposer's loop for a draft-loop way, built once (its buffers and graphs are kept)."""
@@ -270,6 +272,12 @@ class Engine:
             self.block_manager.free(seq.block_table)
             self.running.remove(seq)
 
+    def speculating(self) -> bool:
+        """Whether the next step speculates: a proposer, and no more running requests than
+        speculative_disable_by_batch_size."""
+        cap = self.config.speculative_disable_by_batch_size
+        return self.spec_step is not None and (cap is None or len(self.running) <= cap)
+
     def admit_and_prefill(self) -> list[Sequence]:
         """Admit the waiting requests that fit and prefill both models for them; returns them."""
         admitted = self._admit()
@@ -285,9 +293,11 @@ class Engine:
             if self.waiting:  # cannot happen after check_fits_pool; guard against a silent hang
                 raise OutOfKVBlocksError("no running request and the next waiting one does not fit the pool")
             return
-        if self.spec_step is not None:
+        if self.speculating():
             self.spec_step(self.running, self.sampling_tensors(self.running))
         else:
+            if self.spec_step is not None:  # speculation off at this batch size: a launched step is void
+                self.spec_step.commit_policy.discard()
             self._decode(self.running)
         self.retire_finished()
 

@@ -66,6 +66,18 @@ class DraftLoop:
         return (torch.empty(batch, k, dtype=torch.int64, device=self.device),
                 torch.empty(batch, k, self.draft.vocab_size, dtype=torch.float32, device=self.device))
 
+    def catch_up(self, seqs: list[Sequence]) -> None:
+        """Bring the draft's cache up to t_{L-3} where target-only steps left it behind (speculation
+        off above a batch size): draft step 1 feeds only the last two tokens."""
+        behind = [seq for seq in seqs if seq.num_cached_draft < seq.num_tokens - 2]
+        if not behind:
+            return
+        chunks = [seq.token_ids[seq.num_cached_draft : seq.num_tokens - 2] for seq in behind]
+        starts = [seq.num_cached_draft for seq in behind]
+        self.draft.execute(self.draft.prepare("catch_up", chunks, starts, [seq.block_table for seq in behind], 0))
+        for seq in behind:
+            seq.num_cached_draft = seq.num_tokens - 2
+
     # ---- inputs --------------------------------------------------------------------------------
     def first_inputs(self, s: StepState) -> ForwardInputs:
         """Draft step 1 on the CPU. The draft lacks t_{L-1}, and after a full accept d_k (at L-2) too.

@@ -43,6 +43,9 @@ class NgramLoop(DraftLoop):
     def counters(self) -> Counter:
         return self._counters
 
+    def catch_up(self, seqs: list[Sequence]) -> None:
+        """No draft cache to bring up to date."""
+
     def new_state(self, seqs: list[Sequence], st: SamplingTensors, max_blocks: int) -> StepState:
         batch, k = len(seqs), self.look.k
         state = StepState(seqs, st, max_blocks,

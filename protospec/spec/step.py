@@ -19,6 +19,7 @@ from protospec.model.runner import ModelRunner
 from protospec.spec.commit import SyncedCommit
 from protospec.spec.draft_loop import DraftLoop
 from protospec.spec.draft_sampling import target_probs
+from protospec.spec.dynamic_k import FixedK
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.phase_timer import NULL_TIMER
 from protospec.spec.randoms import SpecStepRandoms
@@ -33,10 +34,12 @@ class SpeculativeStep:
     happens there). `timer` observes the stages (a PhaseTimer for the bench's --breakdown)."""
 
     def __init__(self, target: ModelRunner, draft_loop: DraftLoop, commit_policy: SyncedCommit,
-                 block_manager: BlockManager, loop_guard=None, acceptance=None, fused_sampling: bool = False):
+                 block_manager: BlockManager, loop_guard=None, acceptance=None, fused_sampling: bool = False,
+                 dynamic_k=None):
         self.target, self.draft_loop, self.commit_policy = target, draft_loop, commit_policy
         self.block_manager = block_manager
         self.acceptance = acceptance or RejectionSampling()  # acceptance.py: which draft tokens are kept
+        self.dynamic_k = dynamic_k or FixedK()               # dynamic_k.py: how many of them are proposed
         self.look: Lookahead = draft_loop.look
         self.k = self.look.k
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
@@ -71,6 +74,7 @@ class SpeculativeStep:
             if pending is not None:
                 return pending
             self.reserve_lookahead(seqs)
+            self.draft_loop.catch_up(seqs)
             return self.draft_loop.new_state(seqs, st, max(len(seq.block_table) for seq in seqs))
 
     def draft_step(self, s: StepState):
@@ -81,6 +85,7 @@ class SpeculativeStep:
         """Target forward over k+1 positions per sequence -> target probs [B, k+1, V]."""
         batch, seqs, width = len(s.seqs), s.seqs, self.look.verify_len
         with self.timer.phase("verify"):
+            self.dynamic_k.limit(s)  # after the previous step's commit: its outcome is known
             heads = [seq.token_ids[seq.num_cached_target:] for seq in seqs]
             if s.host_draft_ids is None:  # draft ids are on the device: placeholders, then a device copy
                 assert all(len(h) == 1 for h in heads), "the target must lag by exactly one token"
@@ -156,6 +161,7 @@ class SpeculativeStep:
                 emitted = [t for t in row[: k + 1] if t != PLACEHOLDER_TOKEN_ID]
                 kept = seq.append_tokens(emitted)
                 seq.metrics.record_step(proposed, accepted, kept, num_passed=passed)
+                self.dynamic_k.observe(seq, proposed, accepted)
                 # Target has K/V for t_{L-1}, d_1..d_accepted; the draft never ran on d_k.
                 seq.num_cached_target = length + accepted
                 seq.num_cached_draft = length + min(accepted, self.k - 1)
