@@ -146,9 +146,11 @@ def test_profile_writes_a_trace(tiny_target, tiny_draft, tmp_path, capsys):
 def test_the_ngram_proposer_and_typical_acceptance_through_the_bench(tiny_target, tmp_path, capsys, flags):
     out_json = tmp_path / "ngram.json"
     main(["--model", tiny_target, *flags, *TINY, "--spec-decoding-acceptance-method", "typical_acceptance_sampler",
-          "--typical-acceptance-sampler-posterior-threshold", "0.2", "--output-json", str(out_json)])
+          "--typical-acceptance-sampler-posterior-threshold", "0.2", "--dynamic-k", "heuristic",
+          "--speculative-disable-by-batch-size", "4", "--output-json", str(out_json)])
     saved = json.loads(out_json.read_text())
     cfg = saved["config"]
     assert cfg["speculative_model"] == "[ngram]" and cfg["acceptance"] == "typical" and cfg["posterior_threshold"] == 0.2
     assert cfg["prompt_lookup_max"] == (2 if "2" in flags else 4)
+    assert cfg["dynamic_k"] == "heuristic" and cfg["speculative_disable_by_batch_size"] == 4
     assert "ngram_match:cpu" in saved["result"]["counters"]["proposer"]  # a CPU run matches on the host

@@ -55,6 +55,9 @@ class BenchSetup:
     posterior_alpha: float = 0.3
     prompt_lookup_min: int = 1         # the n-gram proposer (speculative_model "[ngram]")
     prompt_lookup_max: int = 4
+    dynamic_k: str = registry.DYNAMIC_K_OFF  # spec/dynamic_k.py
+    draft_confidence_threshold: float = 0.4
+    speculative_disable_by_batch_size: int | None = None
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -70,7 +73,9 @@ class BenchSetup:
                    layer_kernels=self.layer_kernels, cuda_graphs=False if self.enforce_eager else None,
                    max_model_len=self.max_model_len, acceptance=self.acceptance,
                    posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
-                   prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
+                   prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
+                   dynamic_k=self.dynamic_k, draft_confidence_threshold=self.draft_confidence_threshold,
+                   speculative_disable_by_batch_size=self.speculative_disable_by_batch_size)
 
 
 def _release_memory() -> None:

@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=0.09, help="typical acceptance: the bar's upper limit")
     p.add_argument("--posterior-alpha", "--typical-acceptance-sampler-posterior-alpha", type=float, default=0.3,
                    help="typical acceptance: the bar is min(threshold, alpha * exp(-entropy))")
+    p.add_argument("--dynamic-k", default=registry.DYNAMIC_K_OFF, choices=list(registry.DYNAMIC_K_DOC),
+                   help="; ".join(f"{name}: {doc}" for name, doc in registry.DYNAMIC_K_DOC.items()))
+    p.add_argument("--draft-confidence-threshold", type=float, default=0.4, help="--dynamic-k confidence: the cutoff")
+    p.add_argument("--speculative-disable-by-batch-size", type=int, default=None,
+                   help="target-only steps while more requests than this run (vLLM's flag)")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
@@ -205,7 +210,8 @@ def setup_from(args) -> BenchSetup:
                       args.load_format, args.seed, args.temperature, args.device, args.compile,
                       {"auto": None, "on": True, "off": False}[args.layer_kernels], args.enforce_eager,
                       args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
-                      args.prompt_lookup_min, args.prompt_lookup_max)
+                      args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
+                      args.speculative_disable_by_batch_size)
 
 
 def print_latency(entry: dict) -> None:
