@@ -62,7 +62,7 @@ def test_seeded_tokens_are_the_same_on_the_host_and_the_device_path(tiny_target,
     prompts = random_prompts(3, seed=2)
     outs, drafted = {}, {}
     for mode in ("main", "gpu"):
-        llm = tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE if mode == "gpu" else "cpu",
+        llm = tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE,  # one device: one random stream
                        draft_loop=mode, dynamic_k=dynamic_k, draft_confidence_threshold=0.02)
         outs[mode] = [o.token_ids for o in llm.generate(prompts, params)]
         drafted[mode] = llm.metrics.num_draft_tokens
