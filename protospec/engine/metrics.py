@@ -7,7 +7,8 @@ Definitions:
                         are discarded), i.e. the per-token acceptance alpha of Leviathan et al.
 - prefix_acceptance_rate = draft tokens that reach the output / proposed: only the accepted
                         prefix counts. Always <= acceptance_rate; equals (mean_accepted_len - 1) / k.
-- system_efficiency   = emitted tokens / (spec steps * (k + 1)); 1.0 means every step emitted k+1
+- system_efficiency   = emitted tokens / positions verified (spec steps * (k + 1) with a fixed k; a
+                        step that proposes fewer still verifies k + 1); 1.0 means every step emitted k+1
 - mean_accepted_len   = 1 + kept draft tokens / spec steps: tokens a spec step yields on average,
                         counting the recovered or bonus token every step emits
 - per_position_acceptance[i] = P(draft token i reaches the output) over all spec steps
@@ -30,11 +31,15 @@ class RequestMetrics:
     num_accepted_tokens: int = 0      # kept: the accepted prefix of each step
     num_passed_tokens: int = 0        # passed their own test (vLLM's count), >= num_accepted_tokens
     num_emitted_tokens: int = 0       # tokens from spec/decode steps (not the prefill's first token)
+    num_verified_positions: int = 0   # target positions verified: k + 1 per spec step
     accepted_per_position: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0            # wall time of the generate() call that served the request
     num_output_tokens: int = 0
 
-    def record_step(self, k: int, num_accepted: int, num_emitted: int, num_passed: int) -> None:
+    def record_step(self, k: int, num_accepted: int, num_emitted: int, num_passed: int,
+                    num_verified: int | None = None) -> None:
+        """k: draft tokens proposed in this step; num_verified: positions the verify covered (k + 1
+        unless the proposer offered fewer than the step's lookahead)."""
         if not 0 <= num_accepted <= num_passed <= k:
             raise ValueError(f"record_step: need 0 <= accepted ({num_accepted}) <= passed ({num_passed}) <= k ({k})")
         if len(self.accepted_per_position) < k:
@@ -44,6 +49,7 @@ class RequestMetrics:
         self.num_accepted_tokens += num_accepted
         self.num_passed_tokens += num_passed
         self.num_emitted_tokens += num_emitted
+        self.num_verified_positions += k + 1 if num_verified is None else num_verified
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 
@@ -57,6 +63,7 @@ class RequestMetrics:
         self.num_accepted_tokens += other.num_accepted_tokens
         self.num_passed_tokens += other.num_passed_tokens
         self.num_emitted_tokens += other.num_emitted_tokens
+        self.num_verified_positions += other.num_verified_positions
         self.num_output_tokens += other.num_output_tokens
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
 
@@ -74,12 +81,11 @@ class RequestMetrics:
 
     @property
     def system_efficiency(self) -> float | None:
-        steps = self.num_spec_steps
-        return self.num_emitted_tokens / (steps * (self.k + 1)) if steps and self.k else None
+        return self.num_emitted_tokens / self.num_verified_positions if self.num_verified_positions else None
 
     @property
     def mean_accepted_len(self) -> float | None:
-        return 1 + self.num_accepted_tokens / self.num_spec_steps if self.num_spec_steps and self.k else None
+        return 1 + self.num_accepted_tokens / self.num_spec_steps if self.num_spec_steps else None
 
     @property
     def per_position_acceptance(self) -> list[float]:

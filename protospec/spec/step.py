@@ -160,7 +160,7 @@ class SpeculativeStep:
                 length = seq.num_tokens
                 emitted = [t for t in row[: k + 1] if t != PLACEHOLDER_TOKEN_ID]
                 kept = seq.append_tokens(emitted)
-                seq.metrics.record_step(proposed, accepted, kept, num_passed=passed)
+                seq.metrics.record_step(proposed, accepted, kept, num_passed=passed, num_verified=k + 1)
                 self.dynamic_k.observe(seq, proposed, accepted)
                 # Target has K/V for t_{L-1}, d_1..d_accepted; the draft never ran on d_k.
                 seq.num_cached_target = length + accepted
