@@ -129,9 +129,13 @@ def test_the_bench_runs_the_trained_pair(tmp_path, capsys):
     main(["--model", str(models / "protospec-target"), "--speculative-model", str(models / "protospec-draft"),
           "--num-speculative-tokens", "5", "--input-len", "16", "--output-len", "12", "--num-iters-warmup", "1",
           "--num-iters", "1", "--temperature", "0", "--output-json", str(out_json)])
-    result = json.loads(out_json.read_text())["result"]
+    saved = json.loads(out_json.read_text())
+    result = saved["result"]
     assert result["acceptance_rate"] is not None and 0 <= result["prefix_acceptance_rate"] <= result["acceptance_rate"] <= 1
     assert len(result["per_position_acceptance"]) == 5
+    # A named checkpoint loads its weights (dummy is the bare command's default only): with them the
+    # trained draft agrees with its target on some greedy tokens; two random models would not.
+    assert saved["config"]["load_format"] == "auto" and result["acceptance_rate"] > 0.1
 
 
 def test_profile_writes_a_trace(tiny_target, tiny_draft, tmp_path, capsys):
@@ -156,3 +160,22 @@ def test_the_ngram_proposer_and_typical_acceptance_through_the_bench(tiny_target
     # auto: on a GPU the match runs as a kernel; on a CPU, where auto is the main way, on the host
     where = "kernel" if torch.cuda.is_available() else "cpu"
     assert f"ngram_match:{where}" in saved["result"]["counters"]["proposer"]
+
+
+def test_compare_runs_every_arm_and_writes_its_report(tmp_path, capsys):
+    """--compare on the trained pair (two prompts, a few tokens): every arm at both temperatures, JSON,
+    markdown and a plot; greedy arms under lossless rejection emit the target-only tokens' rates."""
+    from pathlib import Path
+
+    report = main(["--compare", "--compare-prompts", "2", "--compare-max-tokens", "8", "--compare-dynamic-k", "off",
+                   "heuristic", "--output-dir", str(tmp_path)])
+    rows = report["compare"]
+    assert set(rows) == {"target_only"} | {f"{p}/{a}/k-{d}" for p in ("draft", "ngram") for a in ("rejection", "typical")
+                                           for d in ("off", "heuristic")}
+    for name, entry in rows.items():
+        for temp in ("T=0", "T=1"):
+            assert entry[temp]["calls"] == 2 and entry[temp]["p50_s"] > 0
+    assert rows["draft/rejection/k-off"]["T=0"]["acceptance_rate"] > 0.1  # the trained draft drafts
+    written = sorted(p.suffix for p in Path(tmp_path).iterdir())
+    assert written == [".json", ".md", ".png"]
+    assert "target-only / arm" in capsys.readouterr().out

@@ -18,11 +18,13 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from protospec.bench.ablation import MODES, PEERS, BenchSetup, run_ablation, run_mode, run_sweep
+from protospec.bench.compare import TRAINED_PAIR, CompareSetup, compare_table, run_compare, write_compare
 from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
@@ -142,6 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sweep", action="store_true", help="p50 per mode over --sweep-batch-sizes x --sweep-ks")
     g.add_argument("--sweep-batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64], help="the sweep's batch sizes")
     g.add_argument("--sweep-ks", type=int, nargs="+", default=[1, 3, 5, 7], help="the sweep's k values")
+    c = p.add_argument_group("compare report (proposers x acceptance rules x dynamic k)")
+    c.add_argument("--compare", action="store_true",
+                   help="every combination below on one pair over a fixed prompt set, greedy and T=1 "
+                        f"(default pair: the trained pair in {TRAINED_PAIR}, its held-out prompts)")
+    c.add_argument("--compare-proposers", nargs="+", default=list(registry.PROPOSER_DOC), choices=list(registry.PROPOSER_DOC))
+    c.add_argument("--compare-acceptance", nargs="+", default=list(registry.ACCEPTANCE_DOC), choices=list(registry.ACCEPTANCE_DOC))
+    c.add_argument("--compare-dynamic-k", nargs="+", default=list(registry.DYNAMIC_K_DOC), choices=list(registry.DYNAMIC_K_DOC))
+    c.add_argument("--compare-prompts", type=int, default=32, help="prompts from --compare-prompts-json")
+    c.add_argument("--compare-prompts-json", default=f"{TRAINED_PAIR}/heldout_prompts.json",
+                   help="a JSON with a 'prompts' list of token-id lists")
+    c.add_argument("--compare-max-tokens", type=int, default=64, help="new tokens per prompt")
     g.add_argument("--output-dir", default=None,
                    help="where --ablation / --sweep write (default: runs/, names carry date, commit and time; "
                         "with --record: data/results/)")
@@ -183,7 +196,8 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
     bare = args.model is None
     for key, value in defaults.items():
-        if getattr(args, key) is None and (bare or key not in ("speculative_model", "model")):
+        # A named checkpoint loads its weights: dummy weights are the bare command's default only.
+        if getattr(args, key) is None and (bare or key not in ("speculative_model", "model", "load_format")):
             setattr(args, key, value)
     if args.load_format is None:
         args.load_format = "auto"
@@ -240,11 +254,16 @@ def cpu_caveat(device: torch.device) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = resolve_args(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    if args.compare and args.model is None:  # the trained pair: the drafts there mean something
+        args.model, args.speculative_model = f"{TRAINED_PAIR}/protospec-target", f"{TRAINED_PAIR}/protospec-draft"
+    args = resolve_args(args)
     check_args(args)
     check_writable(args.output_json)
-    if args.ablation or args.sweep:
+    if args.ablation or args.sweep or args.compare:
         check_writable(args.output_dir, directory=True)
+    if args.compare:
+        return run_compare_report(args, argv)
     setup = setup_from(args)
     print(f"protospec.bench: model={setup.model} speculative_model={setup.speculative_model} "
           f"k={setup.num_speculative_tokens if setup.speculative_model else 0} input_len={setup.input_len} "
@@ -318,6 +337,32 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
     try:
         paths = write_report(report, args.output_dir, tag, record=args.record, force=args.force)
     except FileExistsError as e:  # the numbers are not lost: print them whole before refusing
+        print(json.dumps(report, indent=2))
+        raise SystemExit(f"{e}; the report is printed above")
+    print("wrote " + ", ".join(paths.values()))
+    return report
+
+
+def run_compare_report(args, argv) -> dict:
+    prompts = json.loads(Path(args.compare_prompts_json).read_text())["prompts"][: args.compare_prompts]
+    prompts = [[int(t) for t in p] for p in prompts]
+    engine = dict(device=args.device, dtype=args.dtype, load_format=args.load_format, seed=args.seed,
+                  draft_loop=_draft_loop_of(args.draft_loop), prompt_lookup_min=args.prompt_lookup_min,
+                  prompt_lookup_max=args.prompt_lookup_max, posterior_threshold=args.posterior_threshold,
+                  posterior_alpha=args.posterior_alpha, draft_confidence_threshold=args.draft_confidence_threshold,
+                  max_num_seqs=1)
+    setup = CompareSetup(args.model, args.speculative_model, prompts, args.num_speculative_tokens or 5,
+                         args.compare_max_tokens, tuple(args.compare_proposers), tuple(args.compare_acceptance),
+                         tuple(args.compare_dynamic_k), seed=args.seed, engine=engine)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    print(f"protospec.bench --compare: {args.model} + {args.speculative_model}, {len(prompts)} prompts, "
+          f"{len(setup.arms())} arms x {len(setup.temperatures)} temperatures, device {device}", flush=True)
+    report = provenance(device, argv) | {"torch_threads": args.threads}
+    report.update(run_compare(setup, progress_bar("prompts")))
+    print(compare_table(report))
+    try:
+        paths = write_compare(report, args.output_dir, record=args.record, force=args.force)
+    except FileExistsError as e:
         print(json.dumps(report, indent=2))
         raise SystemExit(f"{e}; the report is printed above")
     print("wrote " + ", ".join(paths.values()))

@@ -1,0 +1,162 @@
+"""--compare: proposers x acceptance rules x dynamic k, side by side on one pair and one prompt set.
+
+    python -m protospec.bench --compare                    # the trained pair, its fixed held-out prompts
+    python -m protospec.bench --compare --compare-proposers draft ngram --compare-acceptance rejection typical \\
+        --compare-dynamic-k off heuristic confidence --compare-prompts 32 --compare-max-tokens 64
+
+Each arm is one engine (a proposer, an acceptance rule, a dynamic-k rule), run over every prompt at
+batch 1, greedy and at temperature 1 (seeded). Per arm and temperature: acceptance rate, accepted
+prefix, mean accepted length, per-position acceptance (metrics.py defines them) over all prompts,
+and the p50 of the per-prompt latency; target-only decoding is timed beside them as the baseline.
+Writes JSON, a markdown table and a plot.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from protospec.config import SamplingParams
+from protospec.engine.llm import LLM
+from protospec.engine.metrics import RATE_KEYS, RequestMetrics
+from protospec.spec import registry
+
+TRAINED_PAIR = "data/models"
+TEMPERATURES = (0.0, 1.0)
+
+
+@dataclass
+class CompareSetup:
+    target: str
+    draft: str
+    prompts: list[list[int]]
+    k: int = 5
+    max_tokens: int = 64
+    proposers: tuple = (registry.DRAFT, registry.NGRAM)
+    acceptances: tuple = (registry.REJECTION, registry.TYPICAL)
+    dynamic_ks: tuple = (registry.DYNAMIC_K_OFF, registry.DYNAMIC_K_HEURISTIC, registry.DYNAMIC_K_CONFIDENCE)
+    temperatures: tuple = TEMPERATURES
+    seed: int = 0
+    engine: dict = field(default_factory=dict)  # device, dtype, draft_loop, ...
+
+    def arms(self) -> list[dict]:
+        return [dict(proposer=p, acceptance=a, dynamic_k=d)
+                for p, a, d in itertools.product(self.proposers, self.acceptances, self.dynamic_ks)]
+
+
+def arm_name(arm: dict) -> str:
+    return f"{arm['proposer']}/{arm['acceptance']}/k-{arm['dynamic_k']}"
+
+
+def _time_prompts(llm: LLM, prompts, params: SamplingParams, progress=None) -> tuple[RequestMetrics, list[float]]:
+    """Each prompt alone (batch 1): the metrics summed over prompts, and each call's wall time."""
+    llm.generate(prompts[:1], params)  # warm-up: kernels, graphs
+    total, times = RequestMetrics(), []
+    for prompt in (progress(prompts) if progress else prompts):
+        llm.generate([prompt], params)
+        total.merge(llm.metrics)
+        times.append(llm.metrics.elapsed_s)
+    return total, times
+
+
+def _entry(metrics: RequestMetrics, times: list[float]) -> dict:
+    summary = metrics.summary()
+    return {key: summary[key] for key in RATE_KEYS + ("num_spec_steps", "num_draft_tokens")} | {
+        "p50_s": float(np.median(times)), "mean_s": float(np.mean(times)), "calls": len(times)}
+
+
+def run_compare(setup: CompareSetup, progress=None, log=print) -> dict:
+    results: dict[str, dict] = {}
+    baseline = LLM(setup.target, **setup.engine)
+    results["target_only"] = {}
+    for t in setup.temperatures:
+        params = SamplingParams(temperature=t, max_tokens=setup.max_tokens, ignore_eos=True, seed=setup.seed)
+        results["target_only"][f"T={t:g}"] = _entry(*_time_prompts(baseline, setup.prompts, params, progress))
+    del baseline
+    for arm in setup.arms():
+        draft = registry.NGRAM_MODEL if arm["proposer"] == registry.NGRAM else setup.draft
+        llm = LLM(setup.target, speculative_model=draft, num_speculative_tokens=setup.k, acceptance=arm["acceptance"],
+                  dynamic_k=arm["dynamic_k"], **setup.engine)
+        name = arm_name(arm)
+        results[name] = {"arm": arm}
+        for t in setup.temperatures:
+            params = SamplingParams(temperature=t, max_tokens=setup.max_tokens, ignore_eos=True, seed=setup.seed)
+            results[name][f"T={t:g}"] = _entry(*_time_prompts(llm, setup.prompts, params, progress))
+            e = results[name][f"T={t:g}"]
+            log(f"{name} T={t:g}: acceptance {_fmt(e['acceptance_rate'])}, mean accepted length "
+                f"{_fmt(e['mean_accepted_len'], '.2f')}, p50 {e['p50_s'] * 1e3:.1f} ms")
+        del llm
+    return {"compare": results, "compare_config": {
+        "target": setup.target, "draft": setup.draft, "k": setup.k, "max_tokens": setup.max_tokens,
+        "num_prompts": len(setup.prompts), "temperatures": list(setup.temperatures), "seed": setup.seed,
+        "engine": setup.engine}}
+
+
+def _fmt(value, spec=".3f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def compare_table(report: dict) -> str:
+    cfg, rows = report["compare_config"], report["compare"]
+    lines = [f"Device: {report['device']} · date {report['date']} · commit `{report['git_commit'][:10]}`",
+             f"Command: `{report['command']}`",
+             f"Pair: {cfg['target']} + {cfg['draft']}, k={cfg['k']}, {cfg['num_prompts']} prompts at batch 1, "
+             f"{cfg['max_tokens']} new tokens, seed {cfg['seed']}", ""]
+    for temp in (f"T={t:g}" for t in cfg["temperatures"]):
+        base = rows["target_only"][temp]["p50_s"]
+        lines += [f"### {temp}", "",
+                  "| arm | acceptance | accepted prefix | mean acc. len | per position | p50 (ms) | target-only / arm |",
+                  "|---|---:|---:|---:|---|---:|---:|"]
+        for name, entry in rows.items():
+            e = entry[temp]
+            per = ", ".join(f"{x:.2f}" for x in e["per_position_acceptance"]) if e["per_position_acceptance"] else "—"
+            lines.append(f"| {name} | {_fmt(e['acceptance_rate'])} | {_fmt(e['prefix_acceptance_rate'])} | "
+                         f"{_fmt(e['mean_accepted_len'], '.2f')} | {per} | {e['p50_s'] * 1e3:.1f} | {base / e['p50_s']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_compare(report: dict):
+    """Mean accepted length and speed-up over target-only per arm, one panel pair per temperature."""
+    from matplotlib.figure import Figure
+
+    from protospec.bench.report import config_title
+
+    cfg, rows = report["compare_config"], report["compare"]
+    temps = [f"T={t:g}" for t in cfg["temperatures"]]
+    names = [n for n in rows if n != "target_only"]
+    fig = Figure(figsize=(12, 3.2 * len(temps) + 1), layout="constrained")
+    axes = fig.subplots(len(temps), 2, squeeze=False)
+    for row, temp in enumerate(temps):
+        base = rows["target_only"][temp]["p50_s"]
+        lengths = [rows[n][temp]["mean_accepted_len"] or 1.0 for n in names]
+        speedups = [base / rows[n][temp]["p50_s"] for n in names]
+        axes[row][0].barh(names, lengths, color="#1f77b4")
+        axes[row][0].set_xlabel(f"mean accepted length, {temp}")
+        axes[row][1].barh(names, speedups, color="#2ca02c")
+        axes[row][1].axvline(1.0, color="#7f7f7f", lw=1)
+        axes[row][1].set_xlabel(f"p50 target-only / p50 arm, {temp}")
+        axes[row][1].set_yticklabels([])
+    fig.suptitle(f"{cfg['target']} + {cfg['draft']}, k={cfg['k']}, {cfg['num_prompts']} prompts\n"
+                 + config_title(report | {"config": {}}).strip(), fontsize=9)
+    return fig
+
+
+def write_compare(report: dict, out_dir: str | Path, record: bool = False, force: bool = False) -> dict[str, str]:
+    """JSON, markdown and PNG under out_dir; never over an existing file unless force."""
+    import json
+
+    from protospec.bench.report import report_stem
+
+    stem = Path(out_dir) / report_stem(report, "compare", record)
+    paths = {"json": f"{stem}.json", "md": f"{stem}.md", "png": f"{stem}.png"}
+    existing = [p for p in paths.values() if Path(p).exists()]
+    if existing and not force:
+        raise FileExistsError(f"refusing to overwrite {', '.join(existing)} (pass --force to replace it)")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    Path(paths["json"]).write_text(json.dumps(report, indent=2))
+    Path(paths["md"]).write_text(compare_table(report))
+    plot_compare(report).savefig(paths["png"], dpi=110)
+    return paths
