@@ -5,6 +5,8 @@ from tiny import random_prompts, tiny_llm
 
 from protospec import ConfigError, SamplingParams
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+
+DEVICE_WAYS = ["gpu"] + (["graph"] if KERNEL_DEVICE_TYPE == "cuda" else [])  # graph: CUDA graphs, a GPU only
 from protospec.spec.dynamic_k import HeuristicK
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
@@ -61,12 +63,12 @@ def test_seeded_tokens_are_the_same_on_the_host_and_the_device_path(tiny_target,
     params = SamplingParams(temperature=1.0, top_k=30, max_tokens=24, ignore_eos=True, seed=9)
     prompts = random_prompts(3, seed=2)
     outs, drafted = {}, {}
-    for mode in ("main", "gpu"):
+    for mode in ("main", *DEVICE_WAYS):
         llm = tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE,  # one device: one random stream
                        draft_loop=mode, dynamic_k=dynamic_k, draft_confidence_threshold=0.02)
         outs[mode] = [o.token_ids for o in llm.generate(prompts, params)]
         drafted[mode] = llm.metrics.num_draft_tokens
-    assert outs["main"] == outs["gpu"] and drafted["main"] == drafted["gpu"]
+    assert all(outs[m] == outs["main"] and drafted[m] == drafted["main"] for m in DEVICE_WAYS)
 
 
 def test_speculation_off_above_a_batch_size_catches_the_draft_up_after(tiny_target, tiny_draft):

@@ -81,3 +81,14 @@ def test_the_acceptance_settings_are_checked(tiny_target, tiny_draft):
                        (dict(posterior_alpha=float("nan")), "posterior_alpha")):
         with pytest.raises(ConfigError, match=match):
             tiny_llm(tiny_target, tiny_draft, k=3, **bad)
+
+
+def test_typical_acceptance_gives_the_same_seeded_tokens_in_every_draft_loop_way(tiny_target, tiny_draft):
+    from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+
+    ways = ["main", "sampler", "gpu"] + (["graph"] if KERNEL_DEVICE_TYPE == "cuda" else [])
+    params = SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True, seed=8)
+    prompts = random_prompts(3, seed=4)
+    outs = {way: [o.token_ids for o in tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE, draft_loop=way,
+                                                 acceptance="typical").generate(prompts, params)] for way in ways}
+    assert all(outs[w] == outs["main"] for w in ways)
