@@ -68,7 +68,7 @@ def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
 
 
 def test_cpu_default_is_small(monkeypatch):
-    from protospec.bench.cli import build_parser, resolve_args
+    from protospec.bench.args import build_parser, resolve_args
 
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     args = resolve_args(build_parser().parse_args([]))
@@ -79,7 +79,7 @@ def test_cpu_default_is_small(monkeypatch):
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])
 def test_draft_equals_target_flag(flag):
-    from protospec.bench.cli import build_parser, resolve_args
+    from protospec.bench.args import build_parser, resolve_args
 
     args = resolve_args(build_parser().parse_args(["--model", "x", "--speculative-model", "y", flag]))
     assert args.speculative_model == "x"

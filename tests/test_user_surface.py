@@ -5,7 +5,8 @@ import json
 import pytest
 
 from protospec.bench import report as report_mod
-from protospec.bench.cli import IGNORED_VLLM_FLAGS, build_parser, check_args, resolve_args, vllm_result
+from protospec.bench.args import IGNORED_VLLM_FLAGS, build_parser, check_args, resolve_args
+from protospec.bench.cli import vllm_result
 
 MODES = {
     "main": {"p50_s": 0.17, "p10_s": 0.16, "p90_s": 0.19, "avg_s": 0.175, "latencies_s": [0.16, 0.17, 0.19],

@@ -7,12 +7,12 @@ request that can never fit is refused up front with OutOfKVBlocksError.
 """
 from __future__ import annotations
 
-import os
 from collections import deque
 
 import torch
 
 from protospec.engine.block_manager import BlockManager, blocks_for
+from protospec.engine.kv_pool import size_kv_pool
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
 from protospec.spec import registry
 from protospec.spec.acceptance import make_acceptance
@@ -32,16 +32,6 @@ from protospec.spec.sampler import SamplingTensors, exponential_noise, sample
 from protospec.engine.sequence import Sequence
 from protospec.spec.step import SpeculativeStep
 from protospec.spec.sync_guard import forbid_host_sync
-
-
-def device_memory_bytes(device: torch.device) -> int:
-    """All the memory of the device (a GPU's, or the host's physical memory for a CPU)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound we can trust
-        return 1 << 62
 
 
 class Engine:
@@ -76,7 +66,8 @@ class Engine:
             for m in (target, draft):
                 if m is not None:
                     m.enable_layer_kernels()
-        self.num_blocks = self._size_pool(target, draft)
+        self.num_blocks = size_kv_pool(config, self.device, self.dtype, self.max_model_len + self.look.extra_positions,
+                                       [m for m in (target, draft) if m is not None])
         self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
         self.target = ModelRunner(target, self.num_blocks, config.block_size)
@@ -173,25 +164,6 @@ class Engine:
     @property
     def commit_policy(self) -> str | None:
         return self.spec_step.commit_policy.name if self.spec_step is not None else None
-
-    def _size_pool(self, target, draft) -> int:
-        cfg = self.config
-        per_seq = blocks_for(self.max_model_len + self.look.extra_positions, cfg.block_size)
-        enough = cfg.max_num_seqs * per_seq + 1  # + the null block
-        per_block = sum(ModelRunner.kv_bytes_per_block(m, cfg.block_size, self.dtype) for m in (target, draft) if m is not None)
-        if cfg.num_kv_blocks is not None:
-            blocks = cfg.num_kv_blocks
-        else:
-            gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else (2.0 if self.device.type == "cuda" else 0.25)
-            blocks = max(2, min(enough, int(gib * 2**30) // per_block))
-        # Checked before the pool is allocated: a typo must not try for tens of GB (or build a list
-        # of 10^9 free block ids).
-        capacity = device_memory_bytes(self.device)
-        if blocks * per_block > capacity:
-            what = f"num_kv_blocks={blocks}" if cfg.num_kv_blocks is not None else f"kv_cache_gib={cfg.kv_cache_gib}"
-            raise ConfigError(f"{what} needs {blocks * per_block / 2**30:.1f} GiB of KV cache ({per_block} bytes per "
-                              f"block), more than the {capacity / 2**30:.1f} GiB this {self.device.type} device has")
-        return blocks
 
     # ---- admission -------------------------------------------------------------------------
     def blocks_for_request(self, num_prompt_tokens: int, max_tokens: int) -> int:
