@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protospec.model.attention import NULL_BLOCK, PAD_SLOT_ID
+from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.advance_step import AdvanceStepLauncher, advance_step, advance_step_reference

@@ -66,6 +66,16 @@ def test_no_import_circle():
             dfs(name)
 
 
+def test_the_kernels_are_the_lowest_layer():
+    """protospec/kernels imports only itself and the shared foundations (errors, layout), so a kernel can
+    be read, tested and timed without the model or the spec step."""
+    modules = _modules()
+    allowed = ("protospec.kernels", "protospec.errors", "protospec.layout")
+    offenders = {name: sorted(dep for dep in _top_level_imports(path, set(modules)) if not dep.startswith(allowed))
+                 for name, path in modules.items() if name.startswith("protospec.kernels")}
+    assert not {name: deps for name, deps in offenders.items() if deps}
+
+
 def test_each_draft_loop_name_is_spelled_in_the_registry_only():
     names = set(registry.DRAFT_LOOPS) | set(registry.ARMS)
     pattern = re.compile(r"""["'](%s)["']""" % "|".join(sorted(names)))

@@ -1,7 +1,7 @@
 import pytest
 
 from protospec import OutOfKVBlocksError
-from protospec.model.attention import NULL_BLOCK
+from protospec.layout import NULL_BLOCK
 from protospec.engine.block_manager import BlockManager, blocks_for
 
 

@@ -1,6 +1,6 @@
 import torch
 
-from protospec.model.attention import NULL_BLOCK
+from protospec.layout import NULL_BLOCK
 from protospec.model.inputs import prepare_inputs
 
 

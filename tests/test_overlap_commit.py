@@ -7,12 +7,12 @@ import torch
 from tiny import random_prompts, tiny_llm
 
 from protospec import SamplingParams
-from protospec.model.attention import NULL_BLOCK, PAD_SLOT_ID
+from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.first_draft_step import first_draft_step, first_draft_step_reference, stage
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID
+from protospec.layout import PLACEHOLDER_TOKEN_ID
 
 DEVICE = torch.device(KERNEL_DEVICE_TYPE)
 ON_GPU = KERNEL_DEVICE_TYPE == "cuda"

@@ -8,7 +8,7 @@ from tiny import random_prompts, tiny_llm
 
 from protospec import ConfigError, SamplingParams
 from protospec.spec.acceptance import entropy, typical_acceptance
-from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID
+from protospec.layout import PLACEHOLDER_TOKEN_ID
 
 
 def _expected(draft, p, threshold, alpha, proposed):

@@ -6,7 +6,7 @@ cache and in the draft's.
 """
 from __future__ import annotations
 
-from protospec.model.attention import NULL_BLOCK
+from protospec.layout import NULL_BLOCK
 from protospec.errors import OutOfKVBlocksError
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.model.attention import NULL_BLOCK, PAD_SLOT_ID
+from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda

@@ -20,7 +20,7 @@ from numba import float32, int64
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.reductions import tree_argmax
-from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput
+from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 # Threads per block (a power of two, for the tree reduction). Each thread strides over the vocab,
 # so at batch 1 (one block) the block's width is the parallelism: 512 on a GPU; the simulator runs

@@ -20,6 +20,7 @@ vocabulary over blocks (partial max / sum / race per block, then a combine that 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from numba import float32, int64
@@ -28,7 +29,9 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.reductions import tree_argmax, tree_sum
-from protospec.spec.sampler import SamplingTensors
+
+if TYPE_CHECKING:
+    from protospec.spec.sampler import SamplingTensors
 
 THREADS = 32 if interop.SIMULATOR else 1024  # one block per row: at batch 1 its width is the parallelism
 

@@ -25,7 +25,7 @@ import torch
 from protospec.config import SamplingParams
 from protospec.model.inputs import prepare_inputs
 from protospec.engine.llm import LLM
-from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID
+from protospec.layout import PLACEHOLDER_TOKEN_ID
 from protospec.engine.sequence import Sequence
 from protospec.spec import registry
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-NULL_BLOCK = 0
-PAD_SLOT_ID = -1
+from protospec.layout import NULL_BLOCK
+
 
 
 @dataclass

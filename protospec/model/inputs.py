@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from protospec.model.attention import NULL_BLOCK, AttentionMetadata
+from protospec.model.attention import AttentionMetadata
+from protospec.layout import NULL_BLOCK
 
 if TYPE_CHECKING:
     from protospec.model.persistent_inputs import PersistentInputs

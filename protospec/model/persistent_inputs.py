@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from protospec.model.attention import PAD_SLOT_ID, AttentionMetadata
+from protospec.model.attention import AttentionMetadata
+from protospec.layout import PAD_SLOT_ID
 from protospec.model.inputs import ForwardInputs
 
 

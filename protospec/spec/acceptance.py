@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from protospec.spec import registry
-from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput, rejection_sample
+from protospec.spec.rejection import rejection_sample
+from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.spec.sampler import sample_from_probs
 
 DEFAULT_POSTERIOR_THRESHOLD = 0.09  # vLLM's defaults

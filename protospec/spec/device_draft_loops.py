@@ -20,7 +20,7 @@ from protospec.spec.draft_graph import DraftLoopGraph
 from protospec.spec.draft_loop import DraftLoop, DrawRandoms
 from protospec.spec.first_step_state import FirstStepState
 from protospec.spec.lookahead import Lookahead
-from protospec.spec.rejection import RejectionOutput
+from protospec.layout import RejectionOutput
 from protospec.spec.sampler import SamplingTensors
 from protospec.spec.step_state import StepState
 

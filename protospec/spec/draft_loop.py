@@ -24,7 +24,7 @@ from protospec.spec.draft_sampling import sample_draft_step
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.phase_timer import NULL_TIMER
 from protospec.spec.randoms import SpecStepRandoms
-from protospec.spec.rejection import RejectionOutput
+from protospec.layout import RejectionOutput
 from protospec.spec.sampler import SamplingTensors
 from protospec.spec.step_state import StepState
 from protospec.engine.sequence import Sequence

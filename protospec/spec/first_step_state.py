@@ -12,7 +12,7 @@ import torch
 from protospec.kernels.first_draft_step import first_draft_step, stage
 from protospec.model.inputs import ForwardInputs, host_to_device
 from protospec.model.persistent_inputs import PersistentInputs
-from protospec.spec.rejection import RejectionOutput
+from protospec.layout import RejectionOutput
 
 QUERY_LEN = 2  # t_{L'-2}, t_{L'-1}: the layout of the CPU's first_draft_step prepare
 

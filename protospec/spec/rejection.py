@@ -20,23 +20,10 @@ from per-request generators, so seeded runs repeat and tests can drive the sampl
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.spec.sampler import sample_from_probs
-
-PLACEHOLDER_TOKEN_ID = -1
-
-
-@dataclass
-class RejectionOutput:
-    output_token_ids: torch.Tensor  # [B, k + 1] int64, PLACEHOLDER_TOKEN_ID after the last emitted
-    num_accepted: torch.Tensor      # [B] int64, accepted draft tokens (0..k)
-    accepted_mask: torch.Tensor     # [B, k] bool, per position (False after the first rejection)
-    passed_mask: torch.Tensor       # [B, k] bool, each draft token's own test u < p/q, also after a
-                                    # rejection (those are discarded): what vLLM's acceptance rate counts
-
 
 def residual_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
     """max(0, p - q) over the last dim, unnormalised; where it is all zero (p == q), p itself.

@@ -24,7 +24,7 @@ from protospec.spec.lookahead import Lookahead
 from protospec.spec.phase_timer import NULL_TIMER
 from protospec.spec.randoms import SpecStepRandoms
 from protospec.spec.acceptance import RejectionSampling
-from protospec.spec.rejection import PLACEHOLDER_TOKEN_ID, RejectionOutput
+from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.spec.sampler import SamplingTensors
 from protospec.spec.step_state import StepState
 

@@ -8,7 +8,7 @@ import torch
 from protospec.engine.sequence import Sequence
 from protospec.model.inputs import ForwardInputs
 from protospec.spec.randoms import SpecStepRandoms
-from protospec.spec.rejection import RejectionOutput
+from protospec.layout import RejectionOutput
 from protospec.spec.sampler import SamplingTensors
 
 

@@ -1,0 +1,24 @@
+"""Conventions every layer shares, kernels included: the paged KV cache's special values and the
+layout of a spec step's outcome. Kept below everything that uses them, so the Numba kernels (the
+lowest layer) import nothing from the model or the spec step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NULL_BLOCK = 0              # block 0 is never handed out: block tables are padded with it
+PAD_SLOT_ID = -1            # a token with this slot writes no K/V (padding rows of a fixed-shape batch)
+PLACEHOLDER_TOKEN_ID = -1   # an empty position of a spec step's output ids
+
+
+@dataclass
+class RejectionOutput:
+    """What an acceptance rule (spec/acceptance.py, or the rejection kernel) returns for a batch."""
+
+    output_token_ids: torch.Tensor  # [B, k + 1] int64, PLACEHOLDER_TOKEN_ID after the last emitted
+    num_accepted: torch.Tensor      # [B] int64, accepted draft tokens (0..k)
+    accepted_mask: torch.Tensor     # [B, k] bool, per position (False after the first rejection)
+    passed_mask: torch.Tensor       # [B, k] bool, each draft token's own test u < p/q, also after a
+                                    # rejection (those are discarded): what vLLM's acceptance rate counts
