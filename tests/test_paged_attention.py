@@ -154,3 +154,11 @@ def test_paged_attention_refuses_what_it_cannot_hold():
         kernel.paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int32, device=DEV), positions, 1, 0.25, path="bogus")
     with pytest.raises(KernelArgumentError, match="splits"):
         kernel.paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int32, device=DEV), positions, 1, 0.25, splits=0)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_the_tile_path_splits_the_keys_alike(splits):
+    """by_tile: tiles that end mid-block, a split whose keys start mid-tile, GQA rows, the combine."""
+    inputs, cache, q = _case(2, [45, 12], 4, 2, 16, 5, torch.float32, seed=1)
+    expected = _torch_reference(inputs, cache, q, torch.float32)
+    torch.testing.assert_close(_kernel(inputs, cache, q, path="by_tile", splits=splits), expected, **TOL[torch.float32])
