@@ -49,10 +49,13 @@ CASES = [
     (6, [16, 33, 8], 8, 2),   # k + 1 = 6 queries, contexts ending on a block boundary (16), GQA 4:1
 ]
 # On a GPU every path x dtype x case. In the simulator (CI's CPU), fp16 runs the decode and verify-window
-# cases only: a 6-query case costs 40-80 s there, and fp16 changes only the loads' conversion.
+# cases only: a 6-query case costs 30-90 s there, and fp16 changes only the loads' conversion; the
+# 6-query GQA case runs on the default path only (the other two meet causal windows in the 3-query case
+# and GQA rows in their own tests).
 COMBOS = [(path, dtype, *case) for path in kernel.PATHS for dtype in (torch.float32, torch.float16) for case in CASES
           if not (SIMULATOR and dtype == torch.float16 and case is not CASES[0]
-                  and (path == "by_row" or case is CASES[2]))]
+                  and (path == "by_row" or case is CASES[2]))
+          and not (SIMULATOR and case is CASES[2] and path != kernel.choose_path(16))]
 
 
 @pytest.mark.parametrize("path,dtype,query_len,lengths,heads,kv_heads", COMBOS,
@@ -88,7 +91,7 @@ def test_more_query_rows_than_a_block_holds_take_several_row_chunks():
     """5 queries x 4 heads per KV head = 20 rows: chunks of MAX_ROWS, the last one partial."""
     rows = by_kv_head.rows_per_block(20)
     assert rows < 20 and 20 % rows != 0
-    inputs, cache, q = _case(5, [20, 11], 8, 2, 32, 4, torch.float32, seed=3)  # 4 lanes per key
+    inputs, cache, q = _case(5, [12, 6], 8, 2, 32, 4, torch.float32, seed=3)  # 4 lanes per key
     expected = _torch_reference(inputs, cache, q, torch.float32)
     torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head"), expected, **TOL[torch.float32])
 
