@@ -168,7 +168,7 @@ def test_compare_runs_every_arm_and_writes_its_report(tmp_path, capsys):
     from pathlib import Path
 
     report = main(["--compare", "--compare-prompts", "2", "--compare-max-tokens", "8", "--compare-dynamic-k", "off",
-                   "heuristic", "--output-dir", str(tmp_path)])
+                   "heuristic", "--compare-repeats", "1", "--output-dir", str(tmp_path)])
     rows = report["compare"]
     assert set(rows) == {"target_only"} | {f"{p}/{a}/k-{d}" for p in ("draft", "ngram") for a in ("rejection", "typical")
                                            for d in ("off", "heuristic")}
@@ -179,3 +179,24 @@ def test_compare_runs_every_arm_and_writes_its_report(tmp_path, capsys):
     written = sorted(p.suffix for p in Path(tmp_path).iterdir())
     assert written == [".json", ".md", ".png"]
     assert "target-only / arm" in capsys.readouterr().out
+
+
+def test_compare_timing_takes_each_prompts_median_and_counts_tokens_once():
+    """Repeated passes: a prompt's latency is the median of its passes, its metrics are merged once."""
+    from protospec.bench.compare import _time_prompts
+    from protospec.engine.metrics import RequestMetrics
+
+    class FakeLLM:
+        def __init__(self):
+            self.calls = 0
+
+        def generate(self, prompts, params):
+            self.calls += 1
+            self.metrics = RequestMetrics()
+            self.metrics.num_spec_steps = 1
+            # warm-up call, then pass 1 (prompts a, b), pass 2, pass 3
+            self.metrics.elapsed_s = {2: 5.0, 3: 1.0, 4: 2.0, 5: 30.0, 6: 3.0, 7: 4.0}.get(self.calls, 0.0)
+
+    total, times = _time_prompts(FakeLLM(), [[1], [2]], None, repeats=3)
+    assert times == [3.0, 4.0]  # median(5, 2, 3) and median(1, 30, 4)
+    assert total.num_spec_steps == 2

@@ -137,6 +137,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--compare-prompts-json", default=f"{TRAINED_PAIR}/heldout_prompts.json",
                    help="a JSON with a 'prompts' list of token-id lists")
     c.add_argument("--compare-max-tokens", type=int, default=64, help="new tokens per prompt")
+    c.add_argument("--compare-repeats", type=int, default=3, help="passes over the prompts; a prompt's latency is its median")
     g.add_argument("--output-dir", default=None,
                    help="where --ablation / --sweep write (default: runs/, names carry date, commit and time; "
                         "with --record: data/results/)")
@@ -153,7 +154,7 @@ def check_args(args: argparse.Namespace, warn=print) -> None:
         raise SystemExit(f"--n {args.n}: only one sample per prompt is implemented")
     if args.use_beam_search:
         raise SystemExit("--use-beam-search: beam search is not implemented")
-    for name in ("num_iters", "num_iters_warmup", "batch_size", "input_len", "output_len", "repeats"):
+    for name in ("num_iters", "num_iters_warmup", "batch_size", "input_len", "output_len", "repeats", "compare_repeats"):
         value = getattr(args, name)
         least = 0 if name == "num_iters_warmup" else 1
         if value is not None and value < least:

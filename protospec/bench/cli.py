@@ -156,7 +156,7 @@ def run_compare_report(args, argv) -> dict:
                   max_num_seqs=1)
     setup = CompareSetup(args.model, args.speculative_model, prompts, args.num_speculative_tokens or 5,
                          args.compare_max_tokens, tuple(args.compare_proposers), tuple(args.compare_acceptance),
-                         tuple(args.compare_dynamic_k), seed=args.seed, engine=engine)
+                         tuple(args.compare_dynamic_k), seed=args.seed, repeats=args.compare_repeats, engine=engine)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     print(f"protospec.bench --compare: {args.model} + {args.speculative_model}, {len(prompts)} prompts, "
           f"{len(setup.arms())} arms x {len(setup.temperatures)} temperatures, device {device}", flush=True)

@@ -7,7 +7,7 @@
 Each arm is one engine (a proposer, an acceptance rule, a dynamic-k rule), run over every prompt at
 batch 1, greedy and at temperature 1 (seeded). Per arm and temperature: acceptance rate, accepted
 prefix, mean accepted length, per-position acceptance (metrics.py defines them) over all prompts,
-and the p50 of the per-prompt latency; target-only decoding is timed beside them as the baseline.
+and the p50 over prompts of each prompt's median latency over --compare-repeats passes; target-only decoding is timed beside them as the baseline.
 Writes JSON, a markdown table and a plot.
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ class CompareSetup:
     dynamic_ks: tuple = (registry.DYNAMIC_K_OFF, registry.DYNAMIC_K_HEURISTIC, registry.DYNAMIC_K_CONFIDENCE)
     temperatures: tuple = TEMPERATURES
     seed: int = 0
+    repeats: int = 3
     engine: dict = field(default_factory=dict)  # device, dtype, draft_loop, ...
 
     def arms(self) -> list[dict]:
@@ -50,15 +51,19 @@ def arm_name(arm: dict) -> str:
     return f"{arm['proposer']}/{arm['acceptance']}/k-{arm['dynamic_k']}"
 
 
-def _time_prompts(llm: LLM, prompts, params: SamplingParams, progress=None) -> tuple[RequestMetrics, list[float]]:
-    """Each prompt alone (batch 1): the metrics summed over prompts, and each call's wall time."""
+def _time_prompts(llm: LLM, prompts, params: SamplingParams, repeats: int, progress=None) -> tuple[RequestMetrics, list[float]]:
+    """Each prompt alone (batch 1), `repeats` passes over the prompts: the metrics summed over prompts (of
+    the first pass: a seeded call repeats its tokens), and each prompt's median wall time over the passes.
+    Passes rather than back-to-back repeats so that a slow stretch of the host spreads over all prompts."""
     llm.generate(prompts[:1], params)  # warm-up: kernels, graphs
-    total, times = RequestMetrics(), []
-    for prompt in (progress(prompts) if progress else prompts):
-        llm.generate([prompt], params)
-        total.merge(llm.metrics)
-        times.append(llm.metrics.elapsed_s)
-    return total, times
+    total, times = RequestMetrics(), [[] for _ in prompts]
+    for rep in range(repeats):
+        for i, prompt in enumerate(progress(prompts) if progress and rep == 0 else prompts):
+            llm.generate([prompt], params)
+            if rep == 0:
+                total.merge(llm.metrics)
+            times[i].append(llm.metrics.elapsed_s)
+    return total, [float(np.median(t)) for t in times]
 
 
 def _entry(metrics: RequestMetrics, times: list[float]) -> dict:
@@ -73,7 +78,7 @@ def run_compare(setup: CompareSetup, progress=None, log=print) -> dict:
     results["target_only"] = {}
     for t in setup.temperatures:
         params = SamplingParams(temperature=t, max_tokens=setup.max_tokens, ignore_eos=True, seed=setup.seed)
-        results["target_only"][f"T={t:g}"] = _entry(*_time_prompts(baseline, setup.prompts, params, progress))
+        results["target_only"][f"T={t:g}"] = _entry(*_time_prompts(baseline, setup.prompts, params, setup.repeats, progress))
     del baseline
     for arm in setup.arms():
         draft = registry.NGRAM_MODEL if arm["proposer"] == registry.NGRAM else setup.draft
@@ -83,7 +88,7 @@ def run_compare(setup: CompareSetup, progress=None, log=print) -> dict:
         results[name] = {"arm": arm}
         for t in setup.temperatures:
             params = SamplingParams(temperature=t, max_tokens=setup.max_tokens, ignore_eos=True, seed=setup.seed)
-            results[name][f"T={t:g}"] = _entry(*_time_prompts(llm, setup.prompts, params, progress))
+            results[name][f"T={t:g}"] = _entry(*_time_prompts(llm, setup.prompts, params, setup.repeats, progress))
             e = results[name][f"T={t:g}"]
             log(f"{name} T={t:g}: acceptance {_fmt(e['acceptance_rate'])}, mean accepted length "
                 f"{_fmt(e['mean_accepted_len'], '.2f')}, p50 {e['p50_s'] * 1e3:.1f} ms")
@@ -91,6 +96,7 @@ def run_compare(setup: CompareSetup, progress=None, log=print) -> dict:
     return {"compare": results, "compare_config": {
         "target": setup.target, "draft": setup.draft, "k": setup.k, "max_tokens": setup.max_tokens,
         "num_prompts": len(setup.prompts), "temperatures": list(setup.temperatures), "seed": setup.seed,
+        "repeats": setup.repeats,
         "engine": setup.engine}}
 
 

@@ -64,6 +64,8 @@ def _make_kernel(R: int, D: int, THREADS: int, WARP: int, options: dict):  # noq
     WARPS = THREADS // WARP
     WARP_STEPS = WARP.bit_length() - 1
     NO_KEY = float32(-1e30)  # finite: fast-math assumes no infinities
+    # Shared and local array sizes must be literals to Numba's typer: products are taken here, not in the kernel.
+    Q_CELLS, P_CELLS, MAX_CELLS = R * D, R * THREADS, R * WARPS
 
     @cuda.jit(**options)
     def attention_tile_kernel(q, kv_flat, num_blocks, block_size, kv_heads, block_tables, positions, query_len, scale,
@@ -87,10 +89,10 @@ def _make_kernel(R: int, D: int, THREADS: int, WARP: int, options: dict):  # noq
         tid = cuda.threadIdx.x
         warp, lane = tid // WARP, tid % WARP
 
-        q_sh = cuda.shared.array(R * D, float32)             # [R, D] scaled queries
-        p_sh = cuda.shared.array(R * THREADS, float32)       # [R, THREADS] this tile's weights
+        q_sh = cuda.shared.array(Q_CELLS, float32)           # [R, D] scaled queries
+        p_sh = cuda.shared.array(P_CELLS, float32)           # [R, THREADS] this tile's weights
         v_base = cuda.shared.array(THREADS, int64)           # [THREADS] flat index of each key's V row
-        tile_max = cuda.shared.array(R * WARPS, float32)     # [R, WARPS]
+        tile_max = cuda.shared.array(MAX_CELLS, float32)     # [R, WARPS]
         scratch = cuda.shared.array(THREADS, float32)        # the simulator's shuffles
 
         row_pos = cuda.local.array(R, int64)
