@@ -1,20 +1,21 @@
 """Attention for decode-shaped forwards, read straight from the paged KV cache (Numba kernels).
 
-Three work decompositions and one combine kernel that they share:
+Two work decompositions and one combine kernel that they share:
   by_kv_head  (attention_by_kv_head.py) a block per (sequence, KV head, row chunk, split), holding
               every query row that shares the KV head in registers, so a verify window reads each
               K/V row once instead of once per query token. The default wherever it holds the head size.
   by_row      (attention_by_row.py)     a block per (query token, head, chunk of keys): the fallback
               for head sizes by_kv_head does not take, and a reference to time against.
-  by_tile     (attention_by_tile.py)    by_kv_head's blocks, keys in tiles: a key per thread for the
-              scores, a (row, dim) cell per thread for the values (opt-in: path="by_tile").
   combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits.
 
 Why by_row loses (bench.attention_cost times both; its runs of record are in data/results): its
 grid follows the block table's width, not the context (at batch 64 a verify layer is 384 tokens x
 12 heads x 16 chunks = 73,728 blocks, a third with no key, each a chain of ~6 dependent loads and 5
 barriers for at most 32 keys), and each query token re-reads the keys. by_kv_head's blocks are few
-and long; split-K fills the GPU where the batch does not.
+and long; split-K fills the GPU where the batch does not. A third decomposition, by_kv_head's blocks
+walking keys in tiles (a key per thread for the scores, a (row, dim) cell per thread for the values,
+the tile's weights in shared memory), measured 2.6-4.7x slower than by_kv_head at every shape timed
+and was removed (data/results/README.md, "Attention by tiles").
 
 Only uniform layouts (every sequence feeds query_len tokens: decode, draft step 1, verify) take
 this path; token t belongs to sequence t // query_len.
@@ -28,11 +29,11 @@ import torch
 from numba import float32
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row, attention_by_tile as by_tile
+from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 
-PATHS = ("by_row", "by_kv_head", "by_tile")
+PATHS = ("by_row", "by_kv_head")
 # by_kv_head's split-K spreads a grid that does not fill the GPU until BLOCKS_PER_SM blocks per SM.
 BLOCKS_PER_SM = 2
 
@@ -110,9 +111,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         raise KernelArgumentError(f"paged_attention: path must be one of {PATHS}, got {path!r}")
     elif path == "by_row" and head_dim > by_row.MAX_HEAD_DIM:
         raise KernelArgumentError(f"paged_attention: by_row takes head_dim up to {by_row.MAX_HEAD_DIM}, got {head_dim}")
-    elif path == "by_tile" and not by_tile.supports(head_dim):
-        raise KernelArgumentError(f"paged_attention: by_tile takes a power-of-two head_dim dividing "
-                                  f"{by_tile.GPU_THREADS}, got {head_dim}")
     elif path == "by_kv_head" and not by_kv_head.supports(head_dim):
         raise KernelArgumentError(f"paged_attention: by_kv_head takes head_dim = 8 x a power of two up to "
                                   f"{by_kv_head.MAX_HEAD_DIM}, got {head_dim}")
@@ -124,13 +122,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         kernel, threads = by_row.partial_kernel(by_row.CHUNK), by_row.THREADS
         parts = -(-max_keys // by_row.CHUNK)  # host-known: the block table's width bounds every context
         grid = tokens * heads * parts
-    elif path == "by_tile":
-        group_rows = query_len * (heads // kv_heads)
-        rows = by_tile.rows_per_block(group_rows)
-        groups = num_seqs * kv_heads * -(-group_rows // rows)
-        threads = by_tile.threads_per_block(head_dim)
-        parts = splits or choose_splits(groups, max_keys, threads, dev)
-        kernel, grid = by_tile.attention_kernel(rows, head_dim), groups * parts
     else:
         group_rows = query_len * (heads // kv_heads)
         rows = by_kv_head.rows_per_block(group_rows, num_seqs * kv_heads, _sm_count(dev))
@@ -148,9 +139,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         part_max, part_sum = (torch.empty(tokens * heads, parts, dtype=torch.float32, device=dev) for _ in range(2))
     if path == "by_row":
         args = [q, kv_cache, block_tables, positions, part_acc, part_max, part_sum, int(query_len), float(scale)]
-    elif path == "by_tile":
-        args = [q, kv_cache.view(-1), int(kv_cache.shape[1]), int(kv_cache.shape[2]), int(kv_heads), block_tables,
-                positions, int(query_len), float(scale), out, part_acc, part_max, part_sum]
     else:
         args = [q, kv_cache, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum]
     interop.launch_tensors(kernel, grid, threads, args)
