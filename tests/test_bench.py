@@ -33,7 +33,8 @@ def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_pa
     files = {p.suffix: p for p in tmp_path.iterdir() if "breakdown" not in p.name}
     report = json.loads(files[".json"].read_text())
     assert {"device", "date", "git_commit", "command", "config", "modes"} <= report.keys()
-    assert set(report["modes"]) == {"main", "sampler", "gpu_sync_commit", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only"}
+    assert set(report["modes"]) == {"main", "sampler", "gpu_sync_commit", "gpu", "graph", "target_only", "hf_assisted", "hf_target_only",
+                                   "hf_compiled"}
     if not torch.cuda.is_available():
         assert "CUDA" in report["modes"]["graph"]["skipped"]  # CPU: the graph mode says why it did not run
     for name, entry in report["modes"].items():
@@ -54,7 +55,12 @@ def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_pa
     assert files[".png"].stat().st_size > 10_000
     assert any("breakdown" in p.name for p in tmp_path.iterdir())
     table = files[".md"].read_text()
-    assert "| main |" in table and "| hf_assisted |" in table
+    assert "| main |" in table and "| hf_assisted |" in table and "| hf_compiled |" in table
+    fastest = min((e["p50_s"], n) for n, e in report["modes"].items() if n in ("main", "sampler", "gpu_sync_commit", "gpu", "graph")
+                  and "p50_s" in e)[1]
+    assert f"Fastest mode: {fastest}." in table and f"p50(hf_compiled) / p50({fastest}) = " in table
+    if not torch.cuda.is_available():  # generate() compiles only on CUDA: the report says so
+        assert report["modes"]["hf_compiled"]["torch_compiled_graphs"] == 0 and "none: a static cache only" in table
     if not torch.cuda.is_available():  # a CPU run says what its numbers are not
         assert "say nothing about a GPU" in table and "say nothing about a GPU" in capsys.readouterr().out
 
@@ -200,3 +206,24 @@ def test_compare_timing_takes_each_prompts_median_and_counts_tokens_once():
     total, times = _time_prompts(FakeLLM(), [[1], [2]], None, repeats=3)
     assert times == [3.0, 4.0]  # median(5, 2, 3) and median(1, 30, 4)
     assert total.num_spec_steps == 2
+
+
+def test_the_static_cache_peer_decodes_what_transformers_and_protospec_decode(tiny_target):
+    """hf_compiled's generate() (static KV cache) gives the greedy tokens of transformers' default cache
+    and of protospec's target-only decoding, on the same weights: the peer times the same work."""
+    from protospec import LLM, SamplingParams
+    from protospec.bench.hf_peer import HFGenerate, to_hf
+
+    llm = LLM(tiny_target, load_format="dummy", dtype="float32", seed=0)
+    prompts = [[3, 9, 4, 11, 7, 2], [5, 5, 8, 1, 6, 10]]
+    hf = to_hf(llm.engine.target.model)
+    static = HFGenerate(hf, prompts, 12, 0.0, static_cache=True)()[:, len(prompts[0]):]
+    dynamic = HFGenerate(hf, prompts, 12, 0.0)()[:, len(prompts[0]):]
+    ours = [out.token_ids for out in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))]
+    assert static.tolist() == dynamic.tolist()
+    eos = hf.config.eos_token_id
+    for row, theirs in zip(ours, static.tolist()):
+        # transformers bans EOS until min_new_tokens; protospec's ignore_eos may emit it and go on
+        upto = row.index(eos) if eos in row else len(row)
+        assert row[:upto] == theirs[:upto] and upto >= 4
+    assert HFGenerate(hf, prompts, 12, 0.0, static_cache=True).kwargs["cache_implementation"] == "static"

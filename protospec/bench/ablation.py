@@ -8,6 +8,8 @@ modes   the arms of spec/registry.ARMS (a draft loop and a commit policy each; g
 peers   target_only     protospec without a draft
         hf_assisted     transformers generate(assistant_model=draft), constant k, same weights
         hf_target_only  transformers generate() of the target alone
+        hf_compiled     the same with a static KV cache, which makes generate() compile the forward with
+                        torch.compile on CUDA (warmed up, so compiled, before the timed iterations)
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from protospec.bench.hf_peer import HFGenerate, to_hf
+from protospec.bench.hf_peer import HFGenerate, compiled_graph_count, to_hf
 from protospec.bench.latency import LatencyResult, random_prompts, time_calls, time_generate
 from protospec.bench.report import BASELINE, PEER_NAMES
 from protospec.config import SamplingParams
@@ -132,8 +134,12 @@ def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None) -> dict
     ngram = peer == "hf_assisted" and spec_llm.engine.draft is None
     assistant = to_hf(spec_llm.engine.draft.model) if peer == "hf_assisted" and not ngram else None
     fn = HFGenerate(target, setup.prompts(spec_llm.engine.vocab_size), setup.output_len, setup.temperature, assistant,
-                    setup.num_speculative_tokens, setup.seed, prompt_lookup_max=setup.prompt_lookup_max if ngram else None)
-    entry = time_calls(fn, setup.num_iters_warmup, setup.num_iters, on_cuda, progress).summary()
+                    setup.num_speculative_tokens, setup.seed, prompt_lookup_max=setup.prompt_lookup_max if ngram else None,
+                    static_cache=peer == "hf_compiled")
+    graphs_before = compiled_graph_count()
+    entry = time_calls(fn, max(1, setup.num_iters_warmup), setup.num_iters, on_cuda, progress).summary()
+    if peer == "hf_compiled":  # whether torch.compile ran (it does on CUDA, not on a CPU): the label's truth
+        entry["torch_compiled_graphs"] = compiled_graph_count() - graphs_before
     del target, assistant, fn
     _release_memory()
     return entry

@@ -1,6 +1,7 @@
 """The same-run peers from Hugging Face transformers: assisted generation (speculative decoding with
-an assistant model and a constant k, or prompt lookup decoding for the n-gram proposer) and plain
-target-only generate(), on protospec's own weights."""
+an assistant model and a constant k, or prompt lookup decoding for the n-gram proposer), plain
+target-only generate(), and transformers' fast path (a static KV cache, with which generate()
+compiles the forward with torch.compile on CUDA), on protospec's own weights."""
 from __future__ import annotations
 
 import torch
@@ -35,7 +36,8 @@ class HFGenerate:
     `output_len` new tokens, sampling like protospec's bench (temperature, no top-k/top-p)."""
 
     def __init__(self, target, prompts: list[list[int]], output_len: int, temperature: float,
-                 assistant=None, num_assistant_tokens: int = 5, seed: int = 0, prompt_lookup_max: int | None = None):
+                 assistant=None, num_assistant_tokens: int = 5, seed: int = 0, prompt_lookup_max: int | None = None,
+                 static_cache: bool = False):
         if (assistant is not None or prompt_lookup_max) and len(prompts) != 1:
             raise ValueError("transformers' assisted generation supports batch size 1 only")
         device = next(target.parameters()).device
@@ -51,8 +53,21 @@ class HFGenerate:
                                num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
         elif prompt_lookup_max:  # transformers' prompt lookup decoding: its n-gram proposer
             self.kwargs.update(prompt_lookup_num_tokens=num_assistant_tokens, max_matching_ngram_size=prompt_lookup_max)
+        if static_cache:
+            # A fixed-shape cache is what lets generate() compile the decode forward (on CUDA; a CPU run
+            # gets the static cache without compilation): the first call compiles, so time after warm-up.
+            if assistant is not None or prompt_lookup_max:
+                raise ValueError("the static-cache peer decodes the target alone")
+            self.kwargs.update(cache_implementation="static")
 
     @torch.inference_mode()
     def __call__(self) -> torch.Tensor:
         torch.manual_seed(self.seed)
         return self.target.generate(self.input_ids, **self.kwargs)
+
+
+def compiled_graph_count() -> int:
+    """Graphs torch.compile has produced in this process (0: nothing was compiled)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -9,13 +9,13 @@ from matplotlib.figure import Figure
 
 from protospec.spec import registry
 
-PEER_NAMES = ("target_only", "hf_assisted", "hf_target_only")
+PEER_NAMES = ("target_only", "hf_assisted", "hf_target_only", "hf_compiled")
 PLOT_ORDER = (*registry.ARMS, *PEER_NAMES)
 BASELINE = registry.MAIN
 # One colour per mode in every plot: the baseline red, the device paths blues/greens (in the arms'
 # order), peers greys.
 MODE_COLORS = {**dict(zip(registry.ARMS, ("#d62728", "#ff7f0e", "#9ecae1", "#1f77b4", "#2ca02c"))),
-               **dict(zip(PEER_NAMES, ("#7f7f7f", "#b0b0b0", "#d9d9d9")))}
+               **dict(zip(PEER_NAMES, ("#7f7f7f", "#b0b0b0", "#d9d9d9", "#525252")))}
 
 
 def mode_color(name: str) -> str:
@@ -77,7 +77,22 @@ def markdown_table(report: dict) -> str:
         lines.append("")
         lines.append("p50(main) / p50(mode) in each round: " + "; ".join(
             f"{n} " + ", ".join(f"{r:.2f}" for r in ratios) for n, ratios in per_round.items()))
+    fastest = fastest_mode(modes)
+    if fastest is not None:
+        lines += ["", f"Fastest mode: {fastest}. " + "; ".join(
+            f"p50({n}) / p50({fastest}) = {modes[n]['p50_s'] / modes[fastest]['p50_s']:.2f}"
+            for n in (BASELINE, *PEER_NAMES) if n != fastest and "p50_s" in modes.get(n, {}))]
+        compiled = modes.get("hf_compiled", {}).get("torch_compiled_graphs")
+        if compiled is not None:
+            lines.append(f"hf_compiled: {compiled} graph(s) compiled by torch.compile"
+                         + ("" if compiled else " (none: a static cache only, as on a CPU)"))
     return "\n".join(lines) + "\n"
+
+
+def fastest_mode(modes: dict) -> str | None:
+    """The draft-loop mode with the lowest p50 (the peers are what it is compared with)."""
+    timed = [(e["p50_s"], n) for n, e in modes.items() if n in registry.ARMS and "p50_s" in e]
+    return min(timed)[1] if timed else None
 
 
 def plot_latency(report: dict):

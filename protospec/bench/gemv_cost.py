@@ -1,0 +1,73 @@
+"""Device time of one decode-shaped linear layer against its bytes floor: the Numba GEMV
+(kernels/gemv.py, each rows-per-warp x unroll variant asked for) beside torch's (cuBLAS).
+
+    python -m protospec.bench.gemv_cost [--shapes 768x2304 768x6144 3072x768 768x768 768x32000]
+                                        [--tokens 1 6] [--rows 1 2 4] [--unrolls 4 8] [--output-json PATH]
+
+A shape KxN is nn.Linear(K, N): weight [N, K] float16, x [tokens, K] float16. Floor = (weight + x + y
+bytes) / the copy bandwidth of the same run. Each case is 20 calls captured in one CUDA graph and
+replayed; the calls cycle through enough weight copies to exceed the L2 cache 4x, so each call reads
+its weight from memory as a forward does (a layer's weight is not in L2 when its turn comes).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+
+from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, copy_bandwidth_gbs, time_calls
+from protospec.bench.provenance import check_writable, provenance, write_report
+from protospec.kernels import gemv as kernel
+
+SHAPES = ("768x2304", "768x6144", "3072x768", "768x768", "768x32000")  # llama-160m: qkv, gate_up, down, o, lm_head
+
+
+def weight_copies(k: int, n: int, dev) -> list[torch.Tensor]:
+    copies = max(2, min(CALLS_PER_GRAPH, -(-4 * L2_BYTES // (k * n * 2))))
+    return [torch.randn(n, k, device=dev).div_(k ** 0.5).half() for _ in range(copies)]
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m protospec.bench.gemv_cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="KxN (in x out features)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 6], help="token rows (1 = decode, k + 1 = verify)")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4], help="output rows per warp")
+    p.add_argument("--unrolls", type=int, nargs="+", default=[4, 8], help="columns per lane per step")
+    p.add_argument("--output-json", default=None)
+    args = p.parse_args(argv)
+    check_writable(args.output_json)
+    if not torch.cuda.is_available():
+        raise SystemExit("gemv_cost needs a CUDA device")
+    dev = torch.device("cuda")
+    bandwidth = copy_bandwidth_gbs(dev)
+    print(f"copy bandwidth {bandwidth:.0f} GB/s (read + written)")
+    report = provenance(dev, argv, "protospec.bench.gemv_cost") | {
+        "config": vars(args), "copy_bandwidth_gbs": bandwidth, "cases": []}
+    print(f"{'shape':>10} {'tokens':>6} {'floor us':>8} {'torch us':>8} {'x floor':>7} | numba rows x unroll: us (x floor)")
+    for shape, tokens in itertools.product(args.shapes, args.tokens):
+        k, n = (int(v) for v in shape.split("x"))
+        weights = weight_copies(k, n, dev)
+        x = torch.randn(tokens, k, device=dev).half()
+        floor_us = (k * n + tokens * (k + n)) * 2 / bandwidth / 1e3
+        torch_us = time_calls([lambda w=w: torch.nn.functional.linear(x, w) for w in weights])
+        row = {"shape": shape, "tokens": tokens, "floor_us": floor_us, "torch_us": torch_us, "numba": {}}
+        expected = torch.nn.functional.linear(x.float(), weights[0].float())
+        for rows, unroll in itertools.product(args.rows, args.unrolls):
+            if k % (kernel.WARP * unroll):
+                continue
+            got = kernel.gemv(x, weights[0], rows, unroll).float()
+            err = float((got - expected).abs().max())
+            us = time_calls([lambda w=w: kernel.gemv(x, w, rows, unroll) for w in weights])
+            row["numba"][f"{rows}x{unroll}"] = {"us": us, "x_floor": us / floor_us, "max_abs_err": err}
+        report["cases"].append(row)
+        best = " ".join(f"{v}: {e['us']:.2f} ({e['x_floor']:.1f})" for v, e in row["numba"].items())
+        print(f"{shape:>10} {tokens:>6} {floor_us:>8.2f} {torch_us:>8.2f} {torch_us / floor_us:>7.1f} | {best}", flush=True)
+        del weights
+    write_report(args.output_json, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

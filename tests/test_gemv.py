@@ -1,0 +1,38 @@
+"""The decode GEMV kernel against torch's linear: ragged row counts, several token rows, both activation dtypes."""
+import pytest
+import torch
+
+from protospec.errors import KernelArgumentError
+from protospec.kernels import gemv as kernel
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+
+DEV = torch.device(KERNEL_DEVICE_TYPE)
+
+
+@pytest.mark.parametrize("tokens,n,rows,dtype", [(1, 5, 1, torch.float32), (3, 7, 2, torch.float16), (2, 9, 4, torch.float32)])
+def test_gemv_matches_torch_linear(tokens, n, rows, dtype):
+    """Rows per warp that do not divide N (the last warp's extra rows are dropped, not written)."""
+    gen = torch.Generator().manual_seed(tokens * 100 + n)
+    k = 2 * kernel.WARP * 4  # two steps of unroll 4
+    x = torch.randn(tokens, k, generator=gen).to(dtype).to(DEV)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).half().to(DEV)
+    expected = torch.nn.functional.linear(x.float(), w.float())
+    got = kernel.gemv(x, w, rows=rows, unroll=4)
+    assert got.shape == (tokens, n) and got.dtype == dtype
+    tol = dict(atol=2e-3, rtol=2e-3) if dtype == torch.float16 else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.float(), expected, **tol)
+
+
+def test_gemv_names_bad_arguments():
+    x = torch.zeros(1, 256, device=DEV)
+    w = torch.zeros(4, 256, dtype=torch.float16, device=DEV)
+    with pytest.raises(KernelArgumentError, match="float16"):
+        kernel.gemv(x, w.float())
+    with pytest.raises(KernelArgumentError, match="columns"):
+        kernel.gemv(torch.zeros(1, 128, device=DEV), w)
+    with pytest.raises(KernelArgumentError, match="multiple of"):
+        kernel.gemv(torch.zeros(1, 96, device=DEV), torch.zeros(4, 96, dtype=torch.float16, device=DEV))
+    with pytest.raises(KernelArgumentError, match="token rows"):
+        kernel.gemv(torch.zeros(kernel.MAX_TOKENS + 1, 256, device=DEV), w)
+    with pytest.raises(KernelArgumentError, match="float16 or float32"):
+        kernel.gemv(x.double(), w)
