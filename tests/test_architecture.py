@@ -1,5 +1,5 @@
 """The package's shape, checked: no import circle, each draft-loop name spelled in one module, no reaching
-into another package's private attributes."""
+into another package's private attributes, Numba array sizes the GPU typer accepts."""
 import ast
 import re
 from pathlib import Path
@@ -119,3 +119,25 @@ def test_no_module_reaches_into_another_packages_private_attributes():
                 if owners and _package_of(path) not in owners and ast.unparse(node.value) not in ("self", "cls"):
                     offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, offenders
+
+
+def array_sizes_that_are_expressions(source: str) -> list[str]:
+    """cuda.shared.array / cuda.local.array calls whose size is an expression, not a name or number.
+    Numba's GPU typer takes only literal sizes (a closure constant or a number) and the CUDA simulator
+    accepts anything, so a CPU run cannot catch this: the kernel fails to compile on the first GPU."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "array"
+                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr in ("shared", "local")
+                and node.args and not isinstance(node.args[0], (ast.Name, ast.Constant, ast.Tuple))):
+            bad.append(ast.unparse(node))
+    return bad
+
+
+def test_kernel_array_sizes_are_literals():
+    bad = {str(p.relative_to(PACKAGE)): found for p in (PACKAGE / "kernels").rglob("*.py")
+           if (found := array_sizes_that_are_expressions(p.read_text()))}
+    assert not bad, f"take the product outside the kernel (a closure constant): {bad}"
+    # the check itself catches the mistake it is for
+    assert array_sizes_that_are_expressions("s = cuda.shared.array(R * D, float32)") == ["cuda.shared.array(R * D, float32)"]
+    assert array_sizes_that_are_expressions("s = cuda.local.array(CELLS, float32)") == []

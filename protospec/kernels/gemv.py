@@ -41,6 +41,7 @@ def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, options: dict):  # noqa: N
     CELLS = ROWS * TOKENS        # accumulators per lane: [ROWS, TOKENS]
     LOADS = ROWS * UNROLL        # weights per lane per step: [ROWS, UNROLL]
     XS = TOKENS * UNROLL         # activations per lane per step: [TOKENS, UNROLL]
+    SCRATCH = WARP * 4           # array sizes must be literals to the typer: products are taken here
 
     @cuda.jit(**options)
     def gemv(x, w, y):
@@ -51,7 +52,7 @@ def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, options: dict):  # noqa: N
         acc = cuda.local.array(CELLS, float32)
         wv = cuda.local.array(LOADS, float32)
         xv = cuda.local.array(XS, float32)
-        scratch = cuda.shared.array(WARP * 4, float32)  # the simulator's shuffles (a block is one warp there)
+        scratch = cuda.shared.array(SCRATCH, float32)  # the simulator's shuffles (a block is one warp there)
         for c in range(CELLS):
             acc[c] = float32(0.0)
         for k0 in range(lane, k_cols, STEP):
