@@ -140,6 +140,7 @@ def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None) -> dict
     entry = time_calls(fn, max(1, setup.num_iters_warmup), setup.num_iters, on_cuda, progress).summary()
     if peer == "hf_compiled":  # whether torch.compile ran (it does on CUDA, not on a CPU): the label's truth
         entry["torch_compiled_graphs"] = compiled_graph_count() - graphs_before
+        torch._dynamo.reset()  # drop the compiled graphs; the peers run last, after every captured mode
     del target, assistant, fn
     _release_memory()
     return entry

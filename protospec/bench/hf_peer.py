@@ -33,11 +33,15 @@ def to_hf(model: LlamaForCausalLM):
 
 class HFGenerate:
     """A callable that runs one transformers generate() over a batch of prompts, exactly
-    `output_len` new tokens, sampling like protospec's bench (temperature, no top-k/top-p)."""
+    `output_len` new tokens, sampling like protospec's bench (temperature, no top-k/top-p).
+    compile=False keeps a static cache uncompiled. On the H200, after generate() had compiled the
+    forward in a process (transformers' default: mode reduce-overhead, CUDA graphs), a later
+    torch.cuda.graph capture of a matmul in that process failed (CUBLAS_STATUS_EXECUTION_FAILED), so a
+    process that captures graphs afterwards (a test session) compiles in a child process instead."""
 
     def __init__(self, target, prompts: list[list[int]], output_len: int, temperature: float,
                  assistant=None, num_assistant_tokens: int = 5, seed: int = 0, prompt_lookup_max: int | None = None,
-                 static_cache: bool = False):
+                 static_cache: bool = False, compile: bool = True):
         if (assistant is not None or prompt_lookup_max) and len(prompts) != 1:
             raise ValueError("transformers' assisted generation supports batch size 1 only")
         device = next(target.parameters()).device
@@ -58,7 +62,7 @@ class HFGenerate:
             # gets the static cache without compilation): the first call compiles, so time after warm-up.
             if assistant is not None or prompt_lookup_max:
                 raise ValueError("the static-cache peer decodes the target alone")
-            self.kwargs.update(cache_implementation="static")
+            self.kwargs.update(cache_implementation="static", disable_compile=not compile)
 
     @torch.inference_mode()
     def __call__(self) -> torch.Tensor:
