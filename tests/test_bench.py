@@ -247,3 +247,21 @@ def test_the_compiled_peer_compiles_on_cuda(tiny_target, tiny_draft, tmp_path):
     report = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert report["modes"]["hf_compiled"]["torch_compiled_graphs"] > 0
     assert "p50(hf_compiled) / p50(graph) = " in next(tmp_path.glob("*.md")).read_text()
+
+
+def test_a_forward_reads_the_weights_the_design_notes_count():
+    """llama-160m reads 276 MB per fp16 forward and llama-68m 87 MB (untied heads: the embedding table
+    is gathered, not read); a k = 5 spec step 710 MB. A tied head is counted once, in full."""
+    from protospec.bench.kernel_census import weight_bytes_per_forward
+    from protospec.model.llama import LlamaForCausalLM
+    from protospec.model.loader import resolve_checkpoint
+
+    def forward_mb(name, **changes):
+        cfg, _ = resolve_checkpoint(name, "dummy")
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg.__class__(**{**cfg.__dict__, **changes})).half()
+        return weight_bytes_per_forward(model) / 1e6
+
+    target, draft = forward_mb("JackFram/llama-160m"), forward_mb("JackFram/llama-68m")
+    assert abs(target - 276) < 1.5 and abs(draft - 87) < 1.5 and abs(5 * draft + target - 710) < 5
+    assert abs(forward_mb("JackFram/llama-68m", tie_word_embeddings=True) - draft) < 0.01  # the head was the table

@@ -5,7 +5,11 @@
 For each draft-loop mode, one generate() of the seed configuration (dummy weights; batch size, k,
 lengths and temperature take the bench's flags) under the torch profiler: the number of GPU
 kernels, their summed duration (busy), the kernels that take the most time, and wall - busy (the
-GPU waiting for the host: CPU prepares, host syncs, Python between launches). The ratio main/gpu can only exceed
+GPU waiting for the host: CPU prepares, host syncs, Python between launches). Against the floor:
+a spec step must read the draft's weights k times and the target's once (the bytes one forward
+reads: every parameter, the embedding table only where the LM head shares it), over the copy
+bandwidth measured in the same run; busy time per spec step (the prefill included, spread over
+the steps) over that floor says how far the device work is from memory speed. The ratio main/gpu can only exceed
 1 + (main's extra host time) / (gpu's wall), so this says which side to shrink.
 """
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 
 from protospec.spec import registry
 from protospec.bench.ablation import MODES, BenchSetup, apply_mode
+from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
 
@@ -50,6 +55,24 @@ def idle_by_phase(kernels: list[tuple[float, float]], phases: list[tuple[float, 
             gaps[name] = gaps.get(name, 0.0) + (start - end_so_far)
         end_so_far = end if end_so_far is None else max(end_so_far, end)
     return gaps
+
+
+def weight_bytes_per_forward(model: torch.nn.Module) -> int:
+    """Bytes of weights one forward reads: every parameter once (a tied LM head is the embedding
+    table, read in full by the head), an untied embedding table not at all (it gathers a few rows)."""
+    embed = model.model.embed_tokens.weight
+    tied = model.lm_head.weight is embed  # the same Parameter where the checkpoint ties them
+    return sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embed)
+
+
+def spec_step_floor(llm, k: int, bandwidth_gbs: float) -> dict:
+    """The weights a spec step reads (k draft forwards, one verify) and their time at the copy rate
+    (bytes read + written per second: the rate a kernel that only reads can reach)."""
+    target = weight_bytes_per_forward(llm.engine.target.model)
+    draft = weight_bytes_per_forward(llm.engine.draft.model) if llm.engine.draft is not None else 0
+    total = k * draft + target
+    return {"target_weight_mb": target / 1e6, "draft_weight_mb": draft / 1e6, "spec_step_weight_mb": total / 1e6,
+            "copy_bandwidth_gbs": bandwidth_gbs, "floor_ms_per_spec_step": total / bandwidth_gbs / 1e6}
 
 
 def census(llm, setup: BenchSetup, mode: str) -> dict:
@@ -116,12 +139,21 @@ def main(argv=None) -> dict:
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels])
     llm = setup.llm()
-    report = provenance(llm.engine.device, argv, "protospec.bench.kernel_census") | {"config": vars(args), "modes": {}}
+    floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))
+    print(f"weights per spec step: {floor['spec_step_weight_mb']:.0f} MB ({args.num_speculative_tokens} x draft "
+          f"{floor['draft_weight_mb']:.0f} + target {floor['target_weight_mb']:.0f}), floor "
+          f"{floor['floor_ms_per_spec_step']:.3f} ms at {floor['copy_bandwidth_gbs']:.0f} GB/s")
+    report = provenance(llm.engine.device, argv, "protospec.bench.kernel_census") | {
+        "config": vars(args), "floor": floor, "modes": {}}
     for mode in args.modes:
         r = census(llm, setup, mode)
+        r["busy_ms_per_spec_step"] = r["gpu_busy_ms"] / max(1, r["spec_steps"])
+        r["busy_over_floor"] = r["busy_ms_per_spec_step"] / floor["floor_ms_per_spec_step"]
         report["modes"][mode] = r
         print(f"{mode:>7}: wall {r['wall_ms']:.1f} ms, GPU busy {r['gpu_busy_ms']:.1f} ms, idle {r['gpu_idle_ms']:.1f} ms, "
               f"{r['gpu_kernels']} kernels ({r['kernels_per_spec_step']:.0f} per spec step, {r['mean_kernel_us']:.1f} us mean)")
+        print(f"         GPU busy per spec step {r['busy_ms_per_spec_step']:.3f} ms = {r['busy_over_floor']:.1f}x its "
+              f"weights floor ({r['spec_steps']} spec steps)")
         print(f"         idle ms by the host phase that ended it: {r['gpu_idle_ms_by_host_phase']}")
         for name, t in list(r["top_kernels_by_time"].items())[:6]:
             print(f"         {t['ms']:8.2f} ms  {t['calls']:6d} x {t['us_per_call']:7.2f} us  {name[:70]}")
