@@ -24,6 +24,7 @@ from protospec.spec import registry
 from protospec.bench.ablation import MODES, BenchSetup, apply_mode
 from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.provenance import check_writable, provenance, write_report
+from protospec.kernels import paged_attention as attention_kernels
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
 
 
@@ -130,11 +131,14 @@ def main(argv=None) -> dict:
                    help="draft-loop modes (default: %(default)s)")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"], help="Numba layer kernels (default: %(default)s)")
+    p.add_argument("--attention-combine", default="fused", choices=["fused", "separate"],
+                   help="split-K attention's combine folded into the attention kernel, or a kernel of its own")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
     check_writable(args.output_json)
     if not torch.cuda.is_available():
         raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
+    attention_kernels.FUSED_COMBINE = args.attention_combine == "fused"  # before any graph is captured
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels])

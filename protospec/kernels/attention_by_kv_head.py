@@ -29,6 +29,7 @@ import math
 from numba import float32, int32
 
 from protospec.kernels import interop
+from protospec.kernels.attention_combine import combine_cell
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
 
@@ -123,13 +124,15 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
 
     @cuda.jit(**options)
     def attention_group_kernel(q, kv_cache, block_tables, positions, query_len, scale, out,
-                               part_acc, part_max, part_sum):
+                               part_acc, part_max, part_sum, counters, fused):
         """
         q            [T, h, d] act                      kv_cache [2, num_blocks, block_size, kvh, d] act
         block_tables [S, W] int32 (null-block padded)   positions [T] int64 (key count = position + 1)
         query_len    tokens per sequence (T = S * query_len)          scale  float (1 / sqrt(d))
         out          [T, h * d] act, written when splits == 1 (part_max.shape[1] == 1)
         part_acc     [T * h, splits, d] f32 out; part_max, part_sum [T * h, splits] f32 out (splits > 1)
+        counters     [S * kvh * chunks] int32, zero on entry and on exit; fused = 1: the last split block
+                     of each row group to finish (counted there) combines the group's rows into out
         Grid: S * kvh * chunks * splits blocks, b -> (((seq * kvh + kv_head) * chunks + chunk) * splits + split);
         a chunk is R rows of the group's query_len * (h // kvh) rows (row = query token * group + head in group).
         """
@@ -153,6 +156,7 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
         merged_acc = cuda.shared.array(MERGED, float32)   # per warp, after its own merge
         merged_max = cuda.shared.array(MERGED_ROWS, float32)
         merged_sum = cuda.shared.array(MERGED_ROWS, float32)
+        last_block = cuda.shared.array(1, int32)          # 1: this block combines its row group
 
         q_reg = cuda.local.array(RD, float32)     # [R, DPL] scaled queries, this lane's dims
         acc = cuda.local.array(RD, float32)       # [R, DPL] unnormalised outputs
@@ -280,4 +284,22 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
                     if e == 0:
                         part_max[row, split] = top  # NO_KEY, sum 0 for a split with no key
                         part_sum[row, split] = total
+        if splits > 1 and fused == 1:
+            # Publish this split's partials before counting it; the block that counts last sees all.
+            cuda.threadfence()
+            cuda.syncthreads()
+            if tid == 0:
+                arrived = cuda.atomic.add(counters, b // splits, 1)
+                last_block[0] = 1 if arrived == splits - 1 else 0
+            cuda.syncthreads()
+            if last_block[0] == 1:
+                cuda.threadfence()
+                for cell in range(tid, R * D, THREADS):
+                    gr = chunk * R + cell // D
+                    if gr < group_rows:
+                        t = seq * query_len + gr // group
+                        head = kv_head * group + gr % group
+                        out[t, head * D + cell % D] = combine_cell(part_acc, part_max, part_sum, t * num_heads + head, cell % D)
+                if tid == 0:
+                    counters[b // splits] = 0  # ready for the next call (or graph replay)
     return attention_group_kernel

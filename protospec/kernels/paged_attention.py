@@ -31,33 +31,16 @@ from numba import float32
 from protospec.errors import KernelArgumentError
 from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row
 from protospec.kernels import interop
+from protospec.kernels.attention_combine import attention_combine_kernel
 from protospec.kernels.interop import check_tensor, cuda
 
 PATHS = ("by_row", "by_kv_head")
+# by_kv_head with split-K: the last split block of each row group combines the group's partials
+# (one launch per attention); False runs the combine as a kernel of its own. Read at each call, so
+# set it before CUDA graphs are captured; the bench's --attention-combine sets it.
+FUSED_COMBINE = True
 # by_kv_head's split-K spreads a grid that does not fill the GPU until BLOCKS_PER_SM blocks per SM.
 BLOCKS_PER_SM = 2
-
-
-@cuda.jit
-def attention_combine_kernel(part_acc, part_max, part_sum, out):
-    """part_acc [T * h, C, d], part_max, part_sum [T * h, C] f32 -> out [T, h * d] act.
-    Block = row (t * h + head), thread = e."""
-    row = cuda.blockIdx.x
-    head_dim = part_acc.shape[2]
-    num_heads = out.shape[1] // head_dim
-    t = row // num_heads
-    head = row % num_heads
-    top = float32(-math.inf)
-    for c in range(part_max.shape[1]):
-        top = max(top, part_max[row, c])
-    for e in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
-        acc, total = float32(0.0), float32(0.0)
-        for c in range(part_max.shape[1]):
-            if part_sum[row, c] > float32(0.0):
-                w = math.exp(part_max[row, c] - top)
-                acc += part_acc[row, c, e] * w
-                total += part_sum[row, c] * w
-        out[t, head * head_dim + e] = acc / total if total > float32(0.0) else float32(0.0)
 
 
 def supports(num_heads: int, head_dim: int, max_keys: int) -> bool:
@@ -87,11 +70,27 @@ def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.devi
     return max(1, min(-(-target // groups), -(-max_keys // step_keys)))
 
 
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+_NO_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def arrival_counters(dev: torch.device, groups: int) -> torch.Tensor:
+    """[groups] int32, zero between calls: the split blocks of a row group count their arrivals here
+    and the last one resets its counter, so one buffer serves every call and every graph replay.
+    A larger need allocates a larger buffer; the old ones stay alive (captured graphs point at them)."""
+    kept = _COUNTERS.setdefault(dev, [])
+    if not kept or kept[-1].numel() < groups:
+        kept.append(torch.zeros(max(groups, 4096, 2 * kept[-1].numel() if kept else 0), dtype=torch.int32, device=dev))
+    return kept[-1][:groups]
+
+
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
-                    query_len: int, scale: float, path: str | None = None, splits: int | None = None) -> torch.Tensor:
+                    query_len: int, scale: float, path: str | None = None, splits: int | None = None,
+                    fused_combine: bool | None = None) -> torch.Tensor:
     """q [T, h, d] (K/V of these tokens already in the cache) -> [T, h * d].
     path: "by_row" or "by_kv_head"; None chooses by shape (choose_path).
-    splits: by_kv_head's split-K factor (None: choose_splits); by_row's chunks follow the table width."""
+    splits: by_kv_head's split-K factor (None: choose_splits); by_row's chunks follow the table width.
+    fused_combine: by_kv_head's split-K partials combined inside its kernel (None: FUSED_COMBINE)."""
     check_tensor("q", q, q.dtype, 3)
     check_tensor("kv_cache", kv_cache, q.dtype, 5)
     check_tensor("block_tables", block_tables, torch.int32, 2)
@@ -137,12 +136,15 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     else:
         part_acc = torch.empty(tokens * heads, parts, head_dim, dtype=torch.float32, device=dev)
         part_max, part_sum = (torch.empty(tokens * heads, parts, dtype=torch.float32, device=dev) for _ in range(2))
+    fused = path == "by_kv_head" and parts > 1 and (FUSED_COMBINE if fused_combine is None else fused_combine)
     if path == "by_row":
         args = [q, kv_cache, block_tables, positions, part_acc, part_max, part_sum, int(query_len), float(scale)]
     else:
-        args = [q, kv_cache, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum]
+        counters = arrival_counters(dev, groups) if fused else _NO_COUNTERS.setdefault(dev, torch.zeros(1, dtype=torch.int32, device=dev))
+        args = [q, kv_cache, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum,
+                counters, int(fused)]
     interop.launch_tensors(kernel, grid, threads, args)
-    if part_max.shape[1] > 1 or path == "by_row":
+    if (part_max.shape[1] > 1 and not fused) or path == "by_row":
         interop.launch_tensors(attention_combine_kernel, tokens * heads, min(128, head_dim),
                                [part_acc, part_max, part_sum, out])
     return out
