@@ -71,7 +71,6 @@ def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.devi
 
 
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-_NO_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def arrival_counters(dev: torch.device, groups: int) -> torch.Tensor:
@@ -140,7 +139,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     if path == "by_row":
         args = [q, kv_cache, block_tables, positions, part_acc, part_max, part_sum, int(query_len), float(scale)]
     else:
-        counters = arrival_counters(dev, groups) if fused else _NO_COUNTERS.setdefault(dev, torch.zeros(1, dtype=torch.int32, device=dev))
+        counters = arrival_counters(dev, groups if fused else 1)  # unread unless fused; allocated once
         args = [q, kv_cache, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum,
                 counters, int(fused)]
     interop.launch_tensors(kernel, grid, threads, args)
