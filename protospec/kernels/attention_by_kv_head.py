@@ -19,7 +19,9 @@ operands of the multiply-adds are registers and a block's loads are independent 
 
 With splits > 1 each split covers 1/splits of the chunk's real context (computed on the device from
 its rows' largest position, so no block works past the end) and writes (acc, max, sum) for
-paged_attention.py's combine kernel, in the same layout as attention_by_row.py's chunks.
+paged_attention.py's combine kernel, in the same layout as attention_by_row.py's chunks; with
+fused = 1 the last split block of each row group to finish (an atomic arrival count) combines the
+group's rows itself (attention_combine.py), which saves the combine's launch.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ Two work decompositions and one combine kernel that they share:
               K/V row once instead of once per query token. The default wherever it holds the head size.
   by_row      (attention_by_row.py)     a block per (query token, head, chunk of keys): the fallback
               for head sizes by_kv_head does not take, and a reference to time against.
-  combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits.
+  combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits
+              (attention_combine.py; folded into by_kv_head's kernel unless FUSED_COMBINE is off).
 
 Why by_row loses (bench.attention_cost times both; its runs of record are in data/results): its
 grid follows the block table's width, not the context (at batch 64 a verify layer is 384 tokens x
