@@ -12,16 +12,14 @@ memory and no barrier. The THREADS / G groups of a block walk interleaved keys (
 flight at once); at the end the groups' (max, sum, accumulator) are merged by shuffles inside each
 warp, then across warps through shared memory.
 
-Why this layout: staging K/V tiles in shared memory with a barrier per phase (the previous version
-of this kernel) spent its time in shared-memory traffic and barriers, not in memory reads: every
-multiply-add read both operands from shared memory and each tile waited for its loads. Here the
-operands of the multiply-adds are registers and a block's loads are independent of one another.
+Why this layout: staging K/V tiles in shared memory with a barrier per phase (an earlier version)
+spent its time in shared-memory traffic and barriers; here the multiply-adds' operands are registers
+and a block's loads are independent of one another.
 
-With splits > 1 each split covers 1/splits of the chunk's real context (computed on the device from
-its rows' largest position, so no block works past the end) and writes (acc, max, sum) for
-paged_attention.py's combine kernel, in the same layout as attention_by_row.py's chunks; with
-fused = 1 the last split block of each row group to finish (an atomic arrival count) combines the
-group's rows itself (attention_combine.py), which saves the combine's launch.
+With splits > 1 each split covers 1/splits of the chunk's real context (from its rows' largest
+position, so no block works past the end) and writes (acc, max, sum) in attention_by_row.py's
+layout; with fused = 1 the last split block of a row group to finish (an atomic arrival count)
+combines the group's rows (attention_combine.py), else paged_attention.py launches the combine.
 """
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ import math
 from numba import float32, int32
 
 from protospec.kernels import interop
-from protospec.kernels.attention_combine import combine_cell
+from protospec.kernels.attention_combine import arrived_last, combine_cell
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
 
@@ -286,22 +284,11 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
                     if e == 0:
                         part_max[row, split] = top  # NO_KEY, sum 0 for a split with no key
                         part_sum[row, split] = total
-        if splits > 1 and fused == 1:
-            # Publish this split's partials before counting it; the block that counts last sees all.
-            cuda.threadfence()
-            cuda.syncthreads()
-            if tid == 0:
-                arrived = cuda.atomic.add(counters, b // splits, 1)
-                last_block[0] = 1 if arrived == splits - 1 else 0
-            cuda.syncthreads()
-            if last_block[0] == 1:
-                cuda.threadfence()
-                for cell in range(tid, R * D, THREADS):
-                    gr = chunk * R + cell // D
-                    if gr < group_rows:
-                        t = seq * query_len + gr // group
-                        head = kv_head * group + gr % group
-                        out[t, head * D + cell % D] = combine_cell(part_acc, part_max, part_sum, t * num_heads + head, cell % D)
-                if tid == 0:
-                    counters[b // splits] = 0  # ready for the next call (or graph replay)
+        if splits > 1 and fused == 1 and arrived_last(counters, b // splits, splits, last_block, tid):
+            for cell in range(tid, R * D, THREADS):
+                gr = chunk * R + cell // D
+                if gr < group_rows:
+                    t = seq * query_len + gr // group
+                    head = kv_head * group + gr % group
+                    out[t, head * D + cell % D] = combine_cell(part_acc, part_max, part_sum, t * num_heads + head, cell % D)
     return attention_group_kernel

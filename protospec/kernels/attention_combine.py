@@ -34,6 +34,24 @@ def combine_cell(part_acc, part_max, part_sum, row, e):
     return acc / total if total > float32(0.0) else float32(0.0)
 
 
+@cuda.jit(device=True)
+def arrived_last(counters, index, arrivals, flag, tid):
+    """Count this block's arrival at counters[index] (every thread of the block calls; flag is a
+    1-element shared int32 array): True in the block that arrives last of `arrivals`, which also
+    resets the counter for the next call or graph replay. The fences publish this block's writes
+    before it counts, and order the last block's reads of the others' writes after."""
+    cuda.threadfence()
+    cuda.syncthreads()
+    if tid == 0:
+        arrived = cuda.atomic.add(counters, index, 1)
+        flag[0] = 1 if arrived == arrivals - 1 else 0
+        if arrived == arrivals - 1:
+            counters[index] = 0
+    cuda.syncthreads()
+    cuda.threadfence()
+    return flag[0] == 1
+
+
 @cuda.jit(**OPTIONS)
 def attention_combine_kernel(part_acc, part_max, part_sum, out):
     """part_acc [T * h, C, d], part_max, part_sum [T * h, C] f32 -> out [T, h * d] act.
