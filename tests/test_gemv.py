@@ -36,3 +36,23 @@ def test_gemv_names_bad_arguments():
         kernel.gemv(torch.zeros(kernel.MAX_TOKENS + 1, 256, device=DEV), w)
     with pytest.raises(KernelArgumentError, match="float16 or float32"):
         kernel.gemv(x.double(), w)
+
+
+@pytest.mark.parametrize("tokens,dtype", [(1, torch.float16), (2, torch.float32)])
+def test_the_folded_rms_norm_feeds_the_gemv_what_add_rms_norm_would(tokens, dtype):
+    """gemv(x, W, norm_weight=g) == linear(add_rms_norm's output, W): the norm computed, scaled and
+    rounded to the activation dtype as the separate kernel stores it."""
+    from protospec.kernels import layer_ops
+
+    gen = torch.Generator().manual_seed(7 + tokens)
+    k, n = 2 * kernel.WARP * 4, 6
+    x = (3 * torch.randn(tokens, k, generator=gen)).to(dtype).to(DEV)
+    g = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype).to(DEV)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).half().to(DEV)
+    normed, _ = layer_ops.add_rms_norm(x, None, g, 1e-6, torch.arange(tokens, device=DEV))
+    expected = torch.nn.functional.linear(normed.float(), w.float())
+    got = kernel.gemv(x, w, rows=2, unroll=4, norm_weight=g, eps=1e-6)
+    tol = dict(atol=2e-3, rtol=2e-3) if dtype == torch.float16 else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.float(), expected, **tol)
+    unnormed = kernel.gemv(x, w, rows=2, unroll=4)  # the norm is really applied (x has rms ~3)
+    assert not torch.allclose(unnormed.float(), expected, **tol)

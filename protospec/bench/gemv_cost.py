@@ -2,12 +2,14 @@
 (kernels/gemv.py, each rows-per-warp x unroll variant asked for) beside torch's (cuBLAS).
 
     python -m protospec.bench.gemv_cost [--shapes 768x2304 768x6144 3072x768 768x768 768x32000]
-                                        [--tokens 1 6] [--rows 1 2 4] [--unrolls 4 8] [--output-json PATH]
+                                        [--tokens 1 6] [--rows 1 2 4] [--unrolls 4 8] [--norm] [--output-json PATH]
 
 A shape KxN is nn.Linear(K, N): weight [N, K] float16, x [tokens, K] float16. Floor = (weight + x + y
 bytes) / the copy bandwidth of the same run. Each case is 20 calls captured in one CUDA graph and
 replayed; the calls cycle through enough weight copies to exceed the L2 cache 4x, so each call reads
 its weight from memory as a forward does (a layer's weight is not in L2 when its turn comes).
+--norm also times the RMSNorm folded into the GEMV (one kernel) against layer_ops.add_rms_norm
+followed by cuBLAS (two), the pair a decoder layer runs before its QKV and gate/up projections.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, copy_bandwidth_gbs, time_calls
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels import gemv as kernel
+from protospec.kernels import layer_ops
 
 SHAPES = ("768x2304", "768x6144", "3072x768", "768x768", "768x32000")  # llama-160m: qkv, gate_up, down, o, lm_head
 
@@ -35,6 +38,7 @@ def main(argv=None) -> dict:
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6], help="token rows (1 = decode, k + 1 = verify)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4], help="output rows per warp")
     p.add_argument("--unrolls", type=int, nargs="+", default=[4, 8], help="columns per lane per step")
+    p.add_argument("--norm", action="store_true", help="also time RMSNorm folded in against norm + cuBLAS")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
     check_writable(args.output_json)
@@ -61,9 +65,17 @@ def main(argv=None) -> dict:
             err = float((got - expected).abs().max())
             us = time_calls([lambda w=w: kernel.gemv(x, w, rows, unroll) for w in weights])
             row["numba"][f"{rows}x{unroll}"] = {"us": us, "x_floor": us / floor_us, "max_abs_err": err}
+        if args.norm and k % (kernel.WARP * 8) == 0:
+            g = torch.ones(k, device=dev, dtype=torch.float16)
+            rows_idx = torch.arange(tokens, device=dev)
+            row["norm_fused_us"] = time_calls([lambda w=w: kernel.gemv(x, w, norm_weight=g) for w in weights])
+            row["norm_then_cublas_us"] = time_calls([lambda w=w: torch.nn.functional.linear(
+                layer_ops.add_rms_norm(x, None, g, 1e-6, rows_idx)[0], w) for w in weights])
         report["cases"].append(row)
         best = " ".join(f"{v}: {e['us']:.2f} ({e['x_floor']:.1f})" for v, e in row["numba"].items())
-        print(f"{shape:>10} {tokens:>6} {floor_us:>8.2f} {torch_us:>8.2f} {torch_us / floor_us:>7.1f} | {best}", flush=True)
+        norm = (f" | norm folded {row['norm_fused_us']:.2f} vs norm + cuBLAS {row['norm_then_cublas_us']:.2f}"
+                if "norm_fused_us" in row else "")
+        print(f"{shape:>10} {tokens:>6} {floor_us:>8.2f} {torch_us:>8.2f} {torch_us / floor_us:>7.1f} | {best}{norm}", flush=True)
         del weights
     write_report(args.output_json, report)
     return report

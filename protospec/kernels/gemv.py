@@ -1,6 +1,8 @@
-"""y = x @ W.T for decode-shaped activations (a few token rows): the linear layers of a batch-1 forward.
+"""y = x @ W.T for decode-shaped activations (a few token rows): the linear layers of a batch-1 forward,
+optionally with the RMSNorm that feeds them folded in (y = rms_norm(x) * g @ W.T, one launch for two).
 
     x [M, K] act (M <= MAX_TOKENS token rows), W [N, K] float16 (nn.Linear's layout), y [M, N] act
+    g [K] act, the norm's weight (norm_weight=...; without it x is used as it is)
 
 A warp owns ROWS consecutive output rows. Its lanes walk K together, lane l reading columns
 l, l + 32, ... (a warp's load of one weight row is 64 contiguous bytes), UNROLL columns per lane
@@ -10,12 +12,20 @@ system idle between a load and its multiply-add). The x values of a step are rea
 warp's rows (L1-resident: x is a few KB). Accumulation is float32; the row sums are finished by
 warp shuffles. K must be a multiple of 32 x UNROLL (768 and 3072 are, for UNROLL 8).
 
+With the norm folded in, each warp first sums its token rows' squares (x is a few KB and stays in
+L1, so the extra pass reads no memory) and scales x as it loads it, rounding the normalised value to
+the activation dtype as layer_ops.add_rms_norm stores it, so the fused and separate ways feed the
+GEMV the same numbers up to the rounding of the mean square.
+
 torch's twin: torch.nn.functional.linear. bench.gemv_cost times both against the bytes floor.
 """
 from __future__ import annotations
 
 import functools
 
+import math
+
+import numpy as np
 import torch
 from numba import float32
 
@@ -30,13 +40,14 @@ WARPS_PER_BLOCK = 1 if interop.SIMULATOR else 4  # the simulator runs an OS thre
 
 
 @functools.cache
-def gemv_kernel(rows: int, unroll: int, tokens: int):
-    """The kernel for ROWS output rows per warp, UNROLL columns per lane per step, TOKENS token rows."""
+def gemv_kernel(rows: int, unroll: int, tokens: int, norm: bool = False, half: bool = True):
+    """The kernel for ROWS output rows per warp, UNROLL columns per lane per step, TOKENS token rows;
+    NORM folds the RMSNorm in, HALF rounds the normalised activations to float16 (else float32)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
-    return _make_kernel(rows, unroll, tokens, options)
+    return _make_kernel(rows, unroll, tokens, norm, half, options)
 
 
-def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, options: dict):  # noqa: N803 (frozen as constants)
+def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: bool, options: dict):  # noqa: N803
     STEP = WARP * UNROLL
     CELLS = ROWS * TOKENS        # accumulators per lane: [ROWS, TOKENS]
     LOADS = ROWS * UNROLL        # weights per lane per step: [ROWS, UNROLL]
@@ -44,7 +55,7 @@ def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, options: dict):  # noqa: N
     SCRATCH = WARP * 4           # array sizes must be literals to the typer: products are taken here
 
     @cuda.jit(**options)
-    def gemv(x, w, y):
+    def gemv(x, w, norm_w, eps, y):
         n_rows, k_cols = w.shape[0], w.shape[1]
         tid = cuda.threadIdx.x
         lane = tid % WARP
@@ -53,6 +64,17 @@ def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, options: dict):  # noqa: N
         wv = cuda.local.array(LOADS, float32)
         xv = cuda.local.array(XS, float32)
         scratch = cuda.shared.array(SCRATCH, float32)  # the simulator's shuffles (a block is one warp there)
+        inv_rms = cuda.local.array(TOKENS, float32)
+        for t in range(TOKENS):
+            inv_rms[t] = float32(1.0)
+            if NORM:
+                sq = float32(0.0)
+                for k in range(lane, k_cols, WARP):
+                    v = float32(x[t, k])
+                    sq += v * v
+                for step in range(5):
+                    sq += xor_exchange(sq, 1 << step, scratch, tid)
+                inv_rms[t] = float32(1.0) / math.sqrt(sq / float32(k_cols) + float32(eps))
         for c in range(CELLS):
             acc[c] = float32(0.0)
         for k0 in range(lane, k_cols, STEP):
@@ -62,7 +84,12 @@ def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, options: dict):  # noqa: N
                     wv[r * UNROLL + u] = float32(w[n, k0 + u * WARP])
             for t in range(TOKENS):
                 for u in range(UNROLL):
-                    xv[t * UNROLL + u] = float32(x[t, k0 + u * WARP])
+                    k = k0 + u * WARP
+                    v = float32(x[t, k])
+                    if NORM:  # as add_rms_norm computes and stores it
+                        v = float32(norm_w[k]) * (v * inv_rms[t])
+                        v = float32(np.float16(v)) if HALF else v  # numba-cuda's float16 cast
+                    xv[t * UNROLL + u] = v
             for r in range(ROWS):
                 for t in range(TOKENS):
                     s = acc[r * TOKENS + t]
@@ -88,8 +115,10 @@ def rows_per_warp(n: int) -> int:
     return 4 if n >= 8192 else 2 if n >= 2048 else 1
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, rows: int | None = None, unroll: int = 8) -> torch.Tensor:
-    """x [M, K] float16/float32, weight [N, K] float16 -> [M, N] in x's dtype."""
+def gemv(x: torch.Tensor, weight: torch.Tensor, rows: int | None = None, unroll: int = 8,
+         norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """x [M, K] float16/float32, weight [N, K] float16 -> [M, N] in x's dtype; with norm_weight [K]
+    (x's dtype) x is RMS-normalised and scaled by it first."""
     if x.dtype not in (torch.float16, torch.float32):
         raise KernelArgumentError(f"gemv: x must be float16 or float32, got {x.dtype}")
     check_tensor("gemv x", x, x.dtype, 2)
@@ -102,10 +131,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, rows: int | None = None, unroll:
         raise KernelArgumentError(f"gemv: 1 to {MAX_TOKENS} token rows, got {tokens}")
     if k % (WARP * unroll):
         raise KernelArgumentError(f"gemv: K = {k} must be a multiple of {WARP * unroll} (32 lanes x unroll {unroll})")
+    if norm_weight is not None:
+        check_tensor("gemv norm_weight", norm_weight, x.dtype, 1, rows=k)
     rows = rows or rows_per_warp(n)
     y = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
     warps = -(-n // rows)
     blocks = -(-warps // WARPS_PER_BLOCK)
-    interop.launch_tensors(gemv_kernel(rows, unroll, tokens), blocks, WARPS_PER_BLOCK * WARP,
-                           [x, weight, y])
+    kernel = gemv_kernel(rows, unroll, tokens, norm_weight is not None, x.dtype == torch.float16)
+    interop.launch_tensors(kernel, blocks, WARPS_PER_BLOCK * WARP,
+                           [x, weight, x[0] if norm_weight is None else norm_weight, float(eps), y])
     return y
