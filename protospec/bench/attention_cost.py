@@ -41,6 +41,16 @@ def copy_bandwidth_gbs(dev: torch.device, nbytes: int = 2**30) -> float:
     return 2 * nbytes / us / 1e3
 
 
+def cuda_and_copy_bandwidth(prog: str) -> tuple[torch.device, float]:
+    """The CUDA device a micro-benchmark times on (SystemExit without one) and its copy rate, printed."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{prog} needs a CUDA device")
+    dev = torch.device("cuda")
+    bandwidth = copy_bandwidth_gbs(dev)
+    print(f"copy bandwidth {bandwidth:.0f} GB/s (read + written)")
+    return dev, bandwidth
+
+
 def make_calls(cfg: LlamaArchConfig, batch: int, queries: int, context: int, block_size: int, dev, path=None,
                splits=None, use_torch: bool = False) -> tuple[list, int]:
     """Closures, one per distinct cache set, each one attention call; and the bytes one call must move."""
@@ -97,12 +107,8 @@ def main(argv=None) -> dict:
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
     check_writable(args.output_json)
-    if not torch.cuda.is_available():
-        raise SystemExit("attention_cost needs a CUDA device")
-    dev = torch.device("cuda")
+    dev, bandwidth = cuda_and_copy_bandwidth("attention_cost")
     cfg, _ = resolve_checkpoint(args.model, "dummy")
-    bandwidth = copy_bandwidth_gbs(dev)
-    print(f"copy bandwidth {bandwidth:.0f} GB/s (read + written)")
     report = provenance(dev, argv, "protospec.bench.attention_cost") | {
         "config": vars(args), "copy_bandwidth_gbs": bandwidth, "cases": []}
     print(f"{'batch':>5} {'queries':>7} {'context':>7} {'path':>16} {'splits':>6} {'MB':>7} {'floor us':>8} {'us':>8} {'x floor':>7}"

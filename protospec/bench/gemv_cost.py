@@ -18,7 +18,7 @@ import itertools
 
 import torch
 
-from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, copy_bandwidth_gbs, time_calls
+from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, cuda_and_copy_bandwidth, time_calls
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels import gemv as kernel
 from protospec.kernels import layer_ops
@@ -42,11 +42,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
     check_writable(args.output_json)
-    if not torch.cuda.is_available():
-        raise SystemExit("gemv_cost needs a CUDA device")
-    dev = torch.device("cuda")
-    bandwidth = copy_bandwidth_gbs(dev)
-    print(f"copy bandwidth {bandwidth:.0f} GB/s (read + written)")
+    dev, bandwidth = cuda_and_copy_bandwidth("gemv_cost")
     report = provenance(dev, argv, "protospec.bench.gemv_cost") | {
         "config": vars(args), "copy_bandwidth_gbs": bandwidth, "cases": []}
     print(f"{'shape':>10} {'tokens':>6} {'floor us':>8} {'torch us':>8} {'x floor':>7} | numba rows x unroll: us (x floor)")

@@ -75,13 +75,14 @@ _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def arrival_counters(dev: torch.device, groups: int) -> torch.Tensor:
-    """[groups] int32, zero between calls: the split blocks of a row group count their arrivals here
-    and the last one resets its counter, so one buffer serves every call and every graph replay.
-    A larger need allocates a larger buffer; the old ones stay alive (captured graphs point at them)."""
+    """At least [groups] int32, zero between calls (the whole buffer: no view is made per call): the
+    split blocks of a row group count their arrivals here and the last one resets its counter, so one
+    buffer serves every call and every graph replay. A larger need allocates a larger buffer; the old
+    ones stay alive (captured graphs point at them)."""
     kept = _COUNTERS.setdefault(dev, [])
     if not kept or kept[-1].numel() < groups:
         kept.append(torch.zeros(max(groups, 4096, 2 * kept[-1].numel() if kept else 0), dtype=torch.int32, device=dev))
-    return kept[-1][:groups]
+    return kept[-1]
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
@@ -140,7 +141,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     if path == "by_row":
         args = [q, kv_cache, block_tables, positions, part_acc, part_max, part_sum, int(query_len), float(scale)]
     else:
-        counters = arrival_counters(dev, groups if fused else 1)  # unread unless fused; allocated once
+        counters = arrival_counters(dev, groups)  # read only when fused
         args = [q, kv_cache, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum,
                 counters, int(fused)]
     interop.launch_tensors(kernel, grid, threads, args)
