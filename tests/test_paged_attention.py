@@ -52,7 +52,9 @@ CASES = [
 # cases only: a 6-query case costs 30-90 s there, and fp16 changes only the loads' conversion; the
 # 6-query GQA case runs on the default path only (by_row meets causal windows in the 3-query case
 # and GQA rows in their own tests).
-COMBOS = [(path, dtype, *case) for path in kernel.PATHS for dtype in (torch.float32, torch.float16) for case in CASES
+# The paths that take every dtype and head size here (mma: fp16, head_dim 32k; tests/test_attention_mma.py).
+GENERAL_PATHS = ("by_row", "by_kv_head")
+COMBOS = [(path, dtype, *case) for path in GENERAL_PATHS for dtype in (torch.float32, torch.float16) for case in CASES
           if not (SIMULATOR and dtype == torch.float16 and case is not CASES[0]
                   and (path == "by_row" or case is CASES[2]))
           and not (SIMULATOR and case is CASES[2] and path != kernel.choose_path(16))]
@@ -122,14 +124,14 @@ def test_padding_rows_and_a_wide_table_leave_real_rows_exact_and_stay_finite():
     poisoned = cache.clone()
     poisoned[:, ~used.to(DEV)] = float("nan")
     expected = _torch_reference(inputs, cache, q, torch.float32)
-    for path in kernel.PATHS:
+    for path in GENERAL_PATHS:
         torch.testing.assert_close(_kernel(inputs, poisoned, q, path=path), expected, **TOL[torch.float32])
     # Two padding rows: position 0 and stale ids in the table, as PersistentInputs.fill leaves them.
     tables = torch.cat([inputs.meta.block_tables, inputs.meta.block_tables[:1]])
     tables = torch.cat([tables, torch.zeros_like(tables[:1])])
     positions = torch.cat([inputs.positions, torch.zeros(2, dtype=torch.int64, device=DEV)])
     q_pad = torch.cat([q, q[:2]])
-    for path in kernel.PATHS:
+    for path in GENERAL_PATHS:
         padded = kernel.paged_attention(q_pad, poisoned, tables, positions, 1, 16 ** -0.5, path=path)
         torch.testing.assert_close(padded[:2], expected, **TOL[torch.float32])
         assert torch.isfinite(padded[2]).all()  # row 2 reads key 0 of a real block: finite

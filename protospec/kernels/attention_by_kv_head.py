@@ -29,7 +29,7 @@ import math
 from numba import float32, int32
 
 from protospec.kernels import interop
-from protospec.kernels.attention_combine import arrived_last, combine_cell
+from protospec.kernels.attention_combine import row_group_writer
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
 
@@ -120,6 +120,7 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
     RD = R * DPL
     MERGED = WARPS * R * D
     MERGED_ROWS = WARPS * R
+    write_rows = row_group_writer(R, D, WARPS, THREADS)
     NO_KEY = float32(-1e30)  # the max of a row with no key yet: finite, because fast-math assumes no infinities
 
     @cuda.jit(**options)
@@ -261,34 +262,6 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
                 for i in range(DPL):
                     merged_acc[(warp * R + r) * D + i * G + lane] = acc[r * DPL + i]
         cuda.syncthreads()
-        for cell in range(tid, R * D, THREADS):
-            r = cell // D
-            e = cell % D
-            gr = chunk * R + r
-            if gr < group_rows:
-                top = NO_KEY
-                for w in range(WARPS):
-                    top = max(top, merged_max[w * R + r])
-                a, total = float32(0.0), float32(0.0)
-                for w in range(WARPS):
-                    weight = math.exp(merged_max[w * R + r] - top)
-                    a += merged_acc[(w * R + r) * D + e] * weight
-                    total += merged_sum[w * R + r] * weight
-                t = seq * query_len + gr // group
-                head = kv_head * group + gr % group
-                if splits == 1:
-                    out[t, head * D + e] = a / total if total > float32(0.0) else float32(0.0)
-                else:
-                    row = t * num_heads + head
-                    part_acc[row, split, e] = a
-                    if e == 0:
-                        part_max[row, split] = top  # NO_KEY, sum 0 for a split with no key
-                        part_sum[row, split] = total
-        if splits > 1 and fused == 1 and arrived_last(counters, b // splits, splits, last_block, tid):
-            for cell in range(tid, R * D, THREADS):
-                gr = chunk * R + cell // D
-                if gr < group_rows:
-                    t = seq * query_len + gr // group
-                    head = kv_head * group + gr % group
-                    out[t, head * D + cell % D] = combine_cell(part_acc, part_max, part_sum, t * num_heads + head, cell % D)
+        write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, group, chunk, split, query_len, out,
+                   part_acc, part_max, part_sum, counters, fused, last_block, tid)
     return attention_group_kernel

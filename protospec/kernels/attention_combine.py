@@ -4,9 +4,13 @@ One device function serves both ways of running it: as its own kernel after the 
 (a block per (token, head) row), and folded into by_kv_head's attention kernel, where the last
 split block of a row group to finish combines the group's rows (one launch per attention instead of
 two). Both compile with the same flags, so both ways give the same bits.
+
+`row_group_writer` is the tail both row-group kernels (by_kv_head, mma) share: merge the warps'
+partial results of a block, write the rows or the split's partials, combine when last.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from numba import float32
@@ -63,3 +67,55 @@ def attention_combine_kernel(part_acc, part_max, part_sum, out):
     head = row % num_heads
     for e in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
         out[t, head * head_dim + e] = combine_cell(part_acc, part_max, part_sum, row, e)
+
+
+
+@functools.cache
+def row_group_writer(R: int, D: int, WARPS: int, THREADS: int):  # noqa: N803 (Numba freezes them as constants)
+    """The tail of a block that holds R query rows of one (sequence, KV head, row chunk, split): a
+    device function that merges its WARPS warps' (acc, max, sum) from shared memory and writes the
+    rows to out (one split) or the split's partials, then, with fused = 1, combines the row group in
+    the last split block to arrive. Every thread of the block calls it, after a barrier."""
+
+    @cuda.jit(device=True, **OPTIONS)
+    def write_row_group(merged_acc, merged_max, merged_sum, seq, kv_head, group, chunk, split, query_len, out,
+                        part_acc, part_max, part_sum, counters, fused, last_block, tid):
+        """merged_acc [WARPS * R * D], merged_max / merged_sum [WARPS * R] f32 (shared): warp w's row r at
+        w * R + r; row r of the chunk is query token (chunk * R + r) // group, head kv_head * group + its
+        remainder. out [T, h * D] act; part_* [T * h, splits, (D)] f32; counters, fused, last_block: arrived_last."""
+        splits = part_max.shape[1]
+        num_heads = out.shape[1] // D
+        group_rows = query_len * group
+        for cell in range(tid, R * D, THREADS):
+            r = cell // D
+            e = cell % D
+            gr = chunk * R + r
+            if gr < group_rows:
+                top = NO_KEY
+                for w in range(WARPS):
+                    top = max(top, merged_max[w * R + r])
+                a, total = float32(0.0), float32(0.0)
+                for w in range(WARPS):
+                    weight = math.exp(merged_max[w * R + r] - top)
+                    a += merged_acc[(w * R + r) * D + e] * weight
+                    total += merged_sum[w * R + r] * weight
+                t = seq * query_len + gr // group
+                head = kv_head * group + gr % group
+                if splits == 1:
+                    out[t, head * D + e] = a / total if total > float32(0.0) else float32(0.0)
+                else:
+                    row = t * num_heads + head
+                    part_acc[row, split, e] = a
+                    if e == 0:
+                        part_max[row, split] = top  # NO_KEY, sum 0 for a split with no key
+                        part_sum[row, split] = total
+        row_group = cuda.blockIdx.x // splits
+        if splits > 1 and fused == 1 and arrived_last(counters, row_group, splits, last_block, tid):
+            for cell in range(tid, R * D, THREADS):
+                gr = chunk * R + cell // D
+                if gr < group_rows:
+                    t = seq * query_len + gr // group
+                    head = kv_head * group + gr % group
+                    out[t, head * D + cell % D] = combine_cell(part_acc, part_max, part_sum, t * num_heads + head, cell % D)
+
+    return write_row_group

@@ -31,11 +31,12 @@ from numba import float32
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row
+from protospec.kernels import attention_mma as by_mma
 from protospec.kernels import interop
 from protospec.kernels.attention_combine import attention_combine_kernel
 from protospec.kernels.interop import check_tensor, cuda
 
-PATHS = ("by_row", "by_kv_head")
+PATHS = ("by_row", "by_kv_head", "mma")
 # by_kv_head with split-K: the last split block of each row group combines the group's partials
 # (one launch per attention); False runs the combine as a kernel of its own. Read at each call, so
 # set it before CUDA graphs are captured; the bench's --attention-combine sets it.
@@ -114,6 +115,10 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     elif path == "by_kv_head" and not by_kv_head.supports(head_dim):
         raise KernelArgumentError(f"paged_attention: by_kv_head takes head_dim = 8 x a power of two up to "
                                   f"{by_kv_head.MAX_HEAD_DIM}, got {head_dim}")
+    elif path == "mma" and (q.dtype != torch.float16 or not by_mma.supports(head_dim, kv_cache.shape[2])):
+        raise KernelArgumentError(f"paged_attention: mma takes float16 with head_dim a multiple of 32 up to 256 and "
+                                  f"blocks of a multiple of {by_mma.TILE} keys, got {q.dtype}, head_dim {head_dim}, "
+                                  f"block size {kv_cache.shape[2]}")
     if splits is not None and splits < 1:
         raise KernelArgumentError(f"paged_attention: splits must be >= 1, got {splits}")
     dev = q.device
@@ -130,6 +135,11 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         parts = splits or choose_splits(groups, max_keys, by_kv_head.keys_in_flight(head_dim, rows, block_size), dev)
         kernel, grid = by_kv_head.attention_kernel(rows, head_dim, block_size), groups * parts
         threads = by_kv_head.threads_per_block(head_dim)
+        if path == "mma":
+            rows = by_mma.rows_per_chunk(group_rows)
+            groups = num_seqs * kv_heads * -(-group_rows // rows)
+            parts = splits or choose_splits(groups, max_keys, by_mma.keys_in_flight(), dev)
+            kernel, grid, threads = by_mma.attention_kernel(group_rows, head_dim), groups * parts, by_mma.threads_per_block()
     if path != "by_row" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)
         part_acc = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)
@@ -137,12 +147,14 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     else:
         part_acc = torch.empty(tokens * heads, parts, head_dim, dtype=torch.float32, device=dev)
         part_max, part_sum = (torch.empty(tokens * heads, parts, dtype=torch.float32, device=dev) for _ in range(2))
-    fused = path == "by_kv_head" and parts > 1 and (FUSED_COMBINE if fused_combine is None else fused_combine)
+    fused = path != "by_row" and parts > 1 and (FUSED_COMBINE if fused_combine is None else fused_combine)
     if path == "by_row":
         args = [q, kv_cache, block_tables, positions, part_acc, part_max, part_sum, int(query_len), float(scale)]
     else:
         counters = arrival_counters(dev, groups)  # read only when fused
-        args = [q, kv_cache, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum,
+        # mma reads fp16 as 8-byte words (4 dims of a query or key per load)
+        words = (q.view(torch.int64), kv_cache.view(torch.int64)) if path == "mma" else (q, kv_cache)
+        args = [*words, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum,
                 counters, int(fused)]
     interop.launch_tensors(kernel, grid, threads, args)
     if (part_max.shape[1] > 1 and not fused) or path == "by_row":

@@ -1,0 +1,240 @@
+"""Paged attention on tensor cores: by_kv_head's blocks, with the products as warp matrix multiplies.
+
+Why: by_kv_head holds each query row and its output in every lane's registers and sums each score
+over 8 lanes by shuffles, so a 6-query verify window at batch 16 or 64 runs at the register cap,
+spills, and spends its time on shuffles, exponentials and rescales per (row, key), far from the
+bytes it reads. Here a warp takes 16 keys at a time and two `mma.m16n8k16` products per 8 keys and
+16 dims (warp_mma.py) do the multiply-adds: S = Q K^T with the rows as M (up to 16 query rows of
+the group: query tokens x heads sharing the KV head) and the keys as N, then O += P V with the
+keys as K. The scores land in the very registers the second product takes P from (the C fragment of
+S is the A fragment of P), so nothing moves between the two but a conversion to fp16 pairs.
+
+The loads follow the fragments, with the head's dims permuted (any fixed permutation of the summed
+dims leaves Q K^T unchanged, and the output's permutation is undone on the way out): a lane loads
+8-byte words of K (4 consecutive dims of one key; the 4 lanes of a key read 32 contiguous bytes)
+and of V (NT consecutive dims of 4 keys, NT = head_dim / 8), and packs V's halves into the (key,
+key + 1) pairs the B operand wants. fp16 only (the operands), head_dim a multiple of 32, cache
+blocks a multiple of 16 keys (a 16-key tile never straddles two blocks). Softmax in fp32, per row
+over the 4 lanes that hold it (2 shuffles), P rounded to fp16 for the second product.
+
+A block is WARPS warps on interleaved 16-key tiles of its split; the tail (merge of the warps,
+split-K partials, the combine in the last split block) is by_kv_head's (attention_combine.py).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import float32, int32, int64, uint32
+
+from protospec.kernels import interop
+from protospec.kernels.attention_combine import row_group_writer
+from protospec.kernels.interop import cuda
+from protospec.kernels.reductions import xor_exchange
+from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
+
+TILE = 16                      # keys per warp per step (two n-tiles of 8 for S, the k of P V)
+WARPS = 2 if interop.SIMULATOR else 4
+FASTMATH = True
+LOW32 = 0xFFFFFFFF
+LOW16 = 0xFFFF
+
+
+def supports(head_dim: int, block_size: int) -> bool:
+    """head_dim: a multiple of 32 up to 256 (whole 8-byte words of V per lane); blocks of 16k keys."""
+    return head_dim % 32 == 0 and 32 <= head_dim <= 256 and block_size % TILE == 0
+
+
+def rows_per_chunk(group_rows: int) -> int:
+    """8 rows (the A operand's upper half left zero, its softmax skipped) or 16."""
+    return 8 if group_rows <= 8 else 16
+
+
+def threads_per_block() -> int:
+    return 32 * WARPS
+
+
+def keys_in_flight() -> int:
+    return TILE * WARPS
+
+
+def attention_kernel(rows: int, head_dim: int):
+    return _compiled(rows_per_chunk(rows), head_dim, WARPS, FASTMATH)
+
+
+@functools.cache
+def _compiled(rows: int, head_dim: int, warps: int, fastmath: bool):
+    options = {} if interop.SIMULATOR else {"fastmath": fastmath}
+    return _make_mma_kernel(rows // 8, head_dim, warps, options)
+
+
+def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
+    R = 8 * RH                 # rows per chunk: g (and g + 8 when RH = 2) for lane 4 g + t
+    KT = D // 16               # k-tiles of S = Q K^T (16 dims each)
+    NT = D // 8                # n-tiles of O = P V (8 dims each)
+    VW = NT // 4               # 8-byte words of V per key per lane (NT consecutive dims)
+    THREADS = 32 * WARPS
+    STEP = TILE * WARPS
+    QA = KT * 4
+    KB = 2 * KT
+    VK = 4 * VW
+    OD = NT * 4
+    MERGED = WARPS * R * D
+    MERGED_ROWS = WARPS * R
+    SCRATCH = scratch_size(WARPS)
+    NO_KEY = float32(-1e30)    # finite: fast-math assumes no infinities
+    write_rows = row_group_writer(R, D, WARPS, THREADS)
+
+    @cuda.jit(device=True)
+    def softmax_row(s, half, m, pos, key0, end, scratch, tid):
+        """One row's step: its 4 scores of this lane, s[2 half + i] and s[4 + 2 half + i] (keys key0 + 2t + i and
+        key0 + 8 + 2t + i, half 0: row g, 1: row g + 8), masked and turned in place into probabilities
+        against the row's new max over the 16 keys (the row's 4 lanes agree through 2 shuffles).
+        Returns (new max, the factor that rescales what the row summed before, this lane's sum of p)."""
+        top = NO_KEY
+        for i in range(4):
+            at = 4 * (i // 2) + 2 * half + i % 2
+            key = key0 + 8 * (i // 2) + i % 2
+            s[at] = s[at] if key < end and key <= pos else NO_KEY
+            top = max(top, s[at])
+        top = max(top, xor_exchange(top, 1, scratch, tid))
+        top = max(top, xor_exchange(top, 2, scratch, tid))
+        top = max(top, m)
+        alpha = math.exp(m - top)
+        total = float32(0.0)
+        for i in range(4):
+            at = 4 * (i // 2) + 2 * half + i % 2
+            p = math.exp(s[at] - top) if s[at] > NO_KEY else float32(0.0)
+            s[at] = p
+            total += p
+        return top, alpha, total
+
+    @cuda.jit(**options)
+    def attention_mma_kernel(q64, kv64, block_tables, positions, query_len, scale, out, part_acc, part_max, part_sum,
+                             counters, fused):
+        """
+        q64          [T, h, d / 4] int64: the fp16 queries as 8-byte words
+        kv64         [2, num_blocks, block_size, kvh, d / 4] int64: the fp16 cache as words
+        block_tables [S, W] int32; positions [T] int64; query_len, scale, out, part_*, counters, fused:
+        as by_kv_head's kernel. Grid: S * kvh * chunks * splits blocks of R rows, as by_kv_head's.
+        """
+        splits = part_max.shape[1]
+        kv_heads = kv64.shape[3]
+        group = q64.shape[1] // kv_heads
+        group_rows = query_len * group
+        chunks = (group_rows + R - 1) // R
+        block_size = kv64.shape[2]
+        b = cuda.blockIdx.x
+        split = b % splits
+        chunk = (b // splits) % chunks
+        kv_head = (b // (splits * chunks)) % kv_heads
+        seq = b // (splits * chunks * kv_heads)
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        g = lane // 4
+        t = lane % 4
+
+        shuffle_scratch = cuda.shared.array(THREADS, float32)  # the simulator's shuffles
+        mma_scratch = cuda.shared.array(SCRATCH, uint32)       # the simulator's matrix products
+        merged_acc = cuda.shared.array(MERGED, float32)
+        merged_max = cuda.shared.array(MERGED_ROWS, float32)
+        merged_sum = cuda.shared.array(MERGED_ROWS, float32)
+        last_block = cuda.shared.array(1, int32)            # 1: this block combines its row group
+
+        qa = cuda.local.array(QA, int64)     # [KT, 4] A fragments of Q: a0..a3 per k-tile
+        kb = cuda.local.array(KB, int64)     # [2, KT] K words: keys key0 + 8 n + g, dims 16 kt + 4 t ..
+        vw = cuda.local.array(VK, int64)     # [4, VW] V words: keys key0 + 2t, + 1, + 8, + 9; dims g NT ..
+        s = cuda.local.array(8, float32)     # [2, 4] this step's S fragments (one per 8 keys)
+        o = cuda.local.array(OD, float32)    # [NT, 4] O fragments: rows g, g + 8; dims (2t + i) NT + nt
+        for i in range(OD):
+            o[i] = float32(0.0)
+        # This lane's rows (g, g + 8) and their queries; the chunk's last position bounds the keys.
+        pos_lo, pos_hi, last = int64(-1), int64(-1), int64(-1)
+        for i in range(QA):
+            qa[i] = int64(0)
+        for r in range(R):
+            gr = chunk * R + r
+            if gr < group_rows:
+                tok = seq * query_len + gr // group
+                pos = positions[tok]
+                last = max(last, pos)
+                if r % 8 == g:
+                    head = kv_head * group + gr % group
+                    hi = r // 8   # 0: a0 / a2, 1: a1 / a3
+                    for kt in range(KT):
+                        word = q64[tok, head, kt * 4 + t]
+                        qa[kt * 4 + hi] = word & LOW32
+                        qa[kt * 4 + 2 + hi] = (word >> 32) & LOW32
+                    if hi == 0:
+                        pos_lo = pos
+                    else:
+                        pos_hi = pos
+        # Padding rows of a captured batch may hold any position: never read past the table.
+        keys = min(last + 1, block_tables.shape[1] * block_size)
+        span = ((keys + splits - 1) // splits + TILE - 1) // TILE * TILE
+        first = min(split * span, keys)
+        end = min(first + span, keys)
+        iters = (end - first + STEP - 1) // STEP   # the same for every thread (the simulator's barriers)
+        m_lo, m_hi = NO_KEY, NO_KEY
+        l_lo, l_hi = float32(0.0), float32(0.0)
+        key0 = first + warp * TILE
+        for _ in range(iters):
+            block = block_tables[seq, key0 // block_size] if key0 < end else 0
+            offset = key0 % block_size
+            for n in range(2):
+                for kt in range(KT):
+                    at = offset + 8 * n + g
+                    kb[n * KT + kt] = kv64[0, block, at, kv_head, kt * 4 + t] if key0 + 8 * n + g < end else int64(0)
+            for k in range(4):
+                kk = 2 * t + k % 2 + 8 * (k // 2)
+                for w in range(VW):
+                    vw[k * VW + w] = kv64[1, block, offset + kk, kv_head, g * VW + w] if key0 + kk < end else int64(0)
+            # S = Q K^T, 8 keys per product, scaled.
+            for n in range(2):
+                c0, c1, c2, c3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+                for kt in range(KT):
+                    word = kb[n * KT + kt]
+                    c0, c1, c2, c3 = mma_f16(qa[kt * 4], qa[kt * 4 + 1], qa[kt * 4 + 2], qa[kt * 4 + 3], word & LOW32,
+                                             (word >> 32) & LOW32, c0, c1, c2, c3, mma_scratch, tid)
+                s[4 * n] = c0 * scale
+                s[4 * n + 1] = c1 * scale
+                s[4 * n + 2] = c2 * scale
+                s[4 * n + 3] = c3 * scale
+            m_lo, alpha_lo, p_lo = softmax_row(s, 0, m_lo, pos_lo, key0 + 2 * t, end, shuffle_scratch, tid)
+            l_lo = l_lo * alpha_lo + p_lo
+            alpha_hi = float32(1.0)
+            if RH == 2:
+                m_hi, alpha_hi, p_hi = softmax_row(s, 1, m_hi, pos_hi, key0 + 2 * t, end, shuffle_scratch, tid)
+                l_hi = l_hi * alpha_hi + p_hi
+            # P as the A operand (the C fragments of S, as fp16 pairs), then O = O alpha + P V.
+            a0 = pack_half2(s[0], s[1])
+            a1 = pack_half2(s[2], s[3]) if RH == 2 else uint32(0)
+            a2 = pack_half2(s[4], s[5])
+            a3 = pack_half2(s[6], s[7]) if RH == 2 else uint32(0)
+            for nt in range(NT):
+                w, shift = nt // 4, 16 * (nt % 4)
+                b0 = ((vw[w] >> shift) & LOW16) | (((vw[VW + w] >> shift) & LOW16) << 16)
+                b1 = ((vw[2 * VW + w] >> shift) & LOW16) | (((vw[3 * VW + w] >> shift) & LOW16) << 16)
+                o[nt * 4], o[nt * 4 + 1], o[nt * 4 + 2], o[nt * 4 + 3] = mma_f16(
+                    a0, a1, a2, a3, b0, b1, o[nt * 4] * alpha_lo, o[nt * 4 + 1] * alpha_lo, o[nt * 4 + 2] * alpha_hi,
+                    o[nt * 4 + 3] * alpha_hi, mma_scratch, tid)
+            key0 += STEP
+
+        # A row's sum over its 4 lanes; then the warp's rows into shared memory, dims un-permuted.
+        for mask in (1, 2):
+            l_lo += xor_exchange(l_lo, mask, shuffle_scratch, tid)
+            l_hi += xor_exchange(l_hi, mask, shuffle_scratch, tid)
+        for half in range(RH):
+            row = warp * R + g + 8 * half
+            for nt in range(NT):
+                for i in range(2):
+                    merged_acc[row * D + (2 * t + i) * NT + nt] = o[nt * 4 + 2 * half + i]
+            if t == 0:
+                merged_max[row] = m_lo if half == 0 else m_hi
+                merged_sum[row] = l_lo if half == 0 else l_hi
+        cuda.syncthreads()
+        write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, group, chunk, split, query_len, out,
+                   part_acc, part_max, part_sum, counters, fused, last_block, tid)
+
+    return attention_mma_kernel

@@ -1,0 +1,111 @@
+"""Attention on tensor cores (kernels/attention_mma.py): the warp product against numpy, then the
+kernel against the torch path for decode and verify windows, GQA rows in 8- and 16-row chunks,
+split-K with the folded and the separate combine, stale NaN slots and padding rows. On CPU the
+simulator's Python twin of the product runs (a few cases: each costs seconds there); on a GPU the
+PTX itself, every case."""
+import numpy as np
+import pytest
+import torch
+from numba import float32, uint32
+
+from protospec.errors import KernelArgumentError
+from protospec.kernels import attention_mma as by_mma, paged_attention as kernel
+from protospec.kernels.interop import SIMULATOR, cuda, launch_tensors
+from protospec.kernels.warp_mma import mma_f16, scratch_size
+from tests.test_paged_attention import DEV, TOL, _case, _kernel, _torch_reference
+
+SCRATCH = scratch_size(1)
+
+
+@cuda.jit
+def _one_product(a_words, b_words, c, d):
+    """One warp: a_words [32, 4], b_words [32, 2] uint32 fragments, c / d [32, 4] f32 -> d = A B + C."""
+    lane = cuda.threadIdx.x
+    scratch = cuda.shared.array(SCRATCH, uint32)
+    d[lane, 0], d[lane, 1], d[lane, 2], d[lane, 3] = mma_f16(
+        a_words[lane, 0], a_words[lane, 1], a_words[lane, 2], a_words[lane, 3], b_words[lane, 0], b_words[lane, 1],
+        float32(c[lane, 0]), float32(c[lane, 1]), float32(c[lane, 2]), float32(c[lane, 3]), scratch, lane)
+
+
+def _fragments(a: np.ndarray, b: np.ndarray, c: np.ndarray):
+    """Distribute A [16, 16] fp16, B [16, 8] fp16, C [16, 8] f32 over the warp's lanes as the PTX ISA lays them out."""
+    a_words = np.zeros((32, 4), np.uint32)
+    b_words = np.zeros((32, 2), np.uint32)
+    c_frag = np.zeros((32, 4), np.float32)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for i, (row, k) in enumerate([(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]):
+            a_words[lane, i] = a[row, k:k + 2].view(np.uint32)[0]
+        for i, k in enumerate((2 * t, 2 * t + 8)):
+            b_words[lane, i] = np.ascontiguousarray(b[k:k + 2, g]).view(np.uint32)[0]
+        c_frag[lane] = [c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]]
+    return a_words, b_words, c_frag
+
+
+def test_the_warp_product_lays_out_its_fragments_as_the_isa_says():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 16)).astype(np.float16)
+    b = rng.standard_normal((16, 8)).astype(np.float16)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    a_words, b_words, c_frag = _fragments(a, b, c)
+    tensors = [torch.from_numpy(x.view(np.int32) if x.dtype == np.uint32 else x).to(DEV) for x in (a_words, b_words, c_frag)]
+    d = torch.zeros(32, 4, dtype=torch.float32, device=DEV)
+    launch_tensors(_one_product, 1, 32, [*tensors, d])
+    expected = a.astype(np.float32) @ b.astype(np.float32) + c
+    got = np.zeros((16, 8), np.float32)
+    for lane, row in enumerate(d.cpu().numpy()):
+        g, t = divmod(lane, 4)
+        got[g, 2 * t], got[g, 2 * t + 1], got[g + 8, 2 * t], got[g + 8, 2 * t + 1] = row
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+# (query_len, lengths, heads, kv_heads, head_dim, splits, fused): decode with GQA; a 6-query window of an
+# MHA model (8-row chunks, causal inside); 6 queries x 4 heads = 24 rows (16-row chunks, the last partial);
+# split-K where a split sees no key (3 splits of a 1-key context), the combine folded or on its own.
+CASES = [
+    (1, [7, 45, 1], 4, 2, 32, None, None),
+    (6, [16, 33, 8], 4, 4, 64, 1, None),
+    (6, [20, 47], 8, 2, 32, 3, True),
+    (3, [40, 1], 4, 4, 32, 3, False),
+]
+SIMULATED = (CASES[0], CASES[2])
+
+
+@pytest.mark.parametrize("case", SIMULATED if SIMULATOR else CASES, ids=lambda c: f"{c[0]}q-{c[2]}h{c[3]}kv-d{c[4]}-s{c[5]}")
+def test_tensor_core_attention_matches_the_torch_path(case):
+    query_len, lengths, heads, kv_heads, head_dim, splits, fused = case
+    inputs, cache, q = _case(query_len, lengths, heads, kv_heads, head_dim, 16, torch.float16, seed=5)
+    expected = _torch_reference(inputs, cache, q, torch.float16)
+    got = _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=fused)
+    torch.testing.assert_close(got, expected, **TOL[torch.float16])
+    if fused is not None and not SIMULATOR:  # folded or separate combine: the same bits
+        assert torch.equal(got, _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=not fused))
+
+
+def test_stale_nan_slots_and_padding_rows_stay_out_of_real_rows():
+    """A wide table (a captured batch), NaN in every slot no context covers, and a padding row at
+    position 0 with a stale table: real rows exact, the padding row finite."""
+    inputs, cache, q = _case(1, [9, 30], 2, 1, 32, 16, torch.float16, seed=6, width=4)
+    used = torch.zeros(cache.shape[1], cache.shape[2], dtype=torch.bool)
+    for row, n in zip(inputs.meta.block_tables.cpu(), [9, 30]):
+        for pos in range(n):
+            used[row[pos // 16], pos % 16] = True
+    poisoned = cache.clone()
+    poisoned[:, ~used.to(DEV)] = float("nan")
+    expected = _torch_reference(inputs, cache, q, torch.float16)
+    tables = torch.cat([inputs.meta.block_tables, inputs.meta.block_tables[:1]])
+    positions = torch.cat([inputs.positions, torch.zeros(1, dtype=torch.int64, device=DEV)])
+    got = kernel.paged_attention(torch.cat([q, q[:1]]), poisoned, tables, positions, 1, 32 ** -0.5, path="mma")
+    torch.testing.assert_close(got[:2], expected, **TOL[torch.float16])
+    assert torch.isfinite(got[2]).all()
+
+
+def test_the_tensor_core_path_refuses_what_it_cannot_hold():
+    assert by_mma.supports(64, 16) and not by_mma.supports(16, 16) and not by_mma.supports(64, 8)
+    positions = torch.zeros(1, dtype=torch.int64, device=DEV)
+    tables = torch.ones(1, 1, dtype=torch.int32, device=DEV)
+    for dtype, head_dim, block_size in [(torch.float32, 32, 16), (torch.float16, 16, 16), (torch.float16, 32, 8)]:
+        q = torch.zeros(1, 2, head_dim, dtype=dtype, device=DEV)
+        cache = torch.zeros(2, 2, block_size, 2, head_dim, dtype=dtype, device=DEV)
+        with pytest.raises(KernelArgumentError, match="mma takes float16"):
+            kernel.paged_attention(q, cache, tables, positions, 1, 0.25, path="mma")
