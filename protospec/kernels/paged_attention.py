@@ -63,10 +63,11 @@ def choose_path(head_dim: int) -> str:
     return "by_kv_head" if by_kv_head.supports(head_dim) else "by_row"
 
 
-def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.device) -> int:
-    """by_kv_head's split-K factor: 1 where `groups` blocks already fill the GPU, else enough splits
-    for BLOCKS_PER_SM blocks per SM, at most one per block-step (step_keys) of the widest possible context."""
-    target = BLOCKS_PER_SM * _sm_count(device)
+def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.device, blocks_per_sm: int | None = None) -> int:
+    """The split-K factor of by_kv_head and mma: 1 where `groups` blocks already fill the GPU, else enough
+    splits for blocks_per_sm (None: BLOCKS_PER_SM) blocks per SM, at most one per block-step (step_keys)
+    of the widest possible context."""
+    target = (blocks_per_sm or BLOCKS_PER_SM) * _sm_count(device)
     if groups >= target:
         return 1
     return max(1, min(-(-target // groups), -(-max_keys // step_keys)))
@@ -138,7 +139,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         if path == "mma":
             rows = by_mma.rows_per_chunk(group_rows)
             groups = num_seqs * kv_heads * -(-group_rows // rows)
-            parts = splits or choose_splits(groups, max_keys, by_mma.keys_in_flight(), dev)
+            parts = splits or choose_splits(groups, max_keys, by_mma.keys_in_flight(), dev, by_mma.BLOCKS_PER_SM)
             kernel, grid, threads = by_mma.attention_kernel(group_rows, head_dim), groups * parts, by_mma.threads_per_block()
     if path != "by_row" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)

@@ -1,0 +1,45 @@
+"""The tensor-core attention path's variants timed at the seed shapes (320 keys), us per call:
+python3 scripts/device/attention_mma_variants.py [--warps 2 4 8] [--blocks-per-sm 2 4] [--prefetch 1 0]
+  --warps          attention_mma.WARPS: warps per block (each walks its own 16-key tiles)
+  --blocks-per-sm  attention_mma.BLOCKS_PER_SM: how far split-K spreads a small grid
+  --prefetch       attention_mma.PREFETCH: the next tile's loads in flight during this tile's math
+by_kv_head is timed first at the same shapes, for reference."""
+import argparse
+import itertools
+
+import torch
+
+from protospec.bench.attention_cost import make_calls, time_calls
+from protospec.kernels import attention_mma as by_mma, interop
+from protospec.model.loader import resolve_checkpoint
+
+p = argparse.ArgumentParser()
+p.add_argument("--warps", type=int, nargs="+", default=[by_mma.WARPS])
+p.add_argument("--blocks-per-sm", type=int, nargs="+", default=[by_mma.BLOCKS_PER_SM])
+p.add_argument("--prefetch", type=int, nargs="+", default=[int(by_mma.PREFETCH)])
+p.add_argument("--context", type=int, default=320)
+p.add_argument("--shapes", nargs="+", default=["1x1", "1x6", "16x1", "16x6", "64x1", "64x6"], help="BATCHxQUERIES")
+args = p.parse_args()
+cfg, _ = resolve_checkpoint("JackFram/llama-160m", "dummy")
+dev = torch.device("cuda")
+shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes]
+
+
+def timed(path):
+    out = []
+    for batch, queries in shapes:
+        calls, _ = make_calls(cfg, batch, queries, args.context, 16, dev, path)
+        out.append(time_calls(calls))
+        del calls
+    return out
+
+
+print(f"context {args.context}; warps blocks/SM prefetch | " + " ".join(f"b{b}q{q:<2}" for b, q in shapes) + " | regs, spill bytes")
+print("by_kv_head              | " + " ".join(f"{t:6.1f}" for t in timed("by_kv_head")), flush=True)
+for warps, per_sm, prefetch in itertools.product(args.warps, args.blocks_per_sm, args.prefetch):
+    by_mma.WARPS, by_mma.BLOCKS_PER_SM, by_mma.PREFETCH = warps, per_sm, bool(prefetch)
+    times = timed("mma")
+    regs = sorted({(info["regs_per_thread"], info["local_mem_per_thread"])
+                   for rows in (6, 24) for info in interop.compiled_resources(by_mma.attention_kernel(rows, cfg.head_dim),
+                                                                               by_mma.threads_per_block())})
+    print(f"mma {warps:>5} {per_sm:>9} {prefetch:>8} | " + " ".join(f"{t:6.1f}" for t in times) + f" | {regs}", flush=True)
