@@ -22,20 +22,48 @@ OPTIONS = {} if interop.SIMULATOR else {"fastmath": True}
 NO_KEY = float32(-1e30)  # below every real max; finite, because fast-math assumes no infinities
 
 
+# The splits of a row are read 4 at a time: four independent loads in flight per wait (a loop of
+# one load per iteration waits out the L2's latency once per split, and the combine is a chain of them).
+UNROLL = 4
+
+
 @cuda.jit(device=True, **OPTIONS)
-def combine_cell(part_acc, part_max, part_sum, row, e):
-    """Output element e of `row` from its splits: part_acc [rows, C, d], part_max / part_sum [rows, C] f32.
-    A split that saw no key has sum 0 and is skipped; a row with no key at all gives 0."""
+def _weight(part_max, part_sum, row, c, top):
+    """e^(m_c - M) for a split that saw keys, 0 for one that saw none (sum 0); 0 past the last split."""
+    if c >= part_max.shape[1]:
+        return float32(0.0)
+    return math.exp(part_max[row, c] - top) if part_sum[row, c] > float32(0.0) else float32(0.0)
+
+
+@cuda.jit(device=True, **OPTIONS)
+def row_scale(part_max, part_sum, row):
+    """(M, 1 / L) of `row` from its splits, part_max / part_sum [rows, C] f32: M the largest max, L the
+    splits' sums rescaled to it. A split that saw no key has sum 0 and weighs 0; a row with no key at
+    all gets 1 / L = 0."""
+    splits = part_max.shape[1]
     top = NO_KEY
-    for c in range(part_max.shape[1]):
-        top = max(top, part_max[row, c])
-    acc, total = float32(0.0), float32(0.0)
-    for c in range(part_max.shape[1]):
-        if part_sum[row, c] > float32(0.0):
-            w = math.exp(part_max[row, c] - top)
-            acc += part_acc[row, c, e] * w
-            total += part_sum[row, c] * w
-    return acc / total if total > float32(0.0) else float32(0.0)
+    for c in range(0, splits, UNROLL):
+        for u in range(UNROLL):
+            if c + u < splits:
+                top = max(top, part_max[row, c + u])
+    total = float32(0.0)
+    for c in range(0, splits, UNROLL):
+        for u in range(UNROLL):
+            if c + u < splits:
+                total += part_sum[row, c + u] * _weight(part_max, part_sum, row, c + u, top)
+    return top, (float32(1.0) / total if total > float32(0.0) else float32(0.0))
+
+
+@cuda.jit(device=True, **OPTIONS)
+def combine_cell(part_acc, part_max, part_sum, row, e, top, inv_total):
+    """Output element e of `row`: sum_c acc_c e^(m_c - M) / L, with (M, 1 / L) from row_scale; part_acc [rows, C, d]."""
+    splits = part_max.shape[1]
+    acc = float32(0.0)
+    for c in range(0, splits, UNROLL):
+        for u in range(UNROLL):
+            if c + u < splits:
+                acc += part_acc[row, c + u, e] * _weight(part_max, part_sum, row, c + u, top)
+    return acc * inv_total
 
 
 @cuda.jit(device=True)
@@ -65,8 +93,9 @@ def attention_combine_kernel(part_acc, part_max, part_sum, out):
     num_heads = out.shape[1] // head_dim
     t = row // num_heads
     head = row % num_heads
+    top, inv_total = row_scale(part_max, part_sum, row)  # every thread: the loads are shared through L1
     for e in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
-        out[t, head * head_dim + e] = combine_cell(part_acc, part_max, part_sum, row, e)
+        out[t, head * head_dim + e] = combine_cell(part_acc, part_max, part_sum, row, e, top, inv_total)
 
 
 
@@ -111,11 +140,22 @@ def row_group_writer(R: int, D: int, WARPS: int, THREADS: int):  # noqa: N803 (N
                         part_sum[row, split] = total
         row_group = cuda.blockIdx.x // splits
         if splits > 1 and fused == 1 and arrived_last(counters, row_group, splits, last_block, tid):
+            # Each row's scale once (a thread per row), then every cell in one round of loads.
+            row_top = cuda.shared.array(R, float32)
+            row_inv = cuda.shared.array(R, float32)
+            for r in range(tid, R, THREADS):
+                gr = chunk * R + r
+                if gr < group_rows:
+                    t = seq * query_len + gr // group
+                    row_top[r], row_inv[r] = row_scale(part_max, part_sum, t * num_heads + kv_head * group + gr % group)
+            cuda.syncthreads()
             for cell in range(tid, R * D, THREADS):
-                gr = chunk * R + cell // D
+                r = cell // D
+                gr = chunk * R + r
                 if gr < group_rows:
                     t = seq * query_len + gr // group
                     head = kv_head * group + gr % group
-                    out[t, head * D + cell % D] = combine_cell(part_acc, part_max, part_sum, t * num_heads + head, cell % D)
+                    out[t, head * D + cell % D] = combine_cell(part_acc, part_max, part_sum, t * num_heads + head,
+                                                               cell % D, row_top[r], row_inv[r])
 
     return write_row_group

@@ -36,9 +36,6 @@ from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
 TILE = 16                      # keys per warp per step (two n-tiles of 8 for S, the k of P V)
 WARPS = 2 if interop.SIMULATOR else 4
 FASTMATH = True
-# Load the next tile while this one's products run (a warp walks only a few tiles at the seed shapes,
-# so each load's latency would otherwise be paid in full); scripts/device/attention_mma_variants.py times both.
-PREFETCH = True
 # Split-K spreads a small grid until this many blocks per SM (paged_attention.choose_splits).
 BLOCKS_PER_SM = 2
 LOW32 = 0xFFFFFFFF
@@ -64,16 +61,16 @@ def keys_in_flight() -> int:
 
 
 def attention_kernel(rows: int, head_dim: int):
-    return _compiled(rows_per_chunk(rows), head_dim, WARPS, FASTMATH, PREFETCH)
+    return _compiled(rows_per_chunk(rows), head_dim, WARPS, FASTMATH)
 
 
 @functools.cache
-def _compiled(rows: int, head_dim: int, warps: int, fastmath: bool, prefetch: bool):
+def _compiled(rows: int, head_dim: int, warps: int, fastmath: bool):
     options = {} if interop.SIMULATOR else {"fastmath": fastmath}
-    return _make_mma_kernel(rows // 8, head_dim, warps, prefetch, options)
+    return _make_mma_kernel(rows // 8, head_dim, warps, options)
 
 
-def _make_mma_kernel(RH: int, D: int, WARPS: int, PREFETCH: bool, options: dict):  # noqa: N803 (Numba freezes them as constants)
+def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
     R = 8 * RH                 # rows per chunk: g (and g + 8 when RH = 2) for lane 4 g + t
     KT = D // 16               # k-tiles of S = Q K^T (16 dims each)
     NT = D // 8                # n-tiles of O = P V (8 dims each)
@@ -91,11 +88,9 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, PREFETCH: bool, options: dict)
     write_rows = row_group_writer(R, D, WARPS, THREADS)
 
     @cuda.jit(device=True)
-    def load_tile(kv64, block_tables, seq, kv_head, key0, end, g, t, kb, vw):
-        """This lane's K and V words of the 16 keys from key0 (one cache block); zero past end."""
-        block_size = kv64.shape[2]
-        block = block_tables[seq, key0 // block_size] if key0 < end else 0
-        offset = key0 % block_size
+    def load_tile(kv64, block, key0, end, kv_head, g, t, kb, vw):
+        """This lane's K and V words of the 16 keys from key0 (all in cache block `block`); zero past end."""
+        offset = key0 % kv64.shape[2]
         for n in range(2):
             for kt in range(KT):
                 kb[n * KT + kt] = kv64[0, block, offset + 8 * n + g, kv_head, kt * 4 + t] if key0 + 8 * n + g < end else int64(0)
@@ -161,11 +156,9 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, PREFETCH: bool, options: dict)
         merged_sum = cuda.shared.array(MERGED_ROWS, float32)
         last_block = cuda.shared.array(1, int32)            # 1: this block combines its row group
 
-        qa = cuda.local.array(QA, int64)     # [KT, 4] A fragments of Q: a0..a3 per k-tile
+        qa = cuda.local.array(QA, uint32)    # [KT, 4] A fragments of Q: a0..a3 per k-tile
         kb = cuda.local.array(KB, int64)     # [2, KT] K words: keys key0 + 8 n + g, dims 16 kt + 4 t ..
         vw = cuda.local.array(VK, int64)     # [4, VW] V words: keys key0 + 2t, + 1, + 8, + 9; dims g NT ..
-        kb_next = cuda.local.array(KB, int64)  # the next tile's, in flight during this tile's math
-        vw_next = cuda.local.array(VK, int64)
         s = cuda.local.array(8, float32)     # [2, 4] this step's S fragments (one per 8 keys)
         o = cuda.local.array(OD, float32)    # [NT, 4] O fragments: rows g, g + 8; dims (2t + i) NT + nt
         for i in range(OD):
@@ -173,7 +166,7 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, PREFETCH: bool, options: dict)
         # This lane's rows (g, g + 8) and their queries; the chunk's last position bounds the keys.
         pos_lo, pos_hi, last = int64(-1), int64(-1), int64(-1)
         for i in range(QA):
-            qa[i] = int64(0)
+            qa[i] = uint32(0)
         for r in range(R):
             gr = chunk * R + r
             if gr < group_rows:
@@ -185,8 +178,8 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, PREFETCH: bool, options: dict)
                     hi = r // 8   # 0: a0 / a2, 1: a1 / a3
                     for kt in range(KT):
                         word = q64[tok, head, kt * 4 + t]
-                        qa[kt * 4 + hi] = word & LOW32
-                        qa[kt * 4 + 2 + hi] = (word >> 32) & LOW32
+                        qa[kt * 4 + hi] = uint32(word & LOW32)
+                        qa[kt * 4 + 2 + hi] = uint32((word >> 32) & LOW32)
                     if hi == 0:
                         pos_lo = pos
                     else:
@@ -200,13 +193,11 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, PREFETCH: bool, options: dict)
         m_lo, m_hi = NO_KEY, NO_KEY
         l_lo, l_hi = float32(0.0), float32(0.0)
         key0 = first + warp * TILE
-        if PREFETCH:  # tile 0 now; inside the loop the next tile's loads go out before this tile's math
-            load_tile(kv64, block_tables, seq, kv_head, key0, end, g, t, kb, vw)
+        block = block_tables[seq, key0 // block_size] if key0 < end else 0
         for _ in range(iters):
-            if PREFETCH:
-                load_tile(kv64, block_tables, seq, kv_head, key0 + STEP, end, g, t, kb_next, vw_next)
-            else:
-                load_tile(kv64, block_tables, seq, kv_head, key0, end, g, t, kb, vw)
+            # The next tile's block id goes out with this tile's K/V loads, a step ahead of its own.
+            next_block = block_tables[seq, (key0 + STEP) // block_size] if key0 + STEP < end else 0
+            load_tile(kv64, block, key0, end, kv_head, g, t, kb, vw)
             # S = Q K^T, 8 keys per product, scaled.
             for n in range(2):
                 c0, c1, c2, c3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
@@ -236,11 +227,7 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, PREFETCH: bool, options: dict)
                 o[nt * 4], o[nt * 4 + 1], o[nt * 4 + 2], o[nt * 4 + 3] = mma_f16(
                     a0, a1, a2, a3, b0, b1, o[nt * 4] * alpha_lo, o[nt * 4 + 1] * alpha_lo, o[nt * 4 + 2] * alpha_hi,
                     o[nt * 4 + 3] * alpha_hi, mma_scratch, tid)
-            if PREFETCH:
-                for i in range(KB):
-                    kb[i] = kb_next[i]
-                for i in range(VK):
-                    vw[i] = vw_next[i]
+            block = next_block
             key0 += STEP
 
         # A row's sum over its 4 lanes; then the warp's rows into shared memory, dims un-permuted.

@@ -1,8 +1,7 @@
 """The tensor-core attention path's variants timed at the seed shapes (320 keys), us per call:
-python3 scripts/device/attention_mma_variants.py [--warps 2 4 8] [--blocks-per-sm 2 4] [--prefetch 1 0]
+python3 scripts/device/attention_mma_variants.py [--warps 2 4 8] [--blocks-per-sm 2 4]
   --warps          attention_mma.WARPS: warps per block (each walks its own 16-key tiles)
   --blocks-per-sm  attention_mma.BLOCKS_PER_SM: how far split-K spreads a small grid
-  --prefetch       attention_mma.PREFETCH: the next tile's loads in flight during this tile's math
 by_kv_head is timed first at the same shapes, for reference."""
 import argparse
 import itertools
@@ -16,7 +15,6 @@ from protospec.model.loader import resolve_checkpoint
 p = argparse.ArgumentParser()
 p.add_argument("--warps", type=int, nargs="+", default=[by_mma.WARPS])
 p.add_argument("--blocks-per-sm", type=int, nargs="+", default=[by_mma.BLOCKS_PER_SM])
-p.add_argument("--prefetch", type=int, nargs="+", default=[int(by_mma.PREFETCH)])
 p.add_argument("--context", type=int, default=320)
 p.add_argument("--shapes", nargs="+", default=["1x1", "1x6", "16x1", "16x6", "64x1", "64x6"], help="BATCHxQUERIES")
 args = p.parse_args()
@@ -34,12 +32,12 @@ def timed(path):
     return out
 
 
-print(f"context {args.context}; warps blocks/SM prefetch | " + " ".join(f"b{b}q{q:<2}" for b, q in shapes) + " | regs, spill bytes")
+print(f"context {args.context}; warps blocks/SM | " + " ".join(f"b{b}q{q:<2}" for b, q in shapes) + " | regs, spill bytes")
 print("by_kv_head              | " + " ".join(f"{t:6.1f}" for t in timed("by_kv_head")), flush=True)
-for warps, per_sm, prefetch in itertools.product(args.warps, args.blocks_per_sm, args.prefetch):
-    by_mma.WARPS, by_mma.BLOCKS_PER_SM, by_mma.PREFETCH = warps, per_sm, bool(prefetch)
+for warps, per_sm in itertools.product(args.warps, args.blocks_per_sm):
+    by_mma.WARPS, by_mma.BLOCKS_PER_SM = warps, per_sm
     times = timed("mma")
     regs = sorted({(info["regs_per_thread"], info["local_mem_per_thread"])
                    for rows in (6, 24) for info in interop.compiled_resources(by_mma.attention_kernel(rows, cfg.head_dim),
                                                                                by_mma.threads_per_block())})
-    print(f"mma {warps:>5} {per_sm:>9} {prefetch:>8} | " + " ".join(f"{t:6.1f}" for t in times) + f" | {regs}", flush=True)
+    print(f"mma {warps:>5} {per_sm:>9} | " + " ".join(f"{t:6.1f}" for t in times) + f" | {regs}", flush=True)
