@@ -38,6 +38,8 @@ WARPS = 2 if interop.SIMULATOR else 4
 FASTMATH = True
 # Split-K spreads a small grid until this many blocks per SM (paged_attention.choose_splits).
 BLOCKS_PER_SM = 2
+# Launch bounds: the fewest blocks per SM the register allocation must allow (None: the compiler's choice).
+MIN_BLOCKS_PER_SM = None
 LOW32 = 0xFFFFFFFF
 LOW16 = 0xFFFF
 
@@ -61,12 +63,14 @@ def keys_in_flight() -> int:
 
 
 def attention_kernel(rows: int, head_dim: int):
-    return _compiled(rows_per_chunk(rows), head_dim, WARPS, FASTMATH)
+    return _compiled(rows_per_chunk(rows), head_dim, WARPS, FASTMATH, MIN_BLOCKS_PER_SM)
 
 
 @functools.cache
-def _compiled(rows: int, head_dim: int, warps: int, fastmath: bool):
+def _compiled(rows: int, head_dim: int, warps: int, fastmath: bool, min_blocks: int | None):
     options = {} if interop.SIMULATOR else {"fastmath": fastmath}
+    if min_blocks and not interop.SIMULATOR:
+        options["launch_bounds"] = (32 * warps, min_blocks)
     return _make_mma_kernel(rows // 8, head_dim, warps, options)
 
 
@@ -190,6 +194,7 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
         first = min(split * span, keys)
         end = min(first + span, keys)
         iters = (end - first + STEP - 1) // STEP   # the same for every thread (the simulator's barriers)
+        scale32 = float32(scale)
         m_lo, m_hi = NO_KEY, NO_KEY
         l_lo, l_hi = float32(0.0), float32(0.0)
         key0 = first + warp * TILE
@@ -205,10 +210,10 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
                     word = kb[n * KT + kt]
                     c0, c1, c2, c3 = mma_f16(qa[kt * 4], qa[kt * 4 + 1], qa[kt * 4 + 2], qa[kt * 4 + 3], word & LOW32,
                                              (word >> 32) & LOW32, c0, c1, c2, c3, mma_scratch, tid)
-                s[4 * n] = c0 * scale
-                s[4 * n + 1] = c1 * scale
-                s[4 * n + 2] = c2 * scale
-                s[4 * n + 3] = c3 * scale
+                s[4 * n] = c0 * scale32
+                s[4 * n + 1] = c1 * scale32
+                s[4 * n + 2] = c2 * scale32
+                s[4 * n + 3] = c3 * scale32
             m_lo, alpha_lo, p_lo = softmax_row(s, 0, m_lo, pos_lo, key0 + 2 * t, end, shuffle_scratch, tid)
             l_lo = l_lo * alpha_lo + p_lo
             alpha_hi = float32(1.0)
