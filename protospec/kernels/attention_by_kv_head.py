@@ -169,21 +169,22 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
         scores = cuda.local.array(RU, float32)    # [R, U] this step's scaled scores
 
         last = int32(-1)
+        # Loads at clamped (always valid) rows with no branch, so they are in flight together; rows past
+        # the group are then masked (no key, zero query).
+        real_rows = min(R, group_rows - chunk * R)   # >= 1: a chunk holds at least one row
         for r in range(R):
-            gr = chunk * R + r
+            gr = chunk * R + min(r, real_rows - 1)
+            t = seq * query_len + gr // group
+            head = kv_head * group + gr % group
+            pos = int32(positions[t])
+            last = max(last, pos)
             run_max[r] = NO_KEY
             run_sum[r] = float32(0.0)
-            row_pos[r] = int32(-1)
+            row_pos[r] = pos if r < real_rows else int32(-1)
             for i in range(DPL):
-                q_reg[r * DPL + i] = float32(0.0)
+                value = float32(q[t, head, i * G + lane]) * float32(scale)
+                q_reg[r * DPL + i] = value if r < real_rows else float32(0.0)
                 acc[r * DPL + i] = float32(0.0)
-            if gr < group_rows:
-                t = seq * query_len + gr // group
-                head = kv_head * group + gr % group
-                row_pos[r] = int32(positions[t])
-                last = max(last, row_pos[r])
-                for i in range(DPL):
-                    q_reg[r * DPL + i] = float32(q[t, head, i * G + lane]) * float32(scale)
         # Padding rows of a captured batch may hold any position: never read past the table.
         keys = min(last + 1, block_tables.shape[1] * block_size)
         span = ((keys + splits - 1) // splits + U - 1) // U * U  # a multiple of U: a step's U keys share a block

@@ -28,29 +28,21 @@ UNROLL = 4
 
 
 @cuda.jit(device=True, **OPTIONS)
-def _weight(part_max, part_sum, row, c, top):
-    """e^(m_c - M) for a split that saw keys, 0 for one that saw none (sum 0); 0 past the last split."""
-    if c >= part_max.shape[1]:
-        return float32(0.0)
-    return math.exp(part_max[row, c] - top) if part_sum[row, c] > float32(0.0) else float32(0.0)
-
-
-@cuda.jit(device=True, **OPTIONS)
 def row_scale(part_max, part_sum, row):
     """(M, 1 / L) of `row` from its splits, part_max / part_sum [rows, C] f32: M the largest max, L the
     splits' sums rescaled to it. A split that saw no key has sum 0 and weighs 0; a row with no key at
-    all gets 1 / L = 0."""
+    all gets 1 / L = 0. Indices past the last split are clamped to it (loads with no branch) and weigh 0."""
     splits = part_max.shape[1]
     top = NO_KEY
     for c in range(0, splits, UNROLL):
         for u in range(UNROLL):
-            if c + u < splits:
-                top = max(top, part_max[row, c + u])
+            top = max(top, part_max[row, min(c + u, splits - 1)])
     total = float32(0.0)
     for c in range(0, splits, UNROLL):
         for u in range(UNROLL):
-            if c + u < splits:
-                total += part_sum[row, c + u] * _weight(part_max, part_sum, row, c + u, top)
+            at = min(c + u, splits - 1)
+            m, l = part_max[row, at], part_sum[row, at]
+            total += l * math.exp(m - top) if c + u < splits and l > float32(0.0) else float32(0.0)
     return top, (float32(1.0) / total if total > float32(0.0) else float32(0.0))
 
 
@@ -61,8 +53,9 @@ def combine_cell(part_acc, part_max, part_sum, row, e, top, inv_total):
     acc = float32(0.0)
     for c in range(0, splits, UNROLL):
         for u in range(UNROLL):
-            if c + u < splits:
-                acc += part_acc[row, c + u, e] * _weight(part_max, part_sum, row, c + u, top)
+            at = min(c + u, splits - 1)
+            a, m, l = part_acc[row, at, e], part_max[row, at], part_sum[row, at]
+            acc += a * math.exp(m - top) if c + u < splits and l > float32(0.0) else float32(0.0)
     return acc * inv_total
 
 

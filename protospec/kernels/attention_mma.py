@@ -168,26 +168,30 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
         for i in range(OD):
             o[i] = float32(0.0)
         # This lane's rows (g, g + 8) and their queries; the chunk's last position bounds the keys.
-        pos_lo, pos_hi, last = int64(-1), int64(-1), int64(-1)
-        for i in range(QA):
-            qa[i] = uint32(0)
+        # Every load first, at clamped (always valid) indices and with no branch, then the arithmetic:
+        # loads behind a branch and consumed at once would each wait out their latency in turn.
+        real_rows = min(R, group_rows - chunk * R)     # >= 1: a chunk holds at least one row
+        last = int64(-1)
         for r in range(R):
-            gr = chunk * R + r
-            if gr < group_rows:
-                tok = seq * query_len + gr // group
-                pos = positions[tok]
-                last = max(last, pos)
-                if r % 8 == g:
-                    head = kv_head * group + gr % group
-                    hi = r // 8   # 0: a0 / a2, 1: a1 / a3
-                    for kt in range(KT):
-                        word = q64[tok, head, kt * 4 + t]
-                        qa[kt * 4 + hi] = uint32(word & LOW32)
-                        qa[kt * 4 + 2 + hi] = uint32((word >> 32) & LOW32)
-                    if hi == 0:
-                        pos_lo = pos
-                    else:
-                        pos_hi = pos
+            last = max(last, positions[seq * query_len + (chunk * R + min(r, real_rows - 1)) // group])
+        pos_lo, pos_hi = int64(-1), int64(-1)
+        for hi in range(RH):  # this lane's rows g (a0 / a2) and g + 8 (a1 / a3)
+            r = g + 8 * hi
+            gr = chunk * R + min(r, real_rows - 1)
+            tok = seq * query_len + gr // group
+            head = kv_head * group + gr % group
+            pos = positions[tok]
+            for kt in range(KT):
+                word = q64[tok, head, kt * 4 + t] if r < real_rows else int64(0)
+                qa[kt * 4 + hi] = uint32(word & LOW32)
+                qa[kt * 4 + 2 + hi] = uint32((word >> 32) & LOW32)
+            if hi == 0:
+                pos_lo = pos if r < real_rows else int64(-1)
+            else:
+                pos_hi = pos if r < real_rows else int64(-1)
+        for i in range(QA):
+            if RH == 1 and i % 2 == 1:  # rows g + 8 do not exist
+                qa[i] = uint32(0)
         # Padding rows of a captured batch may hold any position: never read past the table.
         keys = min(last + 1, block_tables.shape[1] * block_size)
         span = ((keys + splits - 1) // splits + TILE - 1) // TILE * TILE
