@@ -214,6 +214,8 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
                     word = kb[n * KT + kt]
                     c0, c1, c2, c3 = mma_f16(qa[kt * 4], qa[kt * 4 + 1], qa[kt * 4 + 2], qa[kt * 4 + 3], word & LOW32,
                                              (word >> 32) & LOW32, c0, c1, c2, c3, mma_scratch, tid)
+                    if RH == 1:  # rows g + 8 do not exist: constant zeros free their registers
+                        c2, c3 = float32(0.0), float32(0.0)
                 s[4 * n] = c0 * scale32
                 s[4 * n + 1] = c1 * scale32
                 s[4 * n + 2] = c2 * scale32
@@ -236,6 +238,8 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
                 o[nt * 4], o[nt * 4 + 1], o[nt * 4 + 2], o[nt * 4 + 3] = mma_f16(
                     a0, a1, a2, a3, b0, b1, o[nt * 4] * alpha_lo, o[nt * 4 + 1] * alpha_lo, o[nt * 4 + 2] * alpha_hi,
                     o[nt * 4 + 3] * alpha_hi, mma_scratch, tid)
+                if RH == 1:
+                    o[nt * 4 + 2], o[nt * 4 + 3] = float32(0.0), float32(0.0)
             block = next_block
             key0 += STEP
 
