@@ -36,8 +36,10 @@ from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
 TILE = 16                      # keys per warp per step (two n-tiles of 8 for S, the k of P V)
 WARPS = 2 if interop.SIMULATOR else 4
 FASTMATH = True
-# Split-K spreads a small grid until this many blocks per SM (paged_attention.choose_splits).
+# Split-K spreads a small grid until this many blocks per SM (paged_attention.choose_splits), with at
+# least TILES_PER_SPLIT steps of the block's keys per split.
 BLOCKS_PER_SM = 2
+TILES_PER_SPLIT = 8
 # Launch bounds: the fewest blocks per SM the register allocation must allow (None: the compiler's choice).
 MIN_BLOCKS_PER_SM = None
 LOW32 = 0xFFFFFFFF
@@ -60,6 +62,13 @@ def threads_per_block() -> int:
 
 def keys_in_flight() -> int:
     return TILE * WARPS
+
+
+def keys_per_split() -> int:
+    """The fewest keys (of the widest context the block table allows) worth a split of their own:
+    TILES_PER_SPLIT steps of the block. A split's partials and their combine cost about as much as
+    several tiles, so at the seed shapes (320 keys, tables of 512) one split measured fastest."""
+    return keys_in_flight() * TILES_PER_SPLIT
 
 
 def attention_kernel(rows: int, head_dim: int):

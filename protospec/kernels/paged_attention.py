@@ -56,10 +56,22 @@ def _sm_count(device: torch.device) -> int:
     return 4 if interop.SIMULATOR else torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def choose_path(head_dim: int) -> str:
-    """by_kv_head wherever it holds the head size: it measured faster than by_row at every batch,
-    query count and context in bench.attention_cost, batch-1 decode included; by_row serves the
-    head sizes by_kv_head cannot (not 8 x a power of two)."""
+@functools.cache
+def _has_tensor_cores(device: torch.device) -> bool:
+    """mma.m16n8k16 with fp16 operands: sm_80 and later (the simulator runs its Python twin)."""
+    return interop.SIMULATOR or torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def choose_path(head_dim: int, dtype: torch.dtype | None = None, block_size: int | None = None, group_rows: int = 1,
+                device: torch.device | None = None) -> str:
+    """mma where a KV head serves several query rows (verify windows, GQA) of fp16 it can hold: at
+    6 rows it measured 1.3x (batch 16) to 2.5x (batch 64) faster than by_kv_head in bench.attention_cost.
+    A single row (decode of an MHA model) stays on by_kv_head, which measured as fast or faster there
+    (the tensor-core product would use 1 of its 16 rows). by_kv_head wherever it holds the head size
+    (faster than by_row at every shape timed); by_row for head sizes that are not 8 x a power of two."""
+    if (group_rows > 1 and dtype == torch.float16 and block_size is not None and by_mma.supports(head_dim, block_size)
+            and (device is None or _has_tensor_cores(device))):
+        return "mma"
     return "by_kv_head" if by_kv_head.supports(head_dim) else "by_row"
 
 
@@ -91,7 +103,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                     query_len: int, scale: float, path: str | None = None, splits: int | None = None,
                     fused_combine: bool | None = None) -> torch.Tensor:
     """q [T, h, d] (K/V of these tokens already in the cache) -> [T, h * d].
-    path: "by_row" or "by_kv_head"; None chooses by shape (choose_path).
+    path: one of PATHS; None chooses by shape (choose_path).
     splits: by_kv_head's split-K factor (None: choose_splits); by_row's chunks follow the table width.
     fused_combine: by_kv_head's split-K partials combined inside its kernel (None: FUSED_COMBINE)."""
     check_tensor("q", q, q.dtype, 3)
@@ -108,7 +120,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         raise KernelArgumentError(f"paged_attention: {heads} heads of {head_dim} over {kv_heads} kv heads of "
                                   f"{kv_cache.shape[4]}, {tokens} tokens for {num_seqs} sequences x query_len {query_len}")
     if path is None:
-        path = choose_path(head_dim)
+        path = choose_path(head_dim, q.dtype, kv_cache.shape[2], query_len * (heads // kv_heads), q.device)
     elif path not in PATHS:
         raise KernelArgumentError(f"paged_attention: path must be one of {PATHS}, got {path!r}")
     elif path == "by_row" and head_dim > by_row.MAX_HEAD_DIM:
@@ -139,7 +151,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         if path == "mma":
             rows = by_mma.rows_per_chunk(group_rows)
             groups = num_seqs * kv_heads * -(-group_rows // rows)
-            parts = splits or choose_splits(groups, max_keys, by_mma.keys_in_flight(), dev, by_mma.BLOCKS_PER_SM)
+            parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(), dev, by_mma.BLOCKS_PER_SM)
             kernel, grid, threads = by_mma.attention_kernel(group_rows, head_dim), groups * parts, by_mma.threads_per_block()
     if path != "by_row" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)
