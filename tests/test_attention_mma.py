@@ -100,6 +100,14 @@ def test_stale_nan_slots_and_padding_rows_stay_out_of_real_rows():
     assert torch.isfinite(got[2]).all()
 
 
+def test_warps_per_block_follow_the_grid():
+    """A 6-query verify of a 12-head model on 132 SMs: 8 warps a block at batch 1 (12 blocks), 4 at
+    batch 16, 2 at batch 64; rows of 8 or 16 per chunk."""
+    assert [by_mma.warps_per_block(12 * batch, 132) for batch in (1, 16, 64)] == [8, 4, 2]
+    assert by_mma.warps_per_block(10**6, 132) == 2 and by_mma.warps_per_block(1, 132) == by_mma.MAX_WARPS
+    assert [by_mma.rows_per_chunk(n) for n in (1, 6, 8, 9, 24)] == [8, 8, 8, 16, 16]
+
+
 def test_the_tensor_core_path_refuses_what_it_cannot_hold():
     assert by_mma.supports(64, 16) and not by_mma.supports(16, 16) and not by_mma.supports(64, 8)
     positions = torch.zeros(1, dtype=torch.int64, device=DEV)

@@ -34,7 +34,12 @@ from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
 
 TILE = 16                      # keys per warp per step (two n-tiles of 8 for S, the k of P V)
-WARPS = 2 if interop.SIMULATOR else 4
+# Warps per block (each walks its own 16-key tiles): None chooses by shape (warps_per_block); an int
+# forces it (scripts/device/attention_mma_variants.py times the choices).
+WARPS = None
+MAX_WARPS = 8             # 8 x 32 threads at ~140 registers: one block per SM
+WARPS_PER_SM = 6
+SIMULATOR_WARPS = 2       # the simulator runs an OS thread per lane: the merge across warps with few of them
 FASTMATH = True
 # Split-K spreads a small grid until this many blocks per SM (paged_attention.choose_splits), with at
 # least TILES_PER_SPLIT steps of the block's keys per split.
@@ -56,23 +61,33 @@ def rows_per_chunk(group_rows: int) -> int:
     return 8 if group_rows <= 8 else 16
 
 
-def threads_per_block() -> int:
-    return 32 * WARPS
+def warps_per_block(groups: int, sm_count: int) -> int:
+    """About WARPS_PER_SM warps on each SM over the grid's `groups` blocks, a power of two in
+    [2, MAX_WARPS]: a warp walks its tiles one after another (each waits out its loads), so a small
+    grid wants more warps per block, a large one more blocks per SM. At a 6-query verify of the seed
+    target this gives 8 at batch 1, 4 at batch 16, 2 at batch 64: the fastest of 2 / 4 / 8 at each."""
+    if WARPS:
+        return WARPS
+    want = WARPS_PER_SM * sm_count // max(1, groups)
+    warps = 2
+    while warps * 2 <= min(MAX_WARPS, want):
+        warps *= 2
+    return warps
 
 
-def keys_in_flight() -> int:
-    return TILE * WARPS
+def keys_in_flight(warps: int) -> int:
+    return TILE * warps
 
 
-def keys_per_split() -> int:
+def keys_per_split(warps: int) -> int:
     """The fewest keys (of the widest context the block table allows) worth a split of their own:
     TILES_PER_SPLIT steps of the block. A split's partials and their combine cost about as much as
     several tiles, so at the seed shapes (320 keys, tables of 512) one split measured fastest."""
-    return keys_in_flight() * TILES_PER_SPLIT
+    return keys_in_flight(warps) * TILES_PER_SPLIT
 
 
-def attention_kernel(rows: int, head_dim: int):
-    return _compiled(rows_per_chunk(rows), head_dim, WARPS, FASTMATH, MIN_BLOCKS_PER_SM)
+def attention_kernel(rows: int, head_dim: int, warps: int):
+    return _compiled(rows_per_chunk(rows), head_dim, warps, FASTMATH, MIN_BLOCKS_PER_SM)
 
 
 @functools.cache

@@ -151,8 +151,9 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         if path == "mma":
             rows = by_mma.rows_per_chunk(group_rows)
             groups = num_seqs * kv_heads * -(-group_rows // rows)
-            parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(), dev, by_mma.BLOCKS_PER_SM)
-            kernel, grid, threads = by_mma.attention_kernel(group_rows, head_dim), groups * parts, by_mma.threads_per_block()
+            warps = by_mma.SIMULATOR_WARPS if interop.SIMULATOR else by_mma.warps_per_block(groups, _sm_count(dev))
+            parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(warps), dev, by_mma.BLOCKS_PER_SM)
+            kernel, grid, threads = by_mma.attention_kernel(group_rows, head_dim, warps), groups * parts, 32 * warps
     if path != "by_row" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)
         part_acc = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)

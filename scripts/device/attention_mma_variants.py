@@ -1,6 +1,6 @@
 """The tensor-core attention path's variants timed at the seed shapes (320 keys), us per call:
 python3 scripts/device/attention_mma_variants.py [--warps 2 4 8] [--blocks-per-sm 2 4]
-  --warps          attention_mma.WARPS: warps per block (each walks its own 16-key tiles)
+  --warps          attention_mma.WARPS: warps per block (each walks its own 16-key tiles; 0: by shape)
   --blocks-per-sm  attention_mma.BLOCKS_PER_SM: how far split-K spreads a small grid
   --min-blocks     attention_mma.MIN_BLOCKS_PER_SM: launch bounds ("none": the compiler's registers)
   --splits         split-K factors forced (default: chosen by shape)
@@ -16,7 +16,7 @@ from protospec.kernels import attention_mma as by_mma, interop
 from protospec.model.loader import resolve_checkpoint
 
 p = argparse.ArgumentParser()
-p.add_argument("--warps", type=int, nargs="+", default=[by_mma.WARPS])
+p.add_argument("--warps", type=int, nargs="+", default=[0], help="0: by shape")
 p.add_argument("--blocks-per-sm", type=int, nargs="+", default=[by_mma.BLOCKS_PER_SM])
 p.add_argument("--min-blocks", nargs="+", default=[str(by_mma.MIN_BLOCKS_PER_SM).lower()])
 p.add_argument("--splits", type=int, nargs="+", default=[0])
@@ -37,13 +37,12 @@ def timed(path, splits=None):
     return out
 
 
-print(f"context {args.context}; warps blocks/SM min_blocks splits | " + " ".join(f"b{b}q{q:<2}" for b, q in shapes) + " | regs, spill bytes")
+print(f"context {args.context}; warps blocks/SM min_blocks splits | " + " ".join(f"b{b}q{q:<2}" for b, q in shapes) + " | (warps, regs, spill bytes)")
 print("by_kv_head              | " + " ".join(f"{t:6.1f}" for t in timed("by_kv_head")), flush=True)
 for warps, per_sm, min_blocks, splits in itertools.product(args.warps, args.blocks_per_sm, args.min_blocks, args.splits):
-    by_mma.WARPS, by_mma.BLOCKS_PER_SM = warps, per_sm
+    by_mma.WARPS, by_mma.BLOCKS_PER_SM = warps or None, per_sm
     by_mma.MIN_BLOCKS_PER_SM = None if min_blocks == "none" else int(min_blocks)
     times = timed("mma", splits or None)
-    regs = sorted({(info["regs_per_thread"], info["local_mem_per_thread"])
-                   for rows in (6, 24) for info in interop.compiled_resources(by_mma.attention_kernel(rows, cfg.head_dim),
-                                                                               by_mma.threads_per_block())})
+    regs = sorted({(w, info["regs_per_thread"], info["local_mem_per_thread"]) for w in (2, 4, 8)
+                   for info in interop.compiled_resources(by_mma.attention_kernel(6, cfg.head_dim, w), 32 * w)})
     print(f"mma {warps:>5} {per_sm:>9} {min_blocks:>10} {splits:>6} | " + " ".join(f"{t:6.1f}" for t in times) + f" | {regs}", flush=True)
