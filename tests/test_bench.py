@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 
+from protospec.bench import report as report_mod
 from protospec.bench.cli import main
 
 TINY = ["--num-speculative-tokens", "3", "--input-len", "8", "--output-len", "10", "--batch-size", "1",
@@ -75,6 +76,10 @@ def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
     report = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert len(report["sweep"]["points"]) == 2 * 2 * 2
     assert next(tmp_path.glob("*_sweep_*.png")).stat().st_size > 10_000  # sweep-only: date_device_sweep_commit_time.png
+    # A sweep alone still records its configuration, so the plot's title names the pair, not "None".
+    assert (report["config"]["model"], report["config"]["speculative_model"]) == (tiny_target, tiny_draft)
+    title = report_mod.sweep_title(report)
+    assert tiny_target in title and "None" not in title
 
 
 def test_cpu_default_is_small(monkeypatch):

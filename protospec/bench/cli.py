@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,7 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
     if args.sweep:
         report["sweep"] = run_sweep(setup, args.sweep_batch_sizes, args.sweep_ks, args.modes,
                                     progress=progress_bar("sweep points (k x batch)"))
+        report.setdefault("config", asdict(setup))  # a sweep alone: its plot's title names the models
     tag = ("ablation" if args.ablation else "sweep") + ("_draft-equals-target" if args.draft_equals_target else "")
     tag += "_compile" if args.compile else ""
     tag += "_torch-layers" if args.layer_kernels == "off" else ""

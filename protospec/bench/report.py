@@ -152,6 +152,13 @@ def plot_breakdown(report: dict):
     return fig
 
 
+def sweep_title(report: dict) -> str:
+    """The sweep plot's title: the pair and lengths (k and batch are its axes), device, date, commit."""
+    cfg = report["config"]
+    what = f"{cfg['model']} + {cfg['speculative_model']}, in {cfg['input_len']} / out {cfg['output_len']}"
+    return f"p50 per mode · {what}\n{report['device']} · {report['date'][:10]} · {report['git_commit'][:8]}"
+
+
 def plot_sweep(sweep: dict, title: str):
     """p50 per mode against batch size, one panel per k, all panels on one y scale."""
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
@@ -212,8 +219,5 @@ def write_report(report: dict, out_dir: str | Path, tag: str = "ablation", recor
         if breakdown is not None:
             breakdown.savefig(paths["breakdown_png"], dpi=110)
     if report.get("sweep"):
-        cfg = report.get("config", {})
-        what = f"{cfg.get('model')} + {cfg.get('speculative_model')}, in {cfg.get('input_len')} / out {cfg.get('output_len')}"
-        title = f"p50 per mode · {what}\n{report['device']} · {report['date'][:10]} · {report['git_commit'][:8]}"
-        plot_sweep(report["sweep"], title).savefig(paths["sweep_png"], dpi=110)
+        plot_sweep(report["sweep"], sweep_title(report)).savefig(paths["sweep_png"], dpi=110)
     return paths
