@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from protospec.errors import ConfigError, SamplingParamsError
+from protospec.layout import ATTENTION_PATHS
 from protospec.spec import registry
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -75,6 +76,10 @@ class EngineConfig:
     # kernels per layer instead of ~20 (layer_kernels.py). None = on CUDA for float16/float32
     # unless compile is on (torch.compile is the other way to fuse the same chains).
     layer_kernels: bool | None = None
+    # The layer kernels' paged attention: one of layout.ATTENTION_PATHS (by_row, by_kv_head, mma:
+    # tensor cores, float16) for every decode-shaped forward, or None to choose by shape (mma where a
+    # KV head serves several fp16 rows, by_kv_head for single rows). The ablation's attention switch.
+    attention_kernel: str | None = None
     # Softmax + exponential-race sample of each draft step (and the verify's softmax) as one Numba
     # kernel writing into the spec step's buffers (kernels/sampling.py). Off by default: at batch 1
     # its one block per row measured slower than torch's kernels (figures in data/results/README.md).
@@ -123,6 +128,8 @@ class EngineConfig:
         kind = registry.DRAFT_LOOPS.get(self.draft_loop)
         if self.check_no_sync and kind is not None and kind.host_sync_per_step:
             raise ConfigError(f"check_no_sync cannot hold with draft_loop={self.draft_loop!r}, which syncs every draft step")
+        if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_PATHS:
+            raise ConfigError(f"attention_kernel must be None or one of {ATTENTION_PATHS}, got {self.attention_kernel!r}")
         if self.acceptance not in registry.ACCEPTANCE_DOC:
             raise ConfigError(f"acceptance must be one of {tuple(registry.ACCEPTANCE_DOC)}, got {self.acceptance!r}")
         for name in ("posterior_threshold", "posterior_alpha"):

@@ -11,6 +11,8 @@ import torch
 NULL_BLOCK = 0              # block 0 is never handed out: block tables are padded with it
 PAD_SLOT_ID = -1            # a token with this slot writes no K/V (padding rows of a fixed-shape batch)
 PLACEHOLDER_TOKEN_ID = -1   # an empty position of a spec step's output ids
+# The paged-attention kernels of decode-shaped forwards (kernels/paged_attention.py says what each is).
+ATTENTION_PATHS = ("by_row", "by_kv_head", "mma")
 
 
 @dataclass

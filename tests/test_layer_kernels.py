@@ -106,6 +106,26 @@ def test_a_decode_shaped_forward_gives_the_torch_paths_logits_and_cache(query_le
         torch.testing.assert_close(c, t, atol=1e-5, rtol=1e-5)
 
 
+def test_a_forced_attention_kernel_runs_in_every_layer(monkeypatch):
+    """EngineConfig.attention_kernel reaches paged_attention in each layer, and the forward with it
+    still gives the torch path's logits."""
+    from protospec.kernels import paged_attention as attention_kernels
+
+    cfg = LlamaArchConfig.from_dict(TARGET_CFG)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).place(DEV, torch.float32)
+    inputs = _uniform_batch(1, [9, 6], 4, 12, seed=7)
+    caches = [_randn(2, 12, 4, cfg.num_key_value_heads, cfg.head_dim, dtype=torch.float32, seed=i)
+              for i in range(cfg.num_hidden_layers)]
+    expected = model(inputs.input_ids, inputs.positions, [c.clone() for c in caches], inputs.meta)
+    paths, original = [], attention_kernels.paged_attention
+    monkeypatch.setattr(attention_kernels, "paged_attention", lambda *a, path=None, **kw: paths.append(path) or original(*a, path=path, **kw))
+    model.enable_layer_kernels("by_row")
+    got = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
+    assert paths == ["by_row"] * cfg.num_hidden_layers
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_prefill_and_ragged_batches_keep_the_torch_path():
     model = LlamaForCausalLM(LlamaArchConfig.from_dict(TARGET_CFG)).place(DEV, torch.float32)
     model.enable_layer_kernels()
@@ -141,3 +161,16 @@ def test_layer_kernels_refuse_a_dtype_they_do_not_take(tiny_target):
 
     with pytest.raises(ConfigError, match="layer_kernels=True with dtype torch.bfloat16"):
         tiny_llm(tiny_target, device=DEV, dtype="bfloat16", layer_kernels=True)
+
+
+def test_a_forced_attention_kernel_must_exist_run_and_serve_the_models(tiny_target):
+    from tiny import tiny_llm
+
+    from protospec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="attention_kernel must be None or one of"):
+        tiny_llm(tiny_target, device=DEV, attention_kernel="flash")
+    with pytest.raises(ConfigError, match="needs the layer kernels"):
+        tiny_llm(tiny_target, device=DEV, layer_kernels=False, attention_kernel="by_row")
+    with pytest.raises(ConfigError, match="'mma' cannot serve head_dim 16, dtype torch.float32"):  # fp16 only, head_dim 32k
+        tiny_llm(tiny_target, device=DEV, dtype="float32", layer_kernels=True, attention_kernel="mma")

@@ -60,6 +60,7 @@ class BenchSetup:
     dynamic_k: str = registry.DYNAMIC_K_OFF  # spec/dynamic_k.py
     draft_confidence_threshold: float = 0.4
     speculative_disable_by_batch_size: int | None = None
+    attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -77,7 +78,8 @@ class BenchSetup:
                    posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
                    prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
                    dynamic_k=self.dynamic_k, draft_confidence_threshold=self.draft_confidence_threshold,
-                   speculative_disable_by_batch_size=self.speculative_disable_by_batch_size)
+                   speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
+                   attention_kernel=self.attention_kernel)
 
 
 def _release_memory() -> None:

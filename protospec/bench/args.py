@@ -8,6 +8,7 @@ import torch
 
 from protospec.bench.ablation import MODES, PEERS, BenchSetup
 from protospec.bench.compare import TRAINED_PAIR
+from protospec.layout import ATTENTION_PATHS
 from protospec.spec import registry
 
 RUNS_DIR = "runs"             # ignored by git: where runs go unless recorded on purpose
@@ -103,6 +104,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
                         "auto = on CUDA for float16/float32 unless --compile")
+    p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
+                   help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
+                        "mma where a KV head serves several fp16 rows; default: %(default)s)")
     p.add_argument("--output-json", default=None,
                    help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
     p.add_argument("--profile", action="store_true", help="write a torch profiler trace of one timed call")
@@ -208,4 +212,9 @@ def setup_from(args) -> BenchSetup:
                       {"auto": None, "on": True, "off": False}[args.layer_kernels], args.enforce_eager,
                       args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
-                      args.speculative_disable_by_batch_size)
+                      args.speculative_disable_by_batch_size, attention_kernel_of(args.attention_kernel))
+
+
+def attention_kernel_of(choice: str) -> str | None:
+    """--attention-kernel's value as EngineConfig takes it ("auto": None, chosen by shape)."""
+    return None if choice == "auto" else choice

@@ -22,9 +22,11 @@ import torch
 
 from protospec.spec import registry
 from protospec.bench.ablation import MODES, BenchSetup, apply_mode
+from protospec.bench.args import attention_kernel_of
 from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels import paged_attention as attention_kernels
+from protospec.layout import ATTENTION_PATHS
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
 
 
@@ -131,6 +133,8 @@ def main(argv=None) -> dict:
                    help="draft-loop modes (default: %(default)s)")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"], help="Numba layer kernels (default: %(default)s)")
+    p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
+                   help="the layer kernels' paged attention (auto: by shape; default: %(default)s)")
     p.add_argument("--attention-combine", default="fused", choices=["fused", "separate"],
                    help="split-K attention's combine folded into the attention kernel, or a kernel of its own")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
@@ -141,7 +145,8 @@ def main(argv=None) -> dict:
     attention_kernels.FUSED_COMBINE = args.attention_combine == "fused"  # before any graph is captured
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
-                       layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels])
+                       layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
+                       attention_kernel=attention_kernel_of(args.attention_kernel))
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))
     print(f"weights per spec step: {floor['spec_step_weight_mb']:.0f} MB ({args.num_speculative_tokens} x draft "

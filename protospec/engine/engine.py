@@ -24,6 +24,7 @@ from protospec.spec.dynamic_k import make_dynamic_k
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
+from protospec.kernels import paged_attention as attention_kernels
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
 from protospec.model.loader import load_model
@@ -62,10 +63,11 @@ class Engine:
                     m.enable_compile()
         self.use_layer_kernels = self._resolve_layer_kernels()
         self.fused_sampling = self._resolve_kernel_flag("fused_sampling", config.fused_sampling)
+        self._check_attention_kernel([m for m in (target, draft) if m is not None])
         if self.use_layer_kernels:
             for m in (target, draft):
                 if m is not None:
-                    m.enable_layer_kernels()
+                    m.enable_layer_kernels(config.attention_kernel)
         self.num_blocks = size_kv_pool(config, self.device, self.dtype, self.max_model_len + self.look.extra_positions,
                                        [m for m in (target, draft) if m is not None])
         self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None
@@ -103,6 +105,19 @@ class Engine:
         if cfg.layer_kernels and not supported:
             raise ConfigError(f"layer_kernels=True with dtype {self.dtype}: the kernels take {ACTIVATION_DTYPES}")
         return self._resolve_kernel_flag("layer_kernels", cfg.layer_kernels)
+
+    def _check_attention_kernel(self, models: list) -> None:
+        """A forced attention kernel must run and must serve every model here, before anything is built."""
+        path = self.config.attention_kernel
+        if path is None:
+            return
+        if not self.use_layer_kernels:
+            raise ConfigError(f"attention_kernel={path!r} needs the layer kernels (layer_kernels is off here)")
+        for m in models:
+            head_dim = m.config.head_dim
+            if not attention_kernels.serves(path, head_dim, self.dtype, self.config.block_size):
+                raise ConfigError(f"attention_kernel={path!r} cannot serve head_dim {head_dim}, dtype {self.dtype}, "
+                                  f"block_size {self.config.block_size}")
 
     def set_draft_loop(self, name: str, overlap_commit: bool | None = None) -> None:
         """Switch the draft loop's way (a name of registry.DRAFT_LOOP_NAMES; overlap_commit None =

@@ -30,13 +30,14 @@ import torch
 from numba import float32
 
 from protospec.errors import KernelArgumentError
+from protospec.layout import ATTENTION_PATHS
 from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row
 from protospec.kernels import attention_mma as by_mma
 from protospec.kernels import interop
 from protospec.kernels.attention_combine import attention_combine_kernel
 from protospec.kernels.interop import check_tensor, cuda
 
-PATHS = ("by_row", "by_kv_head", "mma")
+PATHS = ATTENTION_PATHS
 # by_kv_head with split-K: the last split block of each row group combines the group's partials
 # (one launch per attention); False runs the combine as a kernel of its own. Read at each call, so
 # set it before CUDA graphs are captured; the bench's --attention-combine sets it.
@@ -54,6 +55,16 @@ def supports(num_heads: int, head_dim: int, max_keys: int) -> bool:
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return 4 if interop.SIMULATOR else torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def serves(path: str, head_dim: int, dtype: torch.dtype, block_size: int) -> bool:
+    """Whether `path` can run attention of this head size, dtype and cache block size (an engine
+    checks a forced path once, before it builds anything)."""
+    if path == "by_row":
+        return 1 <= head_dim <= by_row.MAX_HEAD_DIM
+    if path == "by_kv_head":
+        return by_kv_head.supports(head_dim)
+    return path == "mma" and dtype == torch.float16 and by_mma.supports(head_dim, block_size)
 
 
 @functools.cache

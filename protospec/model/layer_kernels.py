@@ -28,7 +28,7 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 class LayerKernelForward:
     """The kernel path of one LlamaForCausalLM (holds its RoPE tables in the activations' dtype)."""
 
-    def __init__(self, model):
+    def __init__(self, model, attention_path: str | None = None):
         cfg = model.config
         self.dtype = model.model.embed_tokens.weight.dtype
         if self.dtype not in ACTIVATION_DTYPES:
@@ -37,6 +37,7 @@ class LayerKernelForward:
         self.cos = model.rope.cos.to(self.dtype).contiguous()  # [P, d]
         self.sin = model.rope.sin.to(self.dtype).contiguous()
         self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.attention_path = attention_path  # None: paged_attention chooses by shape
         self._row_ids = torch.arange(4096, device=self.cos.device)  # [0, 1, ...]: "every row" for add_rms_norm
 
     def applies(self, meta: AttentionMetadata) -> bool:
@@ -58,7 +59,8 @@ class LayerKernelForward:
             h, residual = add_rms_norm(x, residual, norm1.weight, norm1.eps, rows)
             q = rope_and_cache(F.linear(h, layer.qkv_weight), positions, self.cos, self.sin, kv_cache,
                                meta.slot_mapping, self.num_heads)  # [T, h, d]; K/V now in the cache
-            attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale)
+            attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
+                                                    path=self.attention_path)
             h, residual = add_rms_norm(F.linear(attn, layer.self_attn.o_proj.weight), residual, norm2.weight, norm2.eps, rows)
             x = F.linear(silu_and_mul(F.linear(h, layer.gate_up_weight)), layer.mlp.down_proj.weight)
         norm = model.model.norm
