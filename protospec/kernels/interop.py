@@ -94,6 +94,7 @@ class BoundLaunch:
         self._keep = list(tensors_and_scalars)  # the tensors must outlive the binding
         args = [as_numba(a) if isinstance(a, torch.Tensor) else a for a in tensors_and_scalars]
         compiled, self._function = _specialize(kernel, args)
+        self._cooperative = compiled.cooperative  # syncs its whole grid: a cooperative launch
         marshalled, writebacks = [], []
         for ty, value in zip(compiled.argument_types, args):
             compiled._prepare_args(ty, value, 0, writebacks, marshalled)
@@ -107,7 +108,7 @@ class BoundLaunch:
     def __call__(self, stream_handle: int | None = None) -> None:
         if stream_handle is None:
             stream_handle = torch.cuda.current_stream(self._device).cuda_stream
-        _cu_launch(self._function, self.grid, self.block, stream_handle, self._params)
+        _cu_launch(self._function, self.grid, self.block, stream_handle, self._params, self._cooperative)
 
 
 def array_fields(t: torch.Tensor) -> list[int]:
@@ -147,14 +148,14 @@ class TensorLaunch:
     def _compile(self, args) -> tuple:
         compiled, function = _specialize(self.kernel, [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
         self.compiled_kernels[self._signature(args)] = compiled
-        return function, compiled.argument_types
+        return function, compiled.argument_types, compiled.cooperative
 
     def __call__(self, grid: int, block: int, args: list) -> None:
         """args: C-contiguous CUDA tensors and Python ints (callers check them with check_tensor)."""
         key = self._signature(args)
         if key not in self._compiled:
             self._compiled[key] = self._compile(args)
-        function, types = self._compiled[key]
+        function, types, cooperative = self._compiled[key]
         values = []
         for ty, a in zip(types, args):
             if isinstance(a, torch.Tensor):
@@ -163,7 +164,7 @@ class TensorLaunch:
                 values.append(_CTYPES_SCALARS[str(ty)](a))
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         device = next(a for a in args if isinstance(a, torch.Tensor)).device
-        _cu_launch(function, grid, block, torch.cuda.current_stream(device).cuda_stream, params)
+        _cu_launch(function, grid, block, torch.cuda.current_stream(device).cuda_stream, params, cooperative)
 
 
 # How Numba passes each scalar type it infers from a Python int or float.
@@ -184,6 +185,16 @@ def launch_tensors(kernel, grid: int, block: int, args: list) -> None:
     if launcher is None:
         launcher = _tensor_launchers[kernel] = TensorLaunch(kernel)
     launcher(grid, block, args)
+
+
+def max_cooperative_blocks(kernel, threads_per_block: int, args: list) -> int:
+    """The most blocks of `threads_per_block` a grid-syncing kernel can launch with these arguments'
+    types (all resident at once: occupancy x SMs); 1 in the simulator, which runs a cooperative grid
+    of one block only (its grid sync is a block barrier)."""
+    if SIMULATOR:
+        return 1
+    compiled, _ = _specialize(kernel, [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
+    return compiled.max_cooperative_grid_blocks(threads_per_block)
 
 
 def compiled_resources(kernel, threads_per_block: int) -> list[dict]:
@@ -210,11 +221,18 @@ def _specialize(kernel, numba_args: list) -> tuple:
     return compiled, ctypes.c_void_p(_handle_as_int(compiled._codelibrary.get_cufunc().handle))
 
 
-def _cu_launch(function, grid: int, block: int, stream_handle: int, params) -> None:
-    """One cuLaunchKernel (1-D grid and block, no dynamic shared memory) on the given stream."""
-    rc = _libcuda().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params, None)
+def _cu_launch(function, grid: int, block: int, stream_handle: int, params, cooperative: bool = False) -> None:
+    """One cuLaunchKernel (1-D grid and block, no dynamic shared memory) on the given stream; a kernel
+    that syncs its whole grid (cuda.cg.this_grid().sync()) needs cuLaunchCooperativeKernel instead,
+    which also checks that every block of the grid can be resident at once."""
+    if cooperative:
+        rc = _libcuda().cuLaunchCooperativeKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params)
+        what = "cuLaunchCooperativeKernel"
+    else:
+        rc = _libcuda().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params, None)
+        what = "cuLaunchKernel"
     if rc != 0:
-        raise RuntimeError(f"cuLaunchKernel failed with CUresult {rc}")
+        raise RuntimeError(f"{what} failed with CUresult {rc}")
 
 
 _LIBCUDA = None
@@ -227,6 +245,8 @@ def _libcuda():
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuLaunchKernel.restype = ctypes.c_int
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        lib.cuLaunchCooperativeKernel.restype = ctypes.c_int
+        lib.cuLaunchCooperativeKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 2
         _LIBCUDA = lib
     return _LIBCUDA
 
