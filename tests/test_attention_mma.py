@@ -61,12 +61,15 @@ def test_the_warp_product_lays_out_its_fragments_as_the_isa_says():
 
 # (query_len, lengths, heads, kv_heads, head_dim, splits, fused): decode with GQA; a 6-query window of an
 # MHA model (8-row chunks, causal inside); 6 queries x 4 heads = 24 rows (16-row chunks, the last partial);
-# split-K where a split sees no key (3 splits of a 1-key context), the combine folded or on its own.
+# split-K where a split sees no key (3 splits of a 3-key context), the combine folded or on its own;
+# head_dim 96 and 128 (3 and 4 words of V per lane and key; 16-row chunks at 128: fewer warps fit).
 CASES = [
     (1, [7, 45, 1], 4, 2, 32, None, None),
     (6, [16, 33, 8], 4, 4, 64, 1, None),
     (6, [20, 47], 8, 2, 32, 3, True),
-    (3, [40, 1], 4, 4, 32, 3, False),
+    (3, [40, 3], 4, 4, 32, 3, False),
+    (6, [20, 47], 8, 2, 128, None, None),
+    (1, [33, 17], 4, 4, 96, 2, True),
 ]
 SIMULATED = (CASES[0], CASES[2])
 
@@ -105,11 +108,14 @@ def test_warps_per_block_follow_the_grid():
     batch 16, 2 at batch 64; rows of 8 or 16 per chunk."""
     assert [by_mma.warps_per_block(12 * batch, 132) for batch in (1, 16, 64)] == [8, 4, 2]
     assert by_mma.warps_per_block(10**6, 132) == 2 and by_mma.warps_per_block(1, 132) == by_mma.MAX_WARPS
+    # 16-row chunks of head_dim 128 merge 8 KB per warp: 4 warps keep the block's shared memory in bounds.
+    assert by_mma.warps_per_block(1, 132, group_rows=24, head_dim=128) == 4
     assert [by_mma.rows_per_chunk(n) for n in (1, 6, 8, 9, 24)] == [8, 8, 8, 16, 16]
 
 
 def test_the_tensor_core_path_refuses_what_it_cannot_hold():
     assert by_mma.supports(64, 16) and not by_mma.supports(16, 16) and not by_mma.supports(64, 8)
+    assert by_mma.supports(by_mma.MAX_HEAD_DIM, 16) and not by_mma.supports(256, 16)
     positions = torch.zeros(1, dtype=torch.int64, device=DEV)
     tables = torch.ones(1, 1, dtype=torch.int32, device=DEV)
     for dtype, head_dim, block_size in [(torch.float32, 32, 16), (torch.float16, 16, 16), (torch.float16, 32, 8)]:

@@ -52,7 +52,8 @@ CASES = [
 # cases only: a 6-query case costs 30-90 s there, and fp16 changes only the loads' conversion; the
 # 6-query GQA case runs on the default path only (by_row meets causal windows in the 3-query case
 # and GQA rows in their own tests).
-# The paths that take every dtype and head size here (mma: fp16, head_dim 32k; tests/test_attention_mma.py).
+# The paths that take every dtype and head size here (mma takes fp16 and head_dim a multiple of 32:
+# tests/test_attention_mma.py).
 GENERAL_PATHS = ("by_row", "by_kv_head")
 COMBOS = [(path, dtype, *case) for path in GENERAL_PATHS for dtype in (torch.float32, torch.float16) for case in CASES
           if not (SIMULATOR and dtype == torch.float16 and case is not CASES[0]

@@ -1,9 +1,9 @@
 """Combining split-K attention partials: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M).
 
 One device function serves both ways of running it: as its own kernel after the attention kernel
-(a block per (token, head) row), and folded into by_kv_head's attention kernel, where the last
-split block of a row group to finish combines the group's rows (one launch per attention instead of
-two). Both compile with the same flags, so both ways give the same bits.
+(a block per (token, head) row), and folded into the by_kv_head and mma attention kernels, where the
+last split block of a row group to finish combines the group's rows (one launch per attention
+instead of two). Both compile with the same flags, so both ways give the same bits.
 
 `row_group_writer` is the tail both row-group kernels (by_kv_head, mma) share: merge the warps'
 partial results of a block, write the rows or the split's partials, combine when last.

@@ -47,13 +47,17 @@ BLOCKS_PER_SM = 2
 TILES_PER_SPLIT = 8
 # Launch bounds: the fewest blocks per SM the register allocation must allow (None: the compiler's choice).
 MIN_BLOCKS_PER_SM = None
+MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
+# The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
+MERGE_BYTES = 40 * 1024
 LOW32 = 0xFFFFFFFF
 LOW16 = 0xFFFF
 
 
 def supports(head_dim: int, block_size: int) -> bool:
-    """head_dim: a multiple of 32 up to 256 (whole 8-byte words of V per lane); blocks of 16k keys."""
-    return head_dim % 32 == 0 and 32 <= head_dim <= 256 and block_size % TILE == 0
+    """head_dim: a multiple of 32 (whole 8-byte words of V per lane) up to MAX_HEAD_DIM; cache blocks
+    of a multiple of 16 keys (a tile never straddles two)."""
+    return head_dim % 32 == 0 and 32 <= head_dim <= MAX_HEAD_DIM and block_size % TILE == 0
 
 
 def rows_per_chunk(group_rows: int) -> int:
@@ -61,16 +65,18 @@ def rows_per_chunk(group_rows: int) -> int:
     return 8 if group_rows <= 8 else 16
 
 
-def warps_per_block(groups: int, sm_count: int) -> int:
+def warps_per_block(groups: int, sm_count: int, group_rows: int = 1, head_dim: int = 64) -> int:
     """About WARPS_PER_SM warps on each SM over the grid's `groups` blocks, a power of two in
     [2, MAX_WARPS]: a warp walks its tiles one after another (each waits out its loads), so a small
     grid wants more warps per block, a large one more blocks per SM. At a 6-query verify of the seed
-    target this gives 8 at batch 1, 4 at batch 16, 2 at batch 64: the fastest of 2 / 4 / 8 at each."""
+    target this gives 8 at batch 1, 4 at batch 16, 2 at batch 64: the fastest of 2 / 4 / 8 at each.
+    Fewer where the warps' merged rows (rows x head_dim floats each) would pass MERGE_BYTES."""
+    fit = MERGE_BYTES // (rows_per_chunk(group_rows) * head_dim * 4)
     if WARPS:
-        return WARPS
-    want = WARPS_PER_SM * sm_count // max(1, groups)
+        return min(WARPS, fit)
+    want = min(WARPS_PER_SM * sm_count // max(1, groups), MAX_WARPS, fit)
     warps = 2
-    while warps * 2 <= min(MAX_WARPS, want):
+    while warps * 2 <= want:
         warps *= 2
     return warps
 
@@ -86,8 +92,9 @@ def keys_per_split(warps: int) -> int:
     return keys_in_flight(warps) * TILES_PER_SPLIT
 
 
-def attention_kernel(rows: int, head_dim: int, warps: int):
-    return _compiled(rows_per_chunk(rows), head_dim, warps, FASTMATH, MIN_BLOCKS_PER_SM)
+def attention_kernel(group_rows: int, head_dim: int, warps: int):
+    """The kernel for a row group of `group_rows` (query tokens x heads sharing a KV head), compiled on first use."""
+    return _compiled(rows_per_chunk(group_rows), head_dim, warps, FASTMATH, MIN_BLOCKS_PER_SM)
 
 
 @functools.cache
@@ -112,6 +119,7 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
     MERGED = WARPS * R * D
     MERGED_ROWS = WARPS * R
     SCRATCH = scratch_size(WARPS)
+    SHUFFLES = THREADS if interop.SIMULATOR else 1  # a GPU shuffles through registers
     NO_KEY = float32(-1e30)    # finite: fast-math assumes no infinities
     write_rows = row_group_writer(R, D, WARPS, THREADS)
 
@@ -177,7 +185,7 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
         g = lane // 4
         t = lane % 4
 
-        shuffle_scratch = cuda.shared.array(THREADS, float32)  # the simulator's shuffles
+        shuffle_scratch = cuda.shared.array(SHUFFLES, float32)  # the simulator's shuffles
         mma_scratch = cuda.shared.array(SCRATCH, uint32)       # the simulator's matrix products
         merged_acc = cuda.shared.array(MERGED, float32)
         merged_max = cuda.shared.array(MERGED_ROWS, float32)
@@ -206,7 +214,8 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
             head = kv_head * group + gr % group
             pos = positions[tok]
             for kt in range(KT):
-                word = q64[tok, head, kt * 4 + t] if r < real_rows else int64(0)
+                word = q64[tok, head, kt * 4 + t]  # a real row's (clamped): no branch, zeroed below if past
+                word = word if r < real_rows else int64(0)
                 qa[kt * 4 + hi] = uint32(word & LOW32)
                 qa[kt * 4 + 2 + hi] = uint32((word >> 32) & LOW32)
             if hi == 0:

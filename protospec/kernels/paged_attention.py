@@ -1,22 +1,24 @@
 """Attention for decode-shaped forwards, read straight from the paged KV cache (Numba kernels).
 
-Two work decompositions and one combine kernel that they share:
+Three work decompositions and one combine that they share:
+  mma         (attention_mma.py)        by_kv_head's blocks with the products on tensor cores (warp
+              mma, fp16): chosen where a KV head serves several rows (verify windows, GQA).
   by_kv_head  (attention_by_kv_head.py) a block per (sequence, KV head, row chunk, split), holding
               every query row that shares the KV head in registers, so a verify window reads each
-              K/V row once instead of once per query token. The default wherever it holds the head size.
+              K/V row once instead of once per query token. Single rows, and where mma does not apply.
   by_row      (attention_by_row.py)     a block per (query token, head, chunk of keys): the fallback
               for head sizes by_kv_head does not take, and a reference to time against.
   combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits
-              (attention_combine.py; folded into by_kv_head's kernel unless FUSED_COMBINE is off).
+              (attention_combine.py; folded into the by_kv_head and mma kernels unless FUSED_COMBINE is off).
 
 Why by_row loses (bench.attention_cost times both; its runs of record are in data/results): its
 grid follows the block table's width, not the context (at batch 64 a verify layer is 384 tokens x
 12 heads x 16 chunks = 73,728 blocks, a third with no key, each a chain of ~6 dependent loads and 5
 barriers for at most 32 keys), and each query token re-reads the keys. by_kv_head's blocks are few
-and long; split-K fills the GPU where the batch does not. A third decomposition, by_kv_head's blocks
-walking keys in tiles (a key per thread for the scores, a (row, dim) cell per thread for the values,
-the tile's weights in shared memory), measured 2.6-4.7x slower than by_kv_head at every shape timed
-and was removed (data/results/README.md, "Attention by tiles").
+and long; split-K fills the GPU where the batch does not. by_kv_head's blocks walking keys in tiles
+without tensor cores (a key per thread for the scores, a (row, dim) cell per thread for the values,
+the tile's weights in shared memory) measured 2.6-4.7x slower than by_kv_head at every shape timed
+and were removed (data/results/README.md, "Attention by tiles").
 
 Only uniform layouts (every sequence feeds query_len tokens: decode, draft step 1, verify) take
 this path; token t belongs to sequence t // query_len.
@@ -38,11 +40,11 @@ from protospec.kernels.attention_combine import attention_combine_kernel
 from protospec.kernels.interop import check_tensor, cuda
 
 PATHS = ATTENTION_PATHS
-# by_kv_head with split-K: the last split block of each row group combines the group's partials
+# by_kv_head and mma with split-K: the last split block of each row group combines the group's partials
 # (one launch per attention); False runs the combine as a kernel of its own. Read at each call, so
 # set it before CUDA graphs are captured; the bench's --attention-combine sets it.
 FUSED_COMBINE = True
-# by_kv_head's split-K spreads a grid that does not fill the GPU until BLOCKS_PER_SM blocks per SM.
+# by_kv_head's split-K (mma has its own, attention_mma.BLOCKS_PER_SM) spreads a grid that does not fill the GPU until BLOCKS_PER_SM blocks per SM.
 BLOCKS_PER_SM = 2
 
 
@@ -115,8 +117,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                     fused_combine: bool | None = None) -> torch.Tensor:
     """q [T, h, d] (K/V of these tokens already in the cache) -> [T, h * d].
     path: one of PATHS; None chooses by shape (choose_path).
-    splits: by_kv_head's split-K factor (None: choose_splits); by_row's chunks follow the table width.
-    fused_combine: by_kv_head's split-K partials combined inside its kernel (None: FUSED_COMBINE)."""
+    splits: the split-K factor of by_kv_head and mma (None: choose_splits); by_row's chunks follow the table width.
+    fused_combine: by_kv_head's and mma's split-K partials combined inside their kernel (None: FUSED_COMBINE)."""
     check_tensor("q", q, q.dtype, 3)
     check_tensor("kv_cache", kv_cache, q.dtype, 5)
     check_tensor("block_tables", block_tables, torch.int32, 2)
@@ -140,31 +142,35 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         raise KernelArgumentError(f"paged_attention: by_kv_head takes head_dim = 8 x a power of two up to "
                                   f"{by_kv_head.MAX_HEAD_DIM}, got {head_dim}")
     elif path == "mma" and (q.dtype != torch.float16 or not by_mma.supports(head_dim, kv_cache.shape[2])):
-        raise KernelArgumentError(f"paged_attention: mma takes float16 with head_dim a multiple of 32 up to 256 and "
-                                  f"blocks of a multiple of {by_mma.TILE} keys, got {q.dtype}, head_dim {head_dim}, "
-                                  f"block size {kv_cache.shape[2]}")
+        raise KernelArgumentError(f"paged_attention: mma takes float16 with head_dim a multiple of 32 up to "
+                                  f"{by_mma.MAX_HEAD_DIM} and blocks of a multiple of {by_mma.TILE} keys, got {q.dtype}, "
+                                  f"head_dim {head_dim}, block size {kv_cache.shape[2]}")
+    elif path == "mma" and not _has_tensor_cores(q.device):
+        raise KernelArgumentError(f"paged_attention: mma needs tensor cores of compute capability 8.0 or later, "
+                                  f"{q.device} has {torch.cuda.get_device_capability(q.device)}")
     if splits is not None and splits < 1:
         raise KernelArgumentError(f"paged_attention: splits must be >= 1, got {splits}")
     dev = q.device
     out = torch.empty(tokens, heads * head_dim, dtype=q.dtype, device=dev)
+    group_rows = query_len * (heads // kv_heads)
+    block_size = kv_cache.shape[2]
+    groups = 0  # row groups of by_kv_head / mma: the arrival counters they need
     if path == "by_row":
         kernel, threads = by_row.partial_kernel(by_row.CHUNK), by_row.THREADS
         parts = -(-max_keys // by_row.CHUNK)  # host-known: the block table's width bounds every context
         grid = tokens * heads * parts
-    else:
-        group_rows = query_len * (heads // kv_heads)
+    elif path == "by_kv_head":
         rows = by_kv_head.rows_per_block(group_rows, num_seqs * kv_heads, _sm_count(dev))
         groups = num_seqs * kv_heads * -(-group_rows // rows)
-        block_size = kv_cache.shape[2]
         parts = splits or choose_splits(groups, max_keys, by_kv_head.keys_in_flight(head_dim, rows, block_size), dev)
         kernel, grid = by_kv_head.attention_kernel(rows, head_dim, block_size), groups * parts
         threads = by_kv_head.threads_per_block(head_dim)
-        if path == "mma":
-            rows = by_mma.rows_per_chunk(group_rows)
-            groups = num_seqs * kv_heads * -(-group_rows // rows)
-            warps = by_mma.SIMULATOR_WARPS if interop.SIMULATOR else by_mma.warps_per_block(groups, _sm_count(dev))
-            parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(warps), dev, by_mma.BLOCKS_PER_SM)
-            kernel, grid, threads = by_mma.attention_kernel(group_rows, head_dim, warps), groups * parts, 32 * warps
+    else:
+        groups = num_seqs * kv_heads * -(-group_rows // by_mma.rows_per_chunk(group_rows))
+        warps = (by_mma.SIMULATOR_WARPS if interop.SIMULATOR
+                 else by_mma.warps_per_block(groups, _sm_count(dev), group_rows, head_dim))
+        parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(warps), dev, by_mma.BLOCKS_PER_SM)
+        kernel, grid, threads = by_mma.attention_kernel(group_rows, head_dim, warps), groups * parts, 32 * warps
     if path != "by_row" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)
         part_acc = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)

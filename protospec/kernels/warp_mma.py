@@ -24,8 +24,9 @@ SCRATCH_PER_LANE = 6
 
 
 def scratch_size(warps: int) -> int:
-    """Length of the uint32 shared array the simulator's twin exchanges fragments through."""
-    return warps * 32 * SCRATCH_PER_LANE
+    """Length of the uint32 shared array the simulator's twin exchanges fragments through (1 on a
+    GPU, where the product reads registers and the array is an unused placeholder)."""
+    return warps * 32 * SCRATCH_PER_LANE if interop.SIMULATOR else 1
 
 
 if interop.SIMULATOR:
