@@ -1,0 +1,68 @@
+"""A LlamaForCausalLM's decode forward as one persistent kernel (kernels/persistent_decode.py).
+
+Holds the model's weights stacked by layer once (the kernel takes one array per kind of weight, not a
+list), so it doubles the memory of the weights it serves: meant for the draft model, whose forward
+is the most launch-bound. The KV cache must be one [layers, 2, blocks, block_size, kv_heads, d]
+tensor (the per-layer caches the torch path uses can be its views). Not yet wired into the engine:
+its test checks it against the model's torch forward, logits and the K/V it writes.
+"""
+from __future__ import annotations
+
+import torch
+
+from protospec.errors import KernelArgumentError
+from protospec.kernels import interop, persistent_decode
+from protospec.kernels.interop import check_tensor
+
+
+class PersistentDecodeForward:
+    """One token per sequence through every layer, the LM head included, in one cooperative launch."""
+
+    def __init__(self, model):
+        cfg, layers = model.config, model.model.layers
+        if not persistent_decode.supports(cfg.head_dim):
+            raise KernelArgumentError(f"persistent decode: head_dim {cfg.head_dim} does not fit its attention merge")
+        self.dtype = model.model.embed_tokens.weight.dtype
+        stack = lambda ws: torch.stack([w.detach() for w in ws]).contiguous()  # noqa: E731  [L, ...]
+        self.weights = [
+            model.model.embed_tokens.weight.detach(),                    # [V, H]
+            stack([layer.input_layernorm.weight for layer in layers]),     # [L, H]
+            stack([layer.post_attention_layernorm.weight for layer in layers]),
+            model.model.norm.weight.detach()[None],                        # [1, H]
+            stack([layer.qkv_weight for layer in layers]),                 # [L, (h + 2 kvh) d, H]
+            stack([layer.self_attn.o_proj.weight for layer in layers]),    # [L, H, h d]
+            stack([layer.gate_up_weight for layer in layers]),             # [L, 2 I, H]
+            stack([layer.mlp.down_proj.weight for layer in layers]),       # [L, H, I]
+            model.lm_head.weight.detach()[None],                           # [1, V, H]
+            model.rope.cos.to(self.dtype).contiguous(),                    # [P, d], rounded as HF rotates
+            model.rope.sin.to(self.dtype).contiguous(),
+        ]
+        self.eps, self.scale = float(cfg.rms_norm_eps), float(layers[0].scale)
+        self.sizes = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                      cfg.intermediate_size, cfg.num_hidden_layers)
+        self.kernel = persistent_decode.decode_kernel(*self.sizes)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                block_tables: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions, slot_mapping [T] int64, block_tables [T, W] int32 (each token's sequence's),
+        kv [L, 2, blocks, block_size, kvh, d] -> logits [T, V] float32; K/V of the tokens written into kv."""
+        hidden, heads, kv_heads, head_dim, intermediate, layers = self.sizes
+        tokens = input_ids.shape[0]
+        for name, t in (("input_ids", input_ids), ("positions", positions), ("slot_mapping", slot_mapping)):
+            check_tensor(name, t, torch.int64, 1, rows=tokens)
+        check_tensor("block_tables", block_tables, torch.int32, 2, rows=tokens)
+        check_tensor("kv", kv, self.dtype, 6)
+        if kv.shape[0] != layers or kv.shape[4:] != (kv_heads, head_dim):
+            raise KernelArgumentError(f"kv: shape {tuple(kv.shape)}, expected [{layers}, 2, blocks, block_size, "
+                                      f"{kv_heads}, {head_dim}]")
+        dev = input_ids.device
+        scratch = lambda n: torch.empty(tokens, n, dtype=torch.float32, device=dev)  # noqa: E731
+        qkv_rows = (heads + 2 * kv_heads) * head_dim
+        buffers = [scratch(hidden), scratch(hidden), scratch(qkv_rows), scratch(heads * head_dim),
+                   scratch(heads * head_dim), scratch(intermediate)]
+        logits = scratch(self.weights[0].shape[0])
+        args = [input_ids, positions, slot_mapping, block_tables, *self.weights[:9], *self.weights[9:], kv,
+                self.eps, self.scale, *buffers, logits]
+        interop.launch_tensors(self.kernel, persistent_decode.grid_blocks(self.kernel, args), persistent_decode.THREADS,
+                               args)
+        return logits

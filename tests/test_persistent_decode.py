@@ -1,0 +1,61 @@
+"""The persistent decode kernel (one cooperative launch per forward) against the model's torch
+forward: logits, and the K/V it writes into the paged cache, for a batch of decode tokens of a GQA
+model with contexts across block boundaries (the simulator runs it as one block of one warp)."""
+import pytest
+import torch
+from tiny import TARGET_CFG
+
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.model.config import LlamaArchConfig
+from protospec.model.inputs import prepare_inputs
+from protospec.model.llama import LlamaForCausalLM
+from protospec.model.persistent_forward import PersistentDecodeForward
+
+DEV = KERNEL_DEVICE_TYPE
+
+
+def test_one_persistent_launch_gives_the_torch_forwards_logits_and_cache():
+    # 2 layers (the stacked weights indexed by layer), 4 heads over 2 KV heads of 8; small sizes: the
+    # simulator runs every (token, row) of every GEMV as its own warp step
+    cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=32, intermediate_size=64, vocab_size=64))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).place(DEV, torch.float32)
+    block_size, num_blocks, lengths = 4, 12, [9, 6]
+    gen = torch.Generator().manual_seed(3)
+    free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()  # block 0: the null block
+    tables = [[free.pop() for _ in range(-(-n // block_size))] for n in lengths]
+    inputs = prepare_inputs([[7], [11]], [n - 1 for n in lengths], tables, block_size, 1, torch.device(DEV))
+    kv = torch.randn(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
+                     generator=gen).to(DEV)
+    before, expected_kv = kv.clone(), kv.clone()
+    expected = model(inputs.input_ids, inputs.positions, list(expected_kv.unbind(0)), inputs.meta)
+    meta = inputs.meta
+    got = PersistentDecodeForward(model).forward(inputs.input_ids, inputs.positions, meta.slot_mapping,
+                                                 meta.block_tables.contiguous(), kv)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kv, expected_kv, atol=1e-5, rtol=1e-5)  # the new tokens' K/V, nothing else touched
+    flat = kv.view(cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim)
+    assert not torch.equal(flat[:, :, meta.slot_mapping], before.view_as(flat)[:, :, meta.slot_mapping])  # written
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a grid of many blocks and float16 at a real head size")
+def test_a_float16_model_decodes_through_a_grid_of_many_blocks():
+    cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                         num_key_value_heads=4, vocab_size=1000, max_position_embeddings=512))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).place(DEV, torch.float16)
+    block_size, lengths = 16, [100, 37, 1]
+    num_blocks = sum(-(-n // block_size) for n in lengths) + 1
+    tables = [list(range(1 + sum(-(-m // block_size) for m in lengths[:i]), 1 + sum(-(-m // block_size) for m in lengths[:i + 1])))
+              for i in range(len(lengths))]
+    inputs = prepare_inputs([[5], [6], [7]], [n - 1 for n in lengths], tables, block_size, 1, torch.device(DEV))
+    kv = (torch.randn(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
+                      device=DEV) * 0.5).half()
+    expected_kv = kv.clone()
+    expected = model(inputs.input_ids, inputs.positions, list(expected_kv.unbind(0)), inputs.meta)
+    got = PersistentDecodeForward(model).forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping,
+                                                 inputs.meta.block_tables.contiguous(), kv)
+    # float32 inside the kernel against a torch path that rounds to float16 after every op
+    torch.testing.assert_close(got, expected, atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(kv, expected_kv, atol=1e-2, rtol=1e-2)
