@@ -41,6 +41,7 @@ class PersistentDecodeForward:
         self.sizes = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                       cfg.intermediate_size, cfg.num_hidden_layers)
         self.kernel = persistent_decode.decode_kernel(*self.sizes)
+        self._blocks: int | None = None  # the cooperative grid, sized once (it depends on the kernel only)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
@@ -63,6 +64,7 @@ class PersistentDecodeForward:
         logits = scratch(self.weights[0].shape[0])
         args = [input_ids, positions, slot_mapping, block_tables, *self.weights[:9], *self.weights[9:], kv,
                 self.eps, self.scale, *buffers, logits]
-        interop.launch_tensors(self.kernel, persistent_decode.grid_blocks(self.kernel, args), persistent_decode.THREADS,
-                               args)
+        if self._blocks is None:
+            self._blocks = persistent_decode.grid_blocks(self.kernel, args)
+        interop.launch_tensors(self.kernel, self._blocks, persistent_decode.THREADS, args)
         return logits
