@@ -24,9 +24,9 @@ from protospec.spec.dynamic_k import make_dynamic_k
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
-from protospec.kernels import paged_attention as attention_kernels
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
+from protospec.model.layer_kernels import check_attention_kernel
 from protospec.model.loader import load_model
 from protospec.model.runner import ModelRunner
 from protospec.spec.sampler import SamplingTensors, exponential_noise, sample
@@ -63,7 +63,8 @@ class Engine:
                     m.enable_compile()
         self.use_layer_kernels = self._resolve_layer_kernels()
         self.fused_sampling = self._resolve_kernel_flag("fused_sampling", config.fused_sampling)
-        self._check_attention_kernel([m for m in (target, draft) if m is not None])
+        check_attention_kernel(config.attention_kernel, self.use_layer_kernels, [m for m in (target, draft) if m is not None],
+                               self.dtype, config.block_size)
         if self.use_layer_kernels:
             for m in (target, draft):
                 if m is not None:
@@ -105,19 +106,6 @@ class Engine:
         if cfg.layer_kernels and not supported:
             raise ConfigError(f"layer_kernels=True with dtype {self.dtype}: the kernels take {ACTIVATION_DTYPES}")
         return self._resolve_kernel_flag("layer_kernels", cfg.layer_kernels)
-
-    def _check_attention_kernel(self, models: list) -> None:
-        """A forced attention kernel must run and must serve every model here, before anything is built."""
-        path = self.config.attention_kernel
-        if path is None:
-            return
-        if not self.use_layer_kernels:
-            raise ConfigError(f"attention_kernel={path!r} needs the layer kernels (layer_kernels is off here)")
-        for m in models:
-            head_dim = m.config.head_dim
-            if not attention_kernels.serves(path, head_dim, self.dtype, self.config.block_size):
-                raise ConfigError(f"attention_kernel={path!r} cannot serve head_dim {head_dim}, dtype {self.dtype}, "
-                                  f"block_size {self.config.block_size}")
 
     def set_draft_loop(self, name: str, overlap_commit: bool | None = None) -> None:
         """Switch the draft loop's way (a name of registry.DRAFT_LOOP_NAMES; overlap_commit None =

@@ -29,7 +29,7 @@ import math
 from numba import float32, int32
 
 from protospec.kernels import interop
-from protospec.kernels.attention_combine import row_group_writer
+from protospec.kernels.attention_combine import row_group_block, row_group_writer
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
 
@@ -138,17 +138,8 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
         a chunk is R rows of the group's query_len * (h // kvh) rows (row = query token * group + head in group).
         """
         splits = part_max.shape[1]
-        num_heads = q.shape[1]
-        kv_heads = kv_cache.shape[3]
-        group = num_heads // kv_heads
-        group_rows = query_len * group
-        chunks = (group_rows + R - 1) // R
+        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, q.shape[1], kv_cache.shape[3], query_len, splits)
         block_size = kv_cache.shape[2]
-        b = cuda.blockIdx.x
-        split = b % splits
-        chunk = (b // splits) % chunks
-        kv_head = (b // (splits * chunks)) % kv_heads
-        seq = b // (splits * chunks * kv_heads)
         tid = cuda.threadIdx.x
         lane = tid % G            # which dims of the key: lane, lane + G, ...
         slot = tid // G           # which lane group: keys slot * U .. slot * U + U - 1 of each step

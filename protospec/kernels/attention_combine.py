@@ -60,6 +60,19 @@ def combine_cell(part_acc, part_max, part_sum, row, e, top, inv_total):
 
 
 @cuda.jit(device=True)
+def row_group_block(rows_per_chunk, num_heads, kv_heads, query_len, splits):
+    """(seq, kv_head, chunk, split, group, group_rows) of this block in the grid both row-group kernels
+    launch: block b = ((seq * kv_heads + kv_head) * chunks + chunk) * splits + split, a chunk being
+    rows_per_chunk of the group_rows = query_len * group rows that share a KV head (group = heads per KV head)."""
+    group = num_heads // kv_heads
+    group_rows = query_len * group
+    chunks = (group_rows + rows_per_chunk - 1) // rows_per_chunk
+    b = cuda.blockIdx.x
+    seq = b // (splits * chunks * kv_heads)
+    return seq, (b // (splits * chunks)) % kv_heads, (b // splits) % chunks, b % splits, group, group_rows
+
+
+@cuda.jit(device=True)
 def arrived_last(counters, index, arrivals, flag, tid):
     """Count this block's arrival at counters[index] (every thread of the block calls; flag is a
     1-element shared int32 array): True in the block that arrives last of `arrivals`, which also

@@ -28,7 +28,7 @@ import math
 from numba import float32, int32, int64, uint32
 
 from protospec.kernels import interop
-from protospec.kernels.attention_combine import row_group_writer
+from protospec.kernels.attention_combine import row_group_block, row_group_writer
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
@@ -169,16 +169,8 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
         as by_kv_head's kernel. Grid: S * kvh * chunks * splits blocks of R rows, as by_kv_head's.
         """
         splits = part_max.shape[1]
-        kv_heads = kv64.shape[3]
-        group = q64.shape[1] // kv_heads
-        group_rows = query_len * group
-        chunks = (group_rows + R - 1) // R
+        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, q64.shape[1], kv64.shape[3], query_len, splits)
         block_size = kv64.shape[2]
-        b = cuda.blockIdx.x
-        split = b % splits
-        chunk = (b // splits) % chunks
-        kv_head = (b // (splits * chunks)) % kv_heads
-        seq = b // (splits * chunks * kv_heads)
         tid = cuda.threadIdx.x
         lane = tid % 32
         warp = tid // 32

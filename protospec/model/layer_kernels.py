@@ -18,11 +18,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from protospec.errors import ConfigError
 from protospec.model.attention import AttentionMetadata
 from protospec.kernels import paged_attention as attention_kernel
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path
+
+
+def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: list, dtype: torch.dtype,
+                           block_size: int) -> None:
+    """EngineConfig.attention_kernel, before anything is built: a forced kernel needs the layer kernels
+    to run at all, and must serve every model's head size with this dtype and block size."""
+    if path is None:
+        return
+    if not layer_kernels_on:
+        raise ConfigError(f"attention_kernel={path!r} needs the layer kernels (layer_kernels is off here)")
+    for model in models:
+        head_dim = model.config.head_dim
+        if not attention_kernel.serves(path, head_dim, dtype, block_size):
+            raise ConfigError(f"attention_kernel={path!r} cannot serve head_dim {head_dim}, dtype {dtype}, "
+                              f"block_size {block_size}")
 
 
 class LayerKernelForward:
