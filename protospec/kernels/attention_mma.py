@@ -13,12 +13,14 @@ The loads follow the fragments, with the head's dims permuted (any fixed permuta
 dims leaves Q K^T unchanged, and the output's permutation is undone on the way out): a lane loads
 8-byte words of K (4 consecutive dims of one key; the 4 lanes of a key read 32 contiguous bytes)
 and of V (NT consecutive dims of 4 keys, NT = head_dim / 8), and packs V's halves into the (key,
-key + 1) pairs the B operand wants. fp16 only (the operands), head_dim a multiple of 32, cache
-blocks a multiple of 16 keys (a 16-key tile never straddles two blocks). Softmax in fp32, per row
+key + 1) pairs the B operand wants. fp16 only (the operands), head_dim a multiple of 32 up to 128,
+cache blocks a multiple of 16 keys (a 16-key tile never straddles two blocks). Softmax in fp32, per row
 over the 4 lanes that hold it (2 shuffles), P rounded to fp16 for the second product.
 
-A block is WARPS warps on interleaved 16-key tiles of its split; the tail (merge of the warps,
-split-K partials, the combine in the last split block) is by_kv_head's (attention_combine.py).
+A block is 2-8 warps (warps_per_block: by the grid's size) on interleaved 16-key tiles of its split;
+the tail (merge of the warps, split-K partials, the combine in the last split block) is by_kv_head's
+(attention_combine.py). Why the loads of a block's rows have no branch, and what was timed and
+dropped (double-buffered tiles, launch bounds, more split-K): data/results/README.md.
 """
 from __future__ import annotations
 
