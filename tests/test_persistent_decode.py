@@ -14,7 +14,7 @@ from protospec.model.persistent_forward import PersistentDecodeForward
 DEV = KERNEL_DEVICE_TYPE
 
 
-def test_one_persistent_launch_gives_the_torch_forwards_logits_and_cache():
+def test_one_persistent_launch_gives_the_torch_forwards_logits_and_cache(monkeypatch):
     # 2 layers (the stacked weights indexed by layer), 4 heads over 2 KV heads of 8; small sizes: the
     # simulator runs every (token, row) of every GEMV as its own warp step
     cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=32, intermediate_size=64, vocab_size=64))
@@ -30,10 +30,18 @@ def test_one_persistent_launch_gives_the_torch_forwards_logits_and_cache():
     before, expected_kv = kv.clone(), kv.clone()
     expected = model(inputs.input_ids, inputs.positions, list(expected_kv.unbind(0)), inputs.meta)
     meta = inputs.meta
-    got = PersistentDecodeForward(model).forward(inputs.input_ids, inputs.positions, meta.slot_mapping,
-                                                 meta.block_tables.contiguous(), kv)
+    # Through the model's own forward: a decode batch whose caches are views of the stack it was given
+    # takes the persistent kernel (another cache, or several tokens per sequence, keeps the torch path).
+    model.enable_persistent_decode(kv)
+    got = model(inputs.input_ids, inputs.positions, list(kv.unbind(0)), meta)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(kv, expected_kv, atol=1e-5, rtol=1e-5)  # the new tokens' K/V, nothing else touched
+    calls = []
+    monkeypatch.setattr(PersistentDecodeForward, "forward", lambda *a: calls.append(a) or expected)
+    model(inputs.input_ids, inputs.positions, list(expected_kv.unbind(0)), meta)   # another cache: torch path
+    assert calls == []
+    model(inputs.input_ids, inputs.positions, list(kv.unbind(0)), meta)            # the stack's views: the kernel
+    assert len(calls) == 1 and calls[0][-1] is kv
     flat = kv.view(cfg.num_hidden_layers, 2, -1, cfg.num_key_value_heads, cfg.head_dim)
     assert not torch.equal(flat[:, :, meta.slot_mapping], before.view_as(flat)[:, :, meta.slot_mapping])  # written
 
@@ -59,3 +67,17 @@ def test_a_float16_model_decodes_through_a_grid_of_many_blocks():
     # float32 inside the kernel against a torch path that rounds to float16 after every op
     torch.testing.assert_close(got, expected, atol=5e-2, rtol=5e-2)
     torch.testing.assert_close(kv, expected_kv, atol=1e-2, rtol=1e-2)
+
+
+def test_the_engine_hands_each_model_its_runners_cache_stack(tiny_target, tiny_draft):
+    from tiny import tiny_llm
+
+    from protospec.errors import ConfigError
+
+    llm = tiny_llm(tiny_target, tiny_draft, device=DEV, persistent_decode=True)
+    for runner in (llm.engine.target, llm.engine.draft):
+        assert runner.model.persistent_decode is not None and runner.model._kv_stack is runner.kv_stack
+        assert all(view.data_ptr() == runner.kv_stack[i].data_ptr() for i, view in enumerate(runner.kv_caches))
+    assert tiny_llm(tiny_target, tiny_draft, device=DEV).engine.target.model.persistent_decode is None  # off by default
+    with pytest.raises(ConfigError, match="persistent_decode=True: the kernel takes float16 / float32"):
+        tiny_llm(tiny_target, device=DEV, dtype="bfloat16", persistent_decode=True)

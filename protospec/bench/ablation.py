@@ -61,6 +61,7 @@ class BenchSetup:
     draft_confidence_threshold: float = 0.4
     speculative_disable_by_batch_size: int | None = None
     attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
+    persistent_decode: bool = False      # EngineConfig.persistent_decode
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -79,7 +80,7 @@ class BenchSetup:
                    prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
                    dynamic_k=self.dynamic_k, draft_confidence_threshold=self.draft_confidence_threshold,
                    speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
-                   attention_kernel=self.attention_kernel)
+                   attention_kernel=self.attention_kernel, persistent_decode=self.persistent_decode)
 
 
 def _release_memory() -> None:

@@ -104,6 +104,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
                         "auto = on CUDA for float16/float32 unless --compile")
+    p.add_argument("--persistent-decode", action="store_true",
+                   help="decode forwards (one token per sequence) as one persistent cooperative kernel each")
     p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
                    help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
                         "mma where a KV head serves several fp16 rows; default: %(default)s)")
@@ -212,7 +214,8 @@ def setup_from(args) -> BenchSetup:
                       {"auto": None, "on": True, "off": False}[args.layer_kernels], args.enforce_eager,
                       args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
-                      args.speculative_disable_by_batch_size, attention_kernel_of(args.attention_kernel))
+                      args.speculative_disable_by_batch_size, attention_kernel_of(args.attention_kernel),
+                      args.persistent_decode)
 
 
 def attention_kernel_of(choice: str) -> str | None:

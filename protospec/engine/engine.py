@@ -28,6 +28,7 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
 from protospec.model.layer_kernels import check_attention_kernel
 from protospec.model.loader import load_model
+from protospec.model.persistent_forward import enable_for_runners as enable_persistent_decode
 from protospec.model.runner import ModelRunner
 from protospec.spec.sampler import SamplingTensors, exponential_noise, sample
 from protospec.engine.sequence import Sequence
@@ -75,6 +76,8 @@ class Engine:
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
         self.target = ModelRunner(target, self.num_blocks, config.block_size)
         self.draft = ModelRunner(draft, self.num_blocks, config.block_size) if draft is not None else None
+        if config.persistent_decode:
+            enable_persistent_decode([r for r in (self.target, self.draft) if r is not None], self.device)
         self.max_blocks_per_seq = blocks_for(self.max_model_len + self.look.extra_positions, config.block_size)
         self.use_cuda_graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
         if self.use_cuda_graphs:

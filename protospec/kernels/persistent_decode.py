@@ -16,7 +16,7 @@ phases, each a grid-stride loop over its work items, separated by grid syncs:
   final:         norm, then logits = h W_lm^T (float32)
 Activations stay float32 between phases (resid, h, qkv, q, a, act in scratch buffers); weights and
 the cache are the model's dtype. A correctness building block with a torch twin (the model's own
-forward); how it is launched into the spec step is the next step (model/persistent_forward.py).
+forward); EngineConfig.persistent_decode routes decode forwards to it (model/persistent_forward.py).
 
 The CUDA simulator runs a cooperative grid of one block (its grid sync is a block barrier), and its
 shuffles are block barriers too, so there a block is one warp: every loop is then uniform.

@@ -3,16 +3,17 @@
 Holds the model's weights stacked by layer once (the kernel takes one array per kind of weight, not a
 list), so it doubles the memory of the weights it serves: meant for the draft model, whose forward
 is the most launch-bound. The KV cache must be one [layers, 2, blocks, block_size, kv_heads, d]
-tensor (the per-layer caches the torch path uses can be its views). Not yet wired into the engine:
-its test checks it against the model's torch forward, logits and the K/V it writes.
+tensor (ModelRunner's per-layer caches are its views). EngineConfig.persistent_decode routes the
+decode forwards of both models here (enable_for_runners); tests check it against the model's torch
+forward (logits and the K/V it writes) and check the routing.
 """
 from __future__ import annotations
 
 import torch
 
-from protospec.errors import KernelArgumentError
+from protospec.errors import ConfigError, KernelArgumentError
 from protospec.kernels import interop, persistent_decode
-from protospec.kernels.interop import check_tensor
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE, check_tensor
 
 
 class PersistentDecodeForward:
@@ -68,3 +69,19 @@ class PersistentDecodeForward:
             self._blocks = persistent_decode.grid_blocks(self.kernel, args)
         interop.launch_tensors(self.kernel, self._blocks, persistent_decode.THREADS, args)
         return logits
+
+
+def enable_for_runners(runners: list, device: torch.device) -> None:
+    """EngineConfig.persistent_decode: each model's decode forwards through one persistent kernel,
+    checked first (a device the kernels run on, float16 / float32, a head size its merge holds)."""
+    if device.type != KERNEL_DEVICE_TYPE:
+        raise ConfigError(f"persistent_decode=True on device {device}: the Numba kernels run on {KERNEL_DEVICE_TYPE} "
+                          "tensors here")
+    for runner in runners:
+        cfg = runner.model.config
+        if runner.dtype not in (torch.float16, torch.float32) or not persistent_decode.supports(cfg.head_dim):
+            raise ConfigError(f"persistent_decode=True: the kernel takes float16 / float32 and head sizes up to "
+                              f"{persistent_decode.MERGE_BYTES // (4 * persistent_decode.THREADS)}, got {runner.dtype} "
+                              f"and head_dim {cfg.head_dim}")
+    for runner in runners:
+        runner.model.enable_persistent_decode(runner.kv_stack)
