@@ -84,9 +84,9 @@ class EngineConfig:
     # kernel writing into the spec step's buffers (kernels/sampling.py). Off by default: at batch 1
     # its one block per row measured slower than torch's kernels (figures in data/results/README.md).
     fused_sampling: bool = False
-    # Decode forwards (one token per sequence: draft steps 2..k, target-only decode) as one persistent
-    # cooperative kernel each (kernels/persistent_decode.py) instead of ~10 kernels per layer. Off by
-    # default until measured against the layer kernels; the ablation's fusion switch.
+    # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
+    # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of
+    # ~10 kernels per layer. Off by default until measured against the layer kernels.
     persistent_decode: bool = False
     # The commit policy of the device draft loops (spec/commit.py): True = overlapped (the next
     # spec step's draft step 1 is built on the device and queued before the commit's host sync, so

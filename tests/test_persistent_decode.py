@@ -49,8 +49,10 @@ def test_one_persistent_launch_gives_the_torch_forwards_logits_and_cache(monkeyp
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a grid of many blocks and float16 at a real head size")
 def test_a_float16_model_decodes_through_a_grid_of_many_blocks():
-    cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                                         num_key_value_heads=4, vocab_size=1000, max_position_embeddings=512))
+    """GQA (4 heads over 2 KV heads of 80), widths that leave a masked tail in every GEMV step (320, 544),
+    and the launch captured in a CUDA graph and replayed."""
+    cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=320, intermediate_size=544, num_attention_heads=4,
+                                         num_key_value_heads=2, vocab_size=1000, max_position_embeddings=512))
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).place(DEV, torch.float16)
     block_size, lengths = 16, [100, 37, 1]
@@ -62,11 +64,36 @@ def test_a_float16_model_decodes_through_a_grid_of_many_blocks():
                       device=DEV) * 0.5).half()
     expected_kv = kv.clone()
     expected = model(inputs.input_ids, inputs.positions, list(expected_kv.unbind(0)), inputs.meta)
-    got = PersistentDecodeForward(model).forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping,
-                                                 inputs.meta.block_tables.contiguous(), kv)
+    forward, tables = PersistentDecodeForward(model), inputs.meta.block_tables.contiguous()
+    got = forward.forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, tables, kv)
     # float32 inside the kernel against a torch path that rounds to float16 after every op
     torch.testing.assert_close(got, expected, atol=5e-2, rtol=5e-2)
     torch.testing.assert_close(kv, expected_kv, atol=1e-2, rtol=1e-2)
+    graph, outputs = torch.cuda.CUDAGraph(), []
+    with torch.cuda.graph(graph):
+        outputs.append(forward.forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, tables, kv))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(outputs[0], got, atol=1e-3, rtol=1e-3)
+
+
+def test_a_row_whose_position_runs_past_its_table_reads_inside_it():
+    """A padding row (slot -1) whose position lies past its block table, as a sequence the host is
+    about to stop can leave it: the kernel reads no block id past the table (the simulator raises
+    IndexError on any read out of bounds) and the real row beside it is unchanged."""
+    cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=32, intermediate_size=32, vocab_size=32,
+                                         num_hidden_layers=1))
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(cfg).place(DEV, torch.float32)
+    inputs = prepare_inputs([[3], [4]], [5, 2], [[1, 2], [3]], 4, 1, torch.device(DEV), 2)
+    kv = torch.randn(1, 2, 4, 4, cfg.num_key_value_heads, cfg.head_dim, generator=torch.Generator().manual_seed(2)).to(DEV)
+    meta, forward = inputs.meta, PersistentDecodeForward(model)
+    alone = forward.forward(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, kv.clone())
+    positions, slots = inputs.positions.clone(), meta.slot_mapping.clone()
+    positions[1], slots[1] = 2 * 4 + 3, -1  # past the 2-block table
+    got = forward.forward(inputs.input_ids, positions, slots, meta.block_tables, kv.clone())
+    torch.testing.assert_close(got[0], alone[0]) and None
+    assert torch.isfinite(got[1]).all()
 
 
 def test_the_engine_hands_each_model_its_runners_cache_stack(tiny_target, tiny_draft):
@@ -75,9 +102,12 @@ def test_the_engine_hands_each_model_its_runners_cache_stack(tiny_target, tiny_d
     from protospec.errors import ConfigError
 
     llm = tiny_llm(tiny_target, tiny_draft, device=DEV, persistent_decode=True)
-    for runner in (llm.engine.target, llm.engine.draft):
-        assert runner.model.persistent_decode is not None and runner.model._kv_stack is runner.kv_stack
-        assert all(view.data_ptr() == runner.kv_stack[i].data_ptr() for i, view in enumerate(runner.kv_caches))
-    assert tiny_llm(tiny_target, tiny_draft, device=DEV).engine.target.model.persistent_decode is None  # off by default
+    draft, target = llm.engine.draft, llm.engine.target
+    assert draft.model.persistent_decode is not None and draft.model._kv_stack is draft.kv_stack
+    assert all(view.data_ptr() == draft.kv_stack[i].data_ptr() for i, view in enumerate(draft.kv_caches))
+    assert target.model.persistent_decode is None  # its weights are not copied: the draft's decode is the hot path
+    alone = tiny_llm(tiny_target, device=DEV, persistent_decode=True).engine.target  # target-only: its decode
+    assert alone.model.persistent_decode is not None and alone.model._kv_stack is alone.kv_stack
+    assert tiny_llm(tiny_target, tiny_draft, device=DEV).engine.draft.model.persistent_decode is None  # off by default
     with pytest.raises(ConfigError, match="persistent_decode=True: the kernel takes float16 / float32"):
         tiny_llm(tiny_target, device=DEV, dtype="bfloat16", persistent_decode=True)

@@ -167,7 +167,10 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int):  # noqa: N8
             m, l = NO_KEY, float32(0.0)
             for e in range(D):
                 acc[e] = float32(0.0)
-            for j in range(tid, positions[t] + 1, THREADS):
+            # A row whose position runs past its table (a padding row, a sequence the host is about to
+            # stop) reads no block id beyond the table
+            keys = min(positions[t] + 1, block_tables.shape[1] * block_size)
+            for j in range(tid, keys, THREADS):
                 block = block_tables[t, j // block_size]
                 s = float32(0.0)
                 for e in range(D):

@@ -2,7 +2,7 @@
 
 Holds the model's weights stacked by layer once (the kernel takes one array per kind of weight, not a
 list), so it doubles the memory of the weights it serves: meant for the draft model, whose forward
-is the most launch-bound. The KV cache must be one [layers, 2, blocks, block_size, kv_heads, d]
+is the most launch-bound (or the target when it decodes alone). The KV cache must be one [layers, 2, blocks, block_size, kv_heads, d]
 tensor (ModelRunner's per-layer caches are its views). EngineConfig.persistent_decode routes the
 decode forwards of both models here (enable_for_runners); tests check it against the model's torch
 forward (logits and the K/V it writes) and check the routing.
@@ -43,6 +43,7 @@ class PersistentDecodeForward:
                       cfg.intermediate_size, cfg.num_hidden_layers)
         self.kernel = persistent_decode.decode_kernel(*self.sizes)
         self._blocks: int | None = None  # the cooperative grid, sized once (it depends on the kernel only)
+        self._scratch: dict[int, list[torch.Tensor]] = {}  # float32 activations per token count, reused
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
@@ -57,23 +58,26 @@ class PersistentDecodeForward:
         if kv.shape[0] != layers or kv.shape[4:] != (kv_heads, head_dim):
             raise KernelArgumentError(f"kv: shape {tuple(kv.shape)}, expected [{layers}, 2, blocks, block_size, "
                                       f"{kv_heads}, {head_dim}]")
-        dev = input_ids.device
-        scratch = lambda n: torch.empty(tokens, n, dtype=torch.float32, device=dev)  # noqa: E731
-        qkv_rows = (heads + 2 * kv_heads) * head_dim
-        buffers = [scratch(hidden), scratch(hidden), scratch(qkv_rows), scratch(heads * head_dim),
-                   scratch(heads * head_dim), scratch(intermediate)]
-        logits = scratch(self.weights[0].shape[0])
-        args = [input_ids, positions, slot_mapping, block_tables, *self.weights[:9], *self.weights[9:], kv,
-                self.eps, self.scale, *buffers, logits]
+        if tokens not in self._scratch:  # resid, h [T, H]; qkv; q, a [T, h d]; act [T, I]
+            widths = (hidden, hidden, (heads + 2 * kv_heads) * head_dim, heads * head_dim, heads * head_dim, intermediate)
+            self._scratch[tokens] = [torch.empty(tokens, n, dtype=torch.float32, device=input_ids.device) for n in widths]
+        logits = torch.empty(tokens, self.weights[0].shape[0], dtype=torch.float32, device=input_ids.device)
+        args = [input_ids, positions, slot_mapping, block_tables, *self.weights, kv, self.eps, self.scale,
+                *self._scratch[tokens], logits]
         if self._blocks is None:
             self._blocks = persistent_decode.grid_blocks(self.kernel, args)
+            if self._blocks < 1:
+                raise KernelArgumentError("persistent decode: not one block of the kernel fits an SM (registers or shared memory)")
         interop.launch_tensors(self.kernel, self._blocks, persistent_decode.THREADS, args)
         return logits
 
 
 def enable_for_runners(runners: list, device: torch.device) -> None:
-    """EngineConfig.persistent_decode: each model's decode forwards through one persistent kernel,
-    checked first (a device the kernels run on, float16 / float32, a head size its merge holds)."""
+    """EngineConfig.persistent_decode: the decode forwards of the model whose decode is the hot path (the
+    draft when there is one, else the target: runners lists target then draft) through one persistent
+    kernel, checked first (a device the kernels run on, float16 / float32, a head size its merge
+    holds). One model only: its weights are stacked by layer, a second copy of them."""
+    runners = runners[-1:]
     if device.type != KERNEL_DEVICE_TYPE:
         raise ConfigError(f"persistent_decode=True on device {device}: the Numba kernels run on {KERNEL_DEVICE_TYPE} "
                           "tensors here")
