@@ -12,7 +12,7 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels import attention_mma as by_mma, paged_attention as kernel
 from protospec.kernels.interop import SIMULATOR, cuda, launch_tensors
 from protospec.kernels.warp_mma import mma_f16, scratch_size
-from tests.test_paged_attention import DEV, TOL, _case, _kernel, _torch_reference
+from tests.test_paged_attention import DEV, TOL, _case, _kernel, _poisoned, _torch_reference
 
 SCRATCH = scratch_size(1)
 
@@ -89,12 +89,7 @@ def test_stale_nan_slots_and_padding_rows_stay_out_of_real_rows():
     """A wide table (a captured batch), NaN in every slot no context covers, and a padding row at
     position 0 with a stale table: real rows exact, the padding row finite."""
     inputs, cache, q = _case(1, [9, 30], 2, 1, 32, 16, torch.float16, seed=6, width=4)
-    used = torch.zeros(cache.shape[1], cache.shape[2], dtype=torch.bool)
-    for row, n in zip(inputs.meta.block_tables.cpu(), [9, 30]):
-        for pos in range(n):
-            used[row[pos // 16], pos % 16] = True
-    poisoned = cache.clone()
-    poisoned[:, ~used.to(DEV)] = float("nan")
+    poisoned = _poisoned(inputs, cache, [9, 30])
     expected = _torch_reference(inputs, cache, q, torch.float16)
     tables = torch.cat([inputs.meta.block_tables, inputs.meta.block_tables[:1]])
     positions = torch.cat([inputs.positions, torch.zeros(1, dtype=torch.int64, device=DEV)])

@@ -38,6 +38,18 @@ def _torch_reference(inputs, cache, q, dtype):
     return torch_paged_attention(q, k, v, cache.clone(), meta, plan, d ** -0.5).flatten(1)
 
 
+def _poisoned(inputs, cache, lengths):
+    """A copy of the cache with NaN in every slot that no sequence's context (lengths) covers."""
+    block_size = cache.shape[2]
+    used = torch.zeros(cache.shape[1], block_size, dtype=torch.bool)
+    for row, n in zip(inputs.meta.block_tables.cpu(), lengths):
+        for pos in range(n):
+            used[row[pos // block_size], pos % block_size] = True
+    poisoned = cache.clone()
+    poisoned[:, ~used.to(DEV)] = float("nan")
+    return poisoned
+
+
 def _kernel(inputs, cache, q, path=None, splits=None, fused_combine=None):
     return kernel.paged_attention(q, cache, inputs.meta.block_tables, inputs.positions, inputs.meta.uniform_query_len,
                                   q.shape[2] ** -0.5, path=path, splits=splits, fused_combine=fused_combine)
@@ -118,12 +130,7 @@ def test_padding_rows_and_a_wide_table_leave_real_rows_exact_and_stay_finite():
     of stale block ids and null blocks) stand beside real ones. NaN in unused cache slots must not
     leak into anyone's output."""
     inputs, cache, q = _case(1, [9, 30], 4, 2, 16, 4, torch.float32, seed=4, width=16)
-    used = torch.zeros(cache.shape[1], cache.shape[2], dtype=torch.bool)
-    for row, n in zip(inputs.meta.block_tables.cpu(), [9, 30]):
-        for pos in range(n):
-            used[row[pos // 4], pos % 4] = True
-    poisoned = cache.clone()
-    poisoned[:, ~used.to(DEV)] = float("nan")
+    poisoned = _poisoned(inputs, cache, [9, 30])
     expected = _torch_reference(inputs, cache, q, torch.float32)
     for path in GENERAL_PATHS:
         torch.testing.assert_close(_kernel(inputs, poisoned, q, path=path), expected, **TOL[torch.float32])
