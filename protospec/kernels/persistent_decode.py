@@ -1,252 +1,210 @@
 """A whole decode forward (one token per sequence) of a Llama model in one persistent kernel.
 
 Why: at batch 1 a decode forward of a small model is launch-bound (~10 kernels per layer, each a few
-microseconds of fixed cost against well under a microsecond of weights); one cooperative kernel
-pays one launch and a grid-wide sync per phase instead (bench.grid_sync_cost times a sync). The
-phases, each a grid-stride loop over its work items, separated by grid syncs:
-  embed          resid[t] = embed[ids[t]]
-  per layer:     norm      h = rmsnorm(resid) * w1                    (a block per token)
-                 qkv       qkv = h W_qkv^T                            (a warp per (token, output row))
-                 rope      q, k rotated; k, v into the paged cache    (a thread per pair of dims)
-                 attention a = softmax(q K^T s) V over the context    (a block per (token, head))
-                 o         resid += a W_o^T
-                 norm      h = rmsnorm(resid) * w2
-                 gate_up   act = silu(h W_gate^T) * (h W_up^T)
-                 down      resid += act W_down^T
-  final:         norm, then logits = h W_lm^T (float32)
-Activations stay float32 between phases (resid, h, qkv, q, a, act in scratch buffers); weights and
-the cache are the model's dtype. A correctness building block with a torch twin (the model's own
-forward); EngineConfig.persistent_decode routes decode forwards to it (model/persistent_forward.py).
+microseconds of fixed cost against well under a microsecond of weights); one cooperative kernel pays
+one launch and a grid-wide sync per phase instead (bench.grid_sync_cost times one: it grows with the
+grid, so the grid is one block of THREADS per SM). Phases, separated by grid syncs:
+  embed            resid[t] = embed[ids[t]]
+  per layer:  qkv  rotated q into q; rotated k and v into the paged cache  (RMSNorm folded in)
+              attn a = softmax(q K^T s) V over the context                  (a block per (token, head))
+              o    resid += a W_o^T
+              mlp  act = silu(h W_gate^T) * (h W_up^T), h = rmsnorm(resid)  (RMSNorm folded in)
+              down resid += act W_down^T
+  final:           logits = rmsnorm(resid) W_lm^T (float32)                  (RMSNorm folded in)
+Five syncs a layer: RoPE needs both halves of a head's row (a warp computes the pair), the norms need
+a whole residual row (every block recomputes the token's inverse RMS from it: a few KB from L2, where
+a phase of its own would cost a sync). The GEMVs and the attention are in kernels/persistent_phases.py.
+Activations stay float32 between phases; weights are read as int64 words (kernels/word_loads.py).
 
-The CUDA simulator runs a cooperative grid of one block (its grid sync is a block barrier), and its
-shuffles are block barriers too, so there a block is one warp: every loop is then uniform.
+TIMELINE builds a variant whose block 0 stamps the GPU clock after every phase (bench.persistent_phases
+reads it). The CUDA simulator runs a cooperative grid of one block of one warp (its grid sync is a
+block barrier, its shuffles block barriers too): every loop is then uniform.
 """
 from __future__ import annotations
 
 import functools
 import math
 
-from numba import float32
+from numba import float32, int64
 
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
-from protospec.kernels.reductions import tree_sum, xor_exchange
+from protospec.kernels.persistent_phases import WARP, make_phases
+from protospec.kernels.word_loads import global_timer
 
-WARP = 32
-THREADS = WARP if interop.SIMULATOR else 128
-MERGE_BYTES = 40 * 1024  # the attention phase merges a block's (max, sum, acc[d]) through shared memory
+THREADS = WARP if interop.SIMULATOR else 512
+MAX_TOKENS = 64          # tokens per launch (their inverse RMS sit in shared memory): the host splits more
+KEYS_PER_STEP = 2 if interop.SIMULATOR else 8
+SCRATCH = 4 * THREADS if interop.SIMULATOR else 1
+MAX_HEAD_DIM = 128       # K and V of KEYS_PER_STEP keys held in registers, head_dim / 32 per lane each
 
 
-def supports(head_dim: int) -> bool:
-    """Every thread's attention accumulator (head_dim floats) fits the block's merge buffer."""
-    return head_dim % 2 == 0 and THREADS * head_dim * 4 <= MERGE_BYTES
+def unsupported(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> str | None:
+    """Why the kernel cannot run this shape, or None: rows are read as 8-byte words (4 float16 values),
+    RoPE pairs and SiLU pairs need even sizes, a head's dims spread over a warp's registers."""
+    if head_dim % 2 or head_dim > MAX_HEAD_DIM:
+        return f"head_dim {head_dim} must be even and at most {MAX_HEAD_DIM}"
+    for name, size in (("hidden_size", hidden), ("heads x head_dim", heads * head_dim), ("intermediate_size", intermediate)):
+        if size % 4:
+            return f"{name} {size} must be a multiple of 4 (weights are read as 8-byte words)"
+    if heads % kv_heads:
+        return f"{heads} heads do not share {kv_heads} KV heads evenly"
+    return None
+
+
+def stamps(layers: int) -> int:
+    """Clock stamps a TIMELINE launch writes: the start, after the embed, 5 per layer, after the head."""
+    return 3 + 5 * layers
+
+
+def phase_names(layers: int) -> list[str]:
+    """What ends at each stamp after the first."""
+    per_layer = ("qkv", "attention", "o", "gate_up", "down")
+    return ["embed", *(f"layer{i}.{p}" for i in range(layers) for p in per_layer), "lm_head"]
 
 
 @functools.cache
-def decode_kernel(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int):
-    """The kernel for one model shape (its sizes are compile-time constants), compiled on first use."""
-    return _make_kernel(hidden, heads, kv_heads, head_dim, intermediate, layers)
+def decode_kernel(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int,
+                  half: bool = True, timeline: bool = False):
+    """The kernel for one model shape (its sizes are compile-time constants), compiled on first use;
+    half: float16 weights and cache (else float32)."""
+    return _make_kernel(hidden, heads, kv_heads, head_dim, intermediate, layers, half, timeline)
 
 
-def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int):  # noqa: N803 (Numba freezes them as constants)
-    HALF = D // 2
-    GROUP = NH // KVH
-    QKV = (NH + 2 * KVH) * D
-    MERGED = THREADS * D
+def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, TIMELINE: bool):  # noqa: N803, C901
+    inverse_rms, make_gemv, attention = make_phases(H, NH, KVH, D, I, HALF, THREADS, KEYS_PER_STEP)
+    qkv_load, qkv_dot, qkv_words = make_gemv(2, H)           # RoPE pairs (i, i + d/2), V pairs (c, c + 1)
+    o_load, o_dot, o_words = make_gemv(1, NH * D)
+    gu_load, gu_dot, gu_words = make_gemv(4, H)             # (gate, up) for two consecutive rows; the head's 4 rows
+    down_load, down_dot, down_words = make_gemv(1, I)
+    WORD_REGS = max(qkv_words, o_words, gu_words, down_words)
     WARPS = THREADS // WARP
-    UNROLL = 2 if interop.SIMULATOR else 8  # the simulator: still a masked tail at these tiny widths
-    STEP = WARP * UNROLL
-    NO_KEY = float32(-1e30)
-    PLAIN, ADD, GATE = 0, 1, 2  # how a GEMV's output row lands: written, added to the residual, or gated
+    MERGE = WARPS * D
+    HALF_D = D // 2
+    QKV = (NH + 2 * KVH) * D
+    QK_PAIRS = (NH + KVH) * HALF_D
+    V_PAIRS = KVH * HALF_D
+    STAMPS = stamps(L) if TIMELINE else 1
+    options = {} if interop.SIMULATOR else {"fastmath": True, "launch_bounds": (THREADS, 1)}
 
-    if interop.SIMULATOR:  # its shuffles cost two block barriers each: sum through shared memory once
-        @cuda.jit(device=True)
-        def warp_sum(value, scratch, tid):
-            cuda.syncthreads()
-            scratch[tid] = value
-            cuda.syncthreads()
-            total = float32(0.0)
-            for i in range(WARP):
-                total += scratch[tid // WARP * WARP + i]
-            return total
-    else:
-        @cuda.jit(device=True)
-        def warp_sum(value, scratch, tid):
-            for step in range(5):
-                value += xor_exchange(value, 16 >> step, scratch, tid)
-            return value
-
-    @cuda.jit(device=True)
-    def gemv(x, w, layer, rows, cols, tokens, out, mode, scratch, tid):
-        """out[t, r] (by mode) = sum_c x[t, c] w[layer, r, c] for every (token, row); a warp per item,
-        its lanes over c (coalesced weight rows). GATE: out[t, r] = silu(row r) * row (r + rows)."""
-        lane = tid % WARP
-        wv = cuda.local.array(UNROLL, float32)  # this step's weights, activations ([UNROLL] each)
-        wu = cuda.local.array(UNROLL, float32)
-        xs = cuda.local.array(UNROLL, float32)
-        first = cuda.blockIdx.x * WARPS + tid // WARP
-        for item in range(first, tokens * rows, cuda.gridDim.x * WARPS):
-            t = item // rows
-            r = item % rows
-            acc, up = float32(0.0), float32(0.0)
-            for c0 in range(lane, cols, STEP):
-                # UNROLL columns' loads first (clamped indices, no branch), then their multiply-adds:
-                # loads in flight together, as kernels/gemv.py measured a memory-bound GEMV wants
-                for u in range(UNROLL):
-                    c = min(c0 + u * WARP, cols - 1)
-                    wv[u] = float32(w[layer, r, c])
-                    xs[u] = x[t, c] if c0 + u * WARP < cols else float32(0.0)
-                    if mode == GATE:
-                        wu[u] = float32(w[layer, r + rows, c])
-                for u in range(UNROLL):
-                    acc += xs[u] * wv[u]
-                    if mode == GATE:
-                        up += xs[u] * wu[u]
-            acc = warp_sum(acc, scratch, tid)
-            if mode == GATE:
-                up = warp_sum(up, scratch, tid)
-            if lane == 0:
-                if mode == ADD:
-                    out[t, r] += acc
-                elif mode == GATE:
-                    out[t, r] = acc / (float32(1.0) + math.exp(-acc)) * up
-                else:
-                    out[t, r] = acc
-
-    @cuda.jit(device=True)
-    def rms_norm(resid, w, layer, tokens, eps, h, partial, tid):
-        """h[t] = resid[t] / sqrt(mean(resid[t]^2) + eps) * w[layer], a block per token."""
-        for t in range(cuda.blockIdx.x, tokens, cuda.gridDim.x):
-            total = float32(0.0)
-            for c in range(tid, H, THREADS):
-                total += resid[t, c] * resid[t, c]
-            partial[tid] = total
-            cuda.syncthreads()
-            tree_sum(partial, tid, THREADS)
-            inv = float32(1.0) / math.sqrt(partial[0] / float32(H) + float32(eps))
-            for c in range(tid, H, THREADS):
-                h[t, c] = resid[t, c] * inv * float32(w[layer, c])
-            cuda.syncthreads()
-
-    @cuda.jit(device=True)
-    def rope_and_cache(qkv, positions, slots, cos, sin, kv, layer, tokens, q, gid, gsize):
-        """q (rotated) into q; k (rotated) and v into the cache at each token's slot (none below 0)."""
-        block_size = kv.shape[3]
-        for item in range(gid, tokens * (NH + KVH) * HALF, gsize):
-            t = item // ((NH + KVH) * HALF)
-            head = item // HALF % (NH + KVH)
-            i = item % HALF
-            p = positions[t]
-            base = head * D  # q heads, then k heads, in qkv's row
-            x1, x2 = qkv[t, base + i], qkv[t, base + i + HALF]
-            lo = x1 * float32(cos[p, i]) - x2 * float32(sin[p, i])
-            hi = x2 * float32(cos[p, i + HALF]) + x1 * float32(sin[p, i + HALF])
-            if head < NH:
-                q[t, base + i] = lo
-                q[t, base + i + HALF] = hi
-            elif slots[t] >= 0:
-                kvh = head - NH
-                kv[layer, 0, slots[t] // block_size, slots[t] % block_size, kvh, i] = lo
-                kv[layer, 0, slots[t] // block_size, slots[t] % block_size, kvh, i + HALF] = hi
-        for item in range(gid, tokens * KVH * D, gsize):
-            t = item // (KVH * D)
-            if slots[t] >= 0:
-                kvh = item // D % KVH
-                kv[layer, 1, slots[t] // block_size, slots[t] % block_size, kvh, item % D] = qkv[t, (NH + KVH) * D + item % (KVH * D)]
-
-    @cuda.jit(device=True)
-    def attend(q, kv, layer, block_tables, positions, tokens, scale, a, stats, merged, tid):
-        """a[t, head] = softmax over keys 0..position of (q . k) scale, times V: a block per (token,
-        head); each thread an online softmax over keys tid, tid + THREADS, ..., merged at the end."""
-        block_size = kv.shape[3]
-        acc = cuda.local.array(D, float32)
-        for item in range(cuda.blockIdx.x, tokens * NH, cuda.gridDim.x):
-            t = item // NH
-            head = item % NH
-            kvh = head // GROUP
-            m, l = NO_KEY, float32(0.0)
-            for e in range(D):
-                acc[e] = float32(0.0)
-            # A row whose position runs past its table (a padding row, a sequence the host is about to
-            # stop) reads no block id beyond the table
-            keys = min(positions[t] + 1, block_tables.shape[1] * block_size)
-            for j in range(tid, keys, THREADS):
-                block = block_tables[t, j // block_size]
-                s = float32(0.0)
-                for e in range(D):
-                    s += q[t, head * D + e] * float32(kv[layer, 0, block, j % block_size, kvh, e])
-                s *= float32(scale)
-                top = max(m, s)
-                alpha, p = math.exp(m - top), math.exp(s - top)
-                l = l * alpha + p
-                for e in range(D):
-                    acc[e] = acc[e] * alpha + p * float32(kv[layer, 1, block, j % block_size, kvh, e])
-                m = top
-            stats[tid] = m
-            cuda.syncthreads()
-            top = NO_KEY
-            for i in range(THREADS):
-                top = max(top, stats[i])
-            weight = math.exp(m - top) if l > float32(0.0) else float32(0.0)
-            for e in range(D):
-                merged[tid * D + e] = acc[e] * weight
-            cuda.syncthreads()
-            stats[tid] = l * weight
-            cuda.syncthreads()
-            total = float32(0.0)
-            for i in range(THREADS):
-                total += stats[i]
-            for e in range(tid, D, THREADS):
-                value = float32(0.0)
-                for i in range(THREADS):
-                    value += merged[i * D + e]
-                a[t, head * D + e] = value / total
-            cuda.syncthreads()
-
-    @cuda.jit
+    @cuda.jit(**options)
     def decode_forward(ids, positions, slots, block_tables, embed, norm1, norm2, norm_f, w_qkv, w_o, w_gu, w_down, w_lm,
-                       cos, sin, kv, eps, scale, resid, h, qkv, q, a, act, logits):
+                       cos, sin, kv, eps, scale, resid, q, a, act, logits, timeline):
         """
-        ids, positions, slots [T] int64; block_tables [T, W] int32 (a token's sequence's table)
-        embed [V, H]; norm1, norm2 [L, H]; norm_f [1, H]; w_qkv [L, QKV, H]; w_o [L, H, NH D]
-        w_gu [L, 2 I, H]; w_down [L, H, I]; w_lm [1, V, H]; cos, sin [P, D]; kv [L, 2, blocks, bs, KVH, D]
-        scratch (float32): resid, h [T, H]; qkv [T, QKV]; q, a [T, NH D]; act [T, I]; out: logits [T, V] f32
+        ids, positions, slots [T] int64 (T <= MAX_TOKENS); block_tables [T, W] int32 (a token's sequence's)
+        embed [V, H]; norm1, norm2 [L, H]; norm_f [1, H]; cos, sin [P, d]; kv [L, 2, blocks, bs, KVH, d]
+        as int64 words: w_qkv [L, QKV, H/e]; w_o [L, H, NH d/e]; w_gu [L, 2 I, H/e]; w_down [L, H, I/e]; w_lm [1, V, H/e]
+        scratch (float32): resid [T, H]; q, a [T, NH d]; act [T, I]; out: logits [T, V] float32
+        timeline [stamps] int64 (TIMELINE; else unused)
         """
         grid = cuda.cg.this_grid()
         tid = cuda.threadIdx.x
-        gid = cuda.blockIdx.x * THREADS + tid
-        gsize = cuda.gridDim.x * THREADS
-        tokens = ids.shape[0]
-        scratch = cuda.shared.array(THREADS, float32)
-        stats = cuda.shared.array(THREADS, float32)
-        merged = cuda.shared.array(MERGED, float32)
-        for item in range(gid, tokens * H, gsize):
+        lane = tid % WARP
+        gwarp = cuda.blockIdx.x * WARPS + tid // WARP
+        gwarps = cuda.gridDim.x * WARPS
+        tokens, vocab = ids.shape[0], w_lm.shape[1]
+        block_size = kv.shape[3]
+        scratch = cuda.shared.array(SCRATCH, float32)  # the simulator's warp sums (4 rows at once)
+        inv = cuda.shared.array(MAX_TOKENS, float32)
+        warp_max = cuda.shared.array(WARPS, float32)
+        warp_sum_exp = cuda.shared.array(WARPS, float32)
+        warp_acc = cuda.shared.array(MERGE, float32)
+        words = cuda.local.array(WORD_REGS, int64)
+        sums = cuda.local.array(4, float32)
+        stamp = 0
+        if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
+            timeline[0] = global_timer()
+        for item in range(cuda.blockIdx.x * THREADS + tid, tokens * H, cuda.gridDim.x * THREADS):
             resid[item // H, item % H] = float32(embed[ids[item // H], item % H])
-        grid.sync()
-        for layer in range(L):
-            rms_norm(resid, norm1, layer, tokens, eps, h, scratch, tid)
+        for layer in range(L + 1):  # the last pass only records the previous phase and leaves
             grid.sync()
-            gemv(h, w_qkv, layer, QKV, H, tokens, qkv, PLAIN, scratch, tid)
+            stamp += 1
+            if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
+                timeline[stamp] = global_timer()
+            if layer == L:
+                break
+            inverse_rms(resid, tokens, eps, inv, scratch, tid)
+            for item in range(gwarp, QK_PAIRS + V_PAIRS, gwarps):
+                rope = item < QK_PAIRS
+                head, i = item // HALF_D, item % HALF_D
+                r0 = head * D + i if rope else (NH + KVH) * D + 2 * (item - QK_PAIRS)
+                qkv_load(w_qkv, layer, r0, HALF_D if rope else 1, 0, QKV, words, lane)
+                for t in range(tokens):
+                    qkv_dot(words, resid, t, inv[t], norm1, layer, True, sums, scratch, tid)
+                    slot = slots[t]
+                    block, offset = slot // block_size, slot % block_size
+                    if lane == 0 and rope:
+                        p = positions[t]
+                        lo = sums[0] * float32(cos[p, i]) - sums[1] * float32(sin[p, i])
+                        hi = sums[1] * float32(cos[p, i + HALF_D]) + sums[0] * float32(sin[p, i + HALF_D])
+                        if head < NH:
+                            q[t, r0] = lo
+                            q[t, r0 + HALF_D] = hi
+                        elif slot >= 0:
+                            kv[layer, 0, block, offset, head - NH, i] = lo
+                            kv[layer, 0, block, offset, head - NH, i + HALF_D] = hi
+                    elif lane == 0 and slot >= 0:
+                        c = r0 - (NH + KVH) * D
+                        kv[layer, 1, block, offset, c // D, c % D] = sums[0]
+                        kv[layer, 1, block, offset, c // D, c % D + 1] = sums[1]
             grid.sync()
-            rope_and_cache(qkv, positions, slots, cos, sin, kv, layer, tokens, q, gid, gsize)
+            stamp += 1
+            if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
+                timeline[stamp] = global_timer()
+            attention(q, kv, layer, block_tables, positions, tokens, scale, a, warp_max, warp_sum_exp, warp_acc,
+                      scratch, tid)
             grid.sync()
-            attend(q, kv, layer, block_tables, positions, tokens, scale, a, stats, merged, tid)
+            stamp += 1
+            if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
+                timeline[stamp] = global_timer()
+            for item in range(gwarp, H, gwarps):
+                o_load(w_o, layer, item, 1, 2, H, words, lane)
+                for t in range(tokens):
+                    o_dot(words, a, t, float32(1.0), norm1, layer, False, sums, scratch, tid)
+                    if lane == 0:
+                        resid[t, item] += sums[0]
             grid.sync()
-            gemv(a, w_o, layer, H, NH * D, tokens, resid, ADD, scratch, tid)
+            stamp += 1
+            if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
+                timeline[stamp] = global_timer()
+            inverse_rms(resid, tokens, eps, inv, scratch, tid)
+            for item in range(gwarp, I // 2, gwarps):
+                r0 = 2 * item
+                gu_load(w_gu, layer, r0, I, 1, 2 * I, words, lane)
+                for t in range(tokens):
+                    gu_dot(words, resid, t, inv[t], norm2, layer, True, sums, scratch, tid)
+                    if lane == 0:
+                        act[t, r0] = sums[0] / (float32(1.0) + math.exp(-sums[0])) * sums[1]
+                        act[t, r0 + 1] = sums[2] / (float32(1.0) + math.exp(-sums[2])) * sums[3]
             grid.sync()
-            rms_norm(resid, norm2, layer, tokens, eps, h, scratch, tid)
+            stamp += 1
+            if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
+                timeline[stamp] = global_timer()
+            for item in range(gwarp, H, gwarps):
+                down_load(w_down, layer, item, 1, 2, H, words, lane)
+                for t in range(tokens):
+                    down_dot(words, act, t, float32(1.0), norm1, layer, False, sums, scratch, tid)
+                    if lane == 0:
+                        resid[t, item] += sums[0]
+        inverse_rms(resid, tokens, eps, inv, scratch, tid)
+        for item in range(gwarp, (vocab + 3) // 4, gwarps):
+            r0 = 4 * item
+            gu_load(w_lm, 0, r0, 1, 2, vocab, words, lane)
+            for t in range(tokens):
+                gu_dot(words, resid, t, inv[t], norm_f, 0, True, sums, scratch, tid)
+                if lane == 0:
+                    for n in range(4):
+                        if r0 + n < vocab:
+                            logits[t, r0 + n] = sums[n]
+        if TIMELINE:
             grid.sync()
-            gemv(h, w_gu, layer, I, H, tokens, act, GATE, scratch, tid)
-            grid.sync()
-            gemv(act, w_down, layer, H, I, tokens, resid, ADD, scratch, tid)
-            grid.sync()
-        rms_norm(resid, norm_f, 0, tokens, eps, h, scratch, tid)
-        grid.sync()
-        gemv(h, w_lm, 0, w_lm.shape[1], H, tokens, logits, PLAIN, scratch, tid)
+            if cuda.blockIdx.x == 0 and tid == 0:
+                timeline[STAMPS - 1] = global_timer()
 
     return decode_forward
 
 
-def grid_blocks(kernel, args: list) -> int:
-    """As many blocks as can be resident at once: a cooperative grid's largest (1 in the simulator)."""
-    return interop.max_cooperative_blocks(kernel, THREADS, args)
+def grid_blocks(kernel, args: list, sm_count: int) -> int:
+    """One block per SM, or fewer if fewer fit at once (1 in the simulator): a grid sync costs more
+    the more blocks it waits for."""
+    return min(interop.max_cooperative_blocks(kernel, THREADS, args), sm_count)

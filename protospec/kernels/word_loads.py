@@ -1,0 +1,84 @@
+"""Wide loads for Numba kernels: weights read as 8-byte words, unpacked to float32 in registers.
+
+Why: a memory-bound GEMV wants as many bytes in flight per instruction as it can get; an fp16
+element loaded alone moves 2 bytes per lane (64 bytes a warp), an int64 view of the same tensor
+moves 8 (256 bytes a warp) in one instruction. Numba has no vector types, so the tensor is viewed as
+int64 on the host (`tensor.view(torch.int64)`, last dim a multiple of the word's elements) and the
+word is split here: on a GPU by LLVM bit casts (trunc + bitcast + fpext lower to cvt.f32.f16), in
+the CUDA simulator by numpy views of the same bits.
+
+Also `global_timer()`: the GPU's nanosecond clock (%globaltimer), for kernels that record when each
+of their phases ended.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from protospec.kernels import interop
+from protospec.kernels.interop import cuda
+
+if interop.SIMULATOR:
+    def _bits(word) -> np.ndarray:
+        return np.array([int(word)], dtype=np.int64)
+
+    @cuda.jit(device=True)
+    def unpack_f16x4(word):
+        """The four float16 values of an int64 word (lowest address first), as float32."""
+        h = _bits(word).view(np.float16).astype(np.float32)
+        return h[0], h[1], h[2], h[3]
+
+    @cuda.jit(device=True)
+    def unpack_f32x2(word):
+        """The two float32 values of an int64 word (lowest address first)."""
+        f = _bits(word).view(np.float32)
+        return f[0], f[1]
+
+    @cuda.jit(device=True)
+    def global_timer():
+        """Nanoseconds (the host's clock in the simulator)."""
+        return np.int64(time.perf_counter_ns())
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    def _fields(builder, word, width: int, count: int) -> list:
+        i64 = ir.IntType(64)
+        return [builder.trunc(builder.lshr(word, ir.Constant(i64, width * i)), ir.IntType(width)) for i in range(count)]
+
+    @intrinsic
+    def unpack_f16x4(typingctx, word):  # noqa: ARG001
+        """The four float16 values of an int64 word (lowest address first), as float32."""
+        signature = types.UniTuple(types.float32, 4)(word)
+
+        def codegen(context, builder, sig, args):
+            w = context.cast(builder, args[0], sig.args[0], types.int64)
+            values = [builder.fpext(builder.bitcast(b, ir.HalfType()), ir.FloatType()) for b in _fields(builder, w, 16, 4)]
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return signature, codegen
+
+    @intrinsic
+    def unpack_f32x2(typingctx, word):  # noqa: ARG001
+        """The two float32 values of an int64 word (lowest address first)."""
+        signature = types.UniTuple(types.float32, 2)(word)
+
+        def codegen(context, builder, sig, args):
+            w = context.cast(builder, args[0], sig.args[0], types.int64)
+            values = [builder.bitcast(b, ir.FloatType()) for b in _fields(builder, w, 32, 2)]
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return signature, codegen
+
+    @intrinsic
+    def global_timer(typingctx):  # noqa: ARG001
+        """Nanoseconds since an arbitrary origin (%globaltimer: one clock for every SM)."""
+        signature = types.int64()
+
+        def codegen(context, builder, sig, args):
+            fn = ir.FunctionType(ir.IntType(64), [])
+            return builder.call(ir.InlineAsm(fn, "mov.u64 $0, %globaltimer;", "=l", side_effect=True), [])
+
+        return signature, codegen
