@@ -5,6 +5,7 @@ import pytest
 import torch
 from tiny import TARGET_CFG
 
+from protospec.kernels import persistent_decode
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.model.config import LlamaArchConfig
 from protospec.model.inputs import prepare_inputs
@@ -48,7 +49,7 @@ def test_one_persistent_launch_gives_the_torch_forwards_logits_and_cache(monkeyp
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a grid of many blocks and float16 at a real head size")
-def test_a_float16_model_decodes_through_a_grid_of_many_blocks():
+def test_a_float16_model_decodes_through_a_grid_of_many_blocks(monkeypatch):
     """GQA (4 heads over 2 KV heads of 80), widths that leave a masked tail in every GEMV step (320, 544),
     and the launch captured in a CUDA graph and replayed."""
     cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=320, intermediate_size=544, num_attention_heads=4,
@@ -75,6 +76,18 @@ def test_a_float16_model_decodes_through_a_grid_of_many_blocks():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(outputs[0], got, atol=1e-3, rtol=1e-3)
+    # more tokens than one launch takes: launches in order, the same logits
+    monkeypatch.setattr(persistent_decode, "MAX_TOKENS", 2)
+    chunked = forward.forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, tables, kv.clone())
+    torch.testing.assert_close(chunked, got, atol=1e-3, rtol=1e-3)
+    monkeypatch.undo()
+    # the clock-stamping build: the same logits, a stamp after every phase, in order
+    timed = PersistentDecodeForward(model, timeline=True)
+    torch.testing.assert_close(timed.forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, tables,
+                                             kv.clone()), got, atol=1e-3, rtol=1e-3)
+    stamps = timed.timeline.cpu()
+    assert stamps.numel() == persistent_decode.stamps(cfg.num_hidden_layers) and (stamps.diff() >= 0).all()
+    assert stamps[-1] > stamps[0]
 
 
 def test_a_row_whose_position_runs_past_its_table_reads_inside_it():

@@ -49,7 +49,7 @@ class PersistentDecodeForward:
         self.kernel = persistent_decode.decode_kernel(*self.sizes, half=half, timeline=timeline)
         self.timeline = torch.zeros(persistent_decode.stamps(cfg.num_hidden_layers) if timeline else 1,
                                     dtype=torch.int64, device=self.weights[0].device)
-        self._blocks: int | None = None  # the cooperative grid, sized once (it depends on the kernel only)
+        self.blocks: int | None = None  # the cooperative grid, sized at the first launch (it depends on the kernel only)
         self._scratch: dict[int, list[torch.Tensor]] = {}  # float32 activations per token count, reused
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
@@ -81,12 +81,12 @@ class PersistentDecodeForward:
             self._scratch[tokens] = [torch.empty(tokens, n, dtype=torch.float32, device=input_ids.device) for n in widths]
         args = [input_ids, positions, slot_mapping, block_tables, *self.weights, kv, self.eps, self.scale,
                 *self._scratch[tokens], logits, self.timeline]
-        if self._blocks is None:
+        if self.blocks is None:
             sms = torch.cuda.get_device_properties(kv.device).multi_processor_count if kv.is_cuda else 1
-            self._blocks = persistent_decode.grid_blocks(self.kernel, args, sms)
-            if self._blocks < 1:
+            self.blocks = persistent_decode.grid_blocks(self.kernel, args, sms)
+            if self.blocks < 1:
                 raise KernelArgumentError("persistent decode: not one block of the kernel fits an SM (registers or shared memory)")
-        interop.launch_tensors(self.kernel, self._blocks, persistent_decode.THREADS, args)
+        interop.launch_tensors(self.kernel, self.blocks, persistent_decode.THREADS, args)
 
 
 def enable_for_runners(runners: list, device: torch.device) -> None:
