@@ -1,7 +1,8 @@
 """Where the persistent decode forward's time goes: each phase's device time against its bytes floor.
 
     python -m protospec.bench.persistent_phases [--model JackFram/llama-68m] [--tokens 1] [--context 320]
-                                                [--launches 200] [--output-json PATH]
+                                                [--launches 200] [--threads 512]
+                                                [--output-json PATH]
 
 Dummy float16 weights, --tokens sequences of --context cached keys each. A TIMELINE build of the
 kernel (kernels/persistent_decode.py) stamps the GPU's clock after every phase from block 0, which
@@ -45,6 +46,7 @@ def main(argv=None) -> dict:
     p.add_argument("--tokens", type=int, default=1, help="sequences, one decode token each")
     p.add_argument("--context", type=int, default=320, help="keys already cached per sequence")
     p.add_argument("--launches", type=int, default=200)
+    p.add_argument("--threads", type=int, nargs="+", default=[persistent_decode.THREADS], help="threads per block")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
     check_writable(args.output_json)
@@ -62,34 +64,35 @@ def main(argv=None) -> dict:
                       cfg.head_dim, device=dev) * 0.5).half()
     run_args = (inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables.contiguous(), kv)
 
-    timed = PersistentDecodeForward(model, timeline=True)
-    stamps = []
-    for _ in range(args.launches):
-        timed.forward(*run_args)
-        stamps.append(timed.timeline.clone())
-    gaps = torch.stack(stamps).diff(dim=1).double().mean(dim=0).div(1e3).tolist()  # [phases] us
     names = persistent_decode.phase_names(cfg.num_hidden_layers)
     bandwidth = copy_bandwidth_gbs(dev)
     nbytes = phase_bytes(cfg, args.tokens, args.context, 2)
-    phases = {n: {"us": us, "bytes": nbytes[n], "floor_us": nbytes[n] / bandwidth / 1e3} for n, us in zip(names, gaps)}
-
-    plain = PersistentDecodeForward(model)
-    forward_us = graph_us(lambda: plain.forward(*run_args))
+    floor_us = sum(nbytes.values()) / bandwidth / 1e3
     caches = list(kv.clone().unbind(0))
     layered_us = graph_us(lambda: model(inputs.input_ids, inputs.positions, caches, meta))
-    floor_us = sum(nbytes.values()) / bandwidth / 1e3
-    resources = interop.compiled_resources(plain.kernel, persistent_decode.THREADS)
     report = provenance(dev, argv, "protospec.bench.persistent_phases") | {
-        "config": vars(args), "copy_bandwidth_gbs": bandwidth, "grid_blocks": plain.blocks,
-        "threads_per_block": persistent_decode.THREADS, "kernel_resources": resources, "phases": phases,
-        "forward_us": {"persistent": forward_us, "layer_kernels": layered_us, "floor": floor_us,
-                       "sum_of_phases": sum(gaps)}}
-    print(f"{'phase':<18}{'us':>9}{'floor us':>10}{'x floor':>9}")
-    for name, row in phases.items():
-        print(f"{name:<18}{row['us']:9.2f}{row['floor_us']:10.2f}{row['us'] / row['floor_us']:9.1f}")
-    print(f"forward (graph): persistent {forward_us:.1f} us, layer kernels {layered_us:.1f} us, floor {floor_us:.1f} us; "
-          f"grid {plain.blocks} x {persistent_decode.THREADS}; resources {resources}")
-    write_report(report, args.output_json)
+        "config": vars(args), "copy_bandwidth_gbs": bandwidth, "floor_us": floor_us, "layer_kernels_us": layered_us,
+        "by_threads": {}}
+    for threads in args.threads:
+        timed = PersistentDecodeForward(model, timeline=True, threads=threads)
+        stamps = []
+        for _ in range(args.launches):
+            timed.forward(*run_args)
+            stamps.append(timed.timeline.clone())
+        gaps = torch.stack(stamps).diff(dim=1).double().mean(dim=0).div(1e3).tolist()  # [phases] us
+        phases = {n: {"us": us, "bytes": nbytes[n], "floor_us": nbytes[n] / bandwidth / 1e3} for n, us in zip(names, gaps)}
+        plain = PersistentDecodeForward(model, threads=threads)
+        forward_us = graph_us(lambda: plain.forward(*run_args))
+        resources = interop.compiled_resources(plain.kernel, threads)
+        report["by_threads"][threads] = {"grid_blocks": plain.blocks, "kernel_resources": resources, "phases": phases,
+                                         "forward_us": forward_us, "sum_of_phases_us": sum(gaps)}
+        print(f"threads {threads}, grid {plain.blocks}; resources {resources}")
+        print(f"{'phase':<18}{'us':>9}{'floor us':>10}{'x floor':>9}")
+        for name, row in phases.items():
+            print(f"{name:<18}{row['us']:9.2f}{row['floor_us']:10.2f}{row['us'] / row['floor_us']:9.1f}")
+        print(f"forward (graph): persistent {forward_us:.1f} us (phases sum {sum(gaps):.1f}), layer kernels "
+              f"{layered_us:.1f} us, floor {floor_us:.1f} us")
+    write_report(args.output_json, report)
     return report
 
 

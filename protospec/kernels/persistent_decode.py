@@ -35,7 +35,6 @@ from protospec.kernels.word_loads import global_timer
 THREADS = WARP if interop.SIMULATOR else 512
 MAX_TOKENS = 64          # tokens per launch (their inverse RMS sit in shared memory): the host splits more
 KEYS_PER_STEP = 2 if interop.SIMULATOR else 8
-SCRATCH = 4 * THREADS if interop.SIMULATOR else 1
 MAX_HEAD_DIM = 128       # K and V of KEYS_PER_STEP keys held in registers, head_dim / 32 per lane each
 
 
@@ -65,13 +64,13 @@ def phase_names(layers: int) -> list[str]:
 
 @functools.cache
 def decode_kernel(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int,
-                  half: bool = True, timeline: bool = False):
+                  half: bool = True, timeline: bool = False, threads: int = THREADS):
     """The kernel for one model shape (its sizes are compile-time constants), compiled on first use;
-    half: float16 weights and cache (else float32)."""
-    return _make_kernel(hidden, heads, kv_heads, head_dim, intermediate, layers, half, timeline)
+    half: float16 weights and cache (else float32); threads per block (a multiple of 32)."""
+    return _make_kernel(hidden, heads, kv_heads, head_dim, intermediate, layers, half, timeline, threads)
 
 
-def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, TIMELINE: bool):  # noqa: N803, C901
+def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, TIMELINE: bool, THREADS: int):  # noqa: N803, C901
     inverse_rms, make_gemv, attention = make_phases(H, NH, KVH, D, I, HALF, THREADS, KEYS_PER_STEP)
     qkv_load, qkv_dot, qkv_words = make_gemv(2, H)           # RoPE pairs (i, i + d/2), V pairs (c, c + 1)
     o_load, o_dot, o_words = make_gemv(1, NH * D)
@@ -85,6 +84,7 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
     QK_PAIRS = (NH + KVH) * HALF_D
     V_PAIRS = KVH * HALF_D
     STAMPS = stamps(L) if TIMELINE else 1
+    SCRATCH = 4 * THREADS if interop.SIMULATOR else 1
     options = {} if interop.SIMULATOR else {"fastmath": True, "launch_bounds": (THREADS, 1)}
 
     @cuda.jit(**options)
@@ -204,7 +204,7 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
     return decode_forward
 
 
-def grid_blocks(kernel, args: list, sm_count: int) -> int:
+def grid_blocks(kernel, threads: int, args: list, sm_count: int) -> int:
     """One block per SM, or fewer if fewer fit at once (1 in the simulator): a grid sync costs more
     the more blocks it waits for."""
-    return min(interop.max_cooperative_blocks(kernel, THREADS, args), sm_count)
+    return min(interop.max_cooperative_blocks(kernel, threads, args), sm_count)

@@ -26,6 +26,9 @@ from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.word_loads import unpack_f16x4, unpack_f32x2
 
 WARP = 32
+# inlined into the kernel (NVVM's alwaysinline): a device function left as a call takes its arrays by
+# pointer, so they live in local memory and each load waits for the store that spills it
+DEVICE = {"device": True} if interop.SIMULATOR else {"device": True, "forceinline": True}
 NO_KEY = -1e30
 
 
@@ -38,7 +41,7 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
     GROUP = NH // KVH
 
     if interop.SIMULATOR:  # a shuffle costs two block barriers there: one exchange through shared memory
-        @cuda.jit(device=True)
+        @cuda.jit(**DEVICE)
         def warp_sum(value, scratch, tid):
             cuda.syncthreads()
             scratch[tid] = value
@@ -48,7 +51,7 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
                 total += scratch[tid // WARP * WARP + i]
             return total
 
-        @cuda.jit(device=True)
+        @cuda.jit(**DEVICE)
         def warp_sums(sums, rows, scratch, tid):
             """sums[:rows] summed across the warp, every lane getting the totals."""
             cuda.syncthreads()
@@ -61,19 +64,19 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
                     total += scratch[n * THREADS + tid // WARP * WARP + i]
                 sums[n] = total
     else:
-        @cuda.jit(device=True)
+        @cuda.jit(**DEVICE)
         def warp_sum(value, scratch, tid):
             for step in range(5):
                 value += xor_exchange(value, 16 >> step, scratch, tid)
             return value
 
-        @cuda.jit(device=True)
+        @cuda.jit(**DEVICE)
         def warp_sums(sums, rows, scratch, tid):
             """sums[:rows] summed across the warp (a xor butterfly), every lane getting the totals."""
             for n in range(rows):
                 sums[n] = warp_sum(sums[n], scratch, tid)
 
-    @cuda.jit(device=True)
+    @cuda.jit(**DEVICE)
     def inverse_rms(x, tokens, eps, inv, scratch, tid):
         """inv[t] = 1 / sqrt(mean(x[t]^2) + eps) for every token, by the block's warps (then a barrier)."""
         lane, warp = tid % WARP, tid // WARP
@@ -90,7 +93,7 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
         WORDS = COLS // ELEMS
         WPL = -(-WORDS // WARP)
 
-        @cuda.jit(device=True)
+        @cuda.jit(**DEVICE)
         def load(w, layer, r0, s_in, s_out, rows, words, lane):
             """words[n WPL + u] = word lane + 32 u of row n of the item (rows past the matrix clamped)."""
             for n in range(ROWS):
@@ -98,7 +101,7 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
                 for u in range(WPL):
                     words[n * WPL + u] = w[layer, r, min(lane + u * WARP, WORDS - 1)]
 
-        @cuda.jit(device=True)
+        @cuda.jit(**DEVICE)
         def dot(words, x, t, scale, g, layer, use_g, sums, scratch, tid):
             """sums[n] = sum_c row_n[c] x[t, c] (x[t, c] scale g[layer, c] when use_g), on every lane."""
             lane = tid % WARP
@@ -126,7 +129,7 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
 
         return load, dot, WPL * ROWS
 
-    @cuda.jit(device=True)
+    @cuda.jit(**DEVICE)
     def attention(q, kv, layer, block_tables, positions, tokens, scale, a, warp_max, warp_sum_exp, warp_acc,
                   scratch, tid):
         """a[t, head d : (head + 1) d] = softmax over keys 0..positions[t] of q . k scale, times V."""

@@ -19,7 +19,7 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE, check_tensor
 class PersistentDecodeForward:
     """One token per sequence through every layer, the LM head included, in one cooperative launch."""
 
-    def __init__(self, model, timeline: bool = False):
+    def __init__(self, model, timeline: bool = False, threads: int | None = None):
         cfg, layers = model.config, model.model.layers
         self.sizes = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                       cfg.intermediate_size, cfg.num_hidden_layers)
@@ -46,7 +46,8 @@ class PersistentDecodeForward:
         ]
         self.eps, self.scale = float(cfg.rms_norm_eps), float(layers[0].scale)
         half = self.dtype == torch.float16
-        self.kernel = persistent_decode.decode_kernel(*self.sizes, half=half, timeline=timeline)
+        self.threads = threads or persistent_decode.THREADS
+        self.kernel = persistent_decode.decode_kernel(*self.sizes, half=half, timeline=timeline, threads=self.threads)
         self.timeline = torch.zeros(persistent_decode.stamps(cfg.num_hidden_layers) if timeline else 1,
                                     dtype=torch.int64, device=self.weights[0].device)
         self.blocks: int | None = None  # the cooperative grid, sized at the first launch (it depends on the kernel only)
@@ -83,10 +84,10 @@ class PersistentDecodeForward:
                 *self._scratch[tokens], logits, self.timeline]
         if self.blocks is None:
             sms = torch.cuda.get_device_properties(kv.device).multi_processor_count if kv.is_cuda else 1
-            self.blocks = persistent_decode.grid_blocks(self.kernel, args, sms)
+            self.blocks = persistent_decode.grid_blocks(self.kernel, self.threads, args, sms)
             if self.blocks < 1:
                 raise KernelArgumentError("persistent decode: not one block of the kernel fits an SM (registers or shared memory)")
-        interop.launch_tensors(self.kernel, self.blocks, persistent_decode.THREADS, args)
+        interop.launch_tensors(self.kernel, self.blocks, self.threads, args)
 
 
 def enable_for_runners(runners: list, device: torch.device) -> None:
