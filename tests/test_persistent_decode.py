@@ -77,7 +77,7 @@ def test_a_float16_model_decodes_through_a_grid_of_many_blocks(monkeypatch):
     torch.cuda.synchronize()
     torch.testing.assert_close(outputs[0], got, atol=1e-3, rtol=1e-3)
     # more tokens than one launch takes: launches in order, the same logits
-    monkeypatch.setattr(persistent_decode, "MAX_TOKENS", 2)
+    monkeypatch.setattr(forward, "tokens_per_launch", 2)
     chunked = forward.forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, tables, kv.clone())
     torch.testing.assert_close(chunked, got, atol=1e-3, rtol=1e-3)
     monkeypatch.undo()

@@ -47,9 +47,15 @@ def check_tensor(name: str, t, dtype: torch.dtype, ndim: int, rows: int | None =
 
 
 def as_numba(t: torch.Tensor):
-    """A zero-copy Numba view of a tensor that passed check_tensor."""
+    """A zero-copy Numba view of a tensor that passed check_tensor. In the simulator a "device array"
+    wrapping the tensor's memory: given a plain numpy array, the simulator copies each argument in and
+    back out, so two views of one tensor (a cache as values and as words) would undo each other's writes."""
     t = t.detach()
-    return t.numpy() if SIMULATOR else cuda.as_cuda_array(t)
+    return _SimulatedDeviceArray(t.numpy()) if SIMULATOR else cuda.as_cuda_array(t)
+
+
+if SIMULATOR:
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimulatedDeviceArray
 
 
 def launch_config(num_threads: int, threads_per_block: int = 128) -> tuple[int, int]:

@@ -4,8 +4,8 @@ Why: at batch 1 a decode forward of a small model is launch-bound (~10 kernels p
 microseconds of fixed cost against well under a microsecond of weights); one cooperative kernel pays
 one launch and a grid-wide sync per phase instead (bench.grid_sync_cost times one: it grows with the
 grid, so the grid is one block of THREADS per SM). Phases, separated by grid syncs:
-  embed            resid[t] = embed[ids[t]]
-  per layer:  qkv  rotated q into q; rotated k and v into the paged cache  (RMSNorm folded in)
+  per layer:  qkv  rotated q into q; rotated k and v into the paged cache  (RMSNorm folded in; layer 0
+                   reads the embedding rows and starts the residual from them)
               attn a = softmax(q K^T s) V over the context                  (a block per (token, head))
               o    resid += a W_o^T
               mlp  act = silu(h W_gate^T) * (h W_up^T), h = rmsnorm(resid)  (RMSNorm folded in)
@@ -13,8 +13,10 @@ grid, so the grid is one block of THREADS per SM). Phases, separated by grid syn
   final:           logits = rmsnorm(resid) W_lm^T (float32)                  (RMSNorm folded in)
 Five syncs a layer: RoPE needs both halves of a head's row (a warp computes the pair), the norms need
 a whole residual row (every block recomputes the token's inverse RMS from it: a few KB from L2, where
-a phase of its own would cost a sync). The GEMVs and the attention are in kernels/persistent_phases.py.
-Activations stay float32 between phases; weights are read as int64 words (kernels/word_loads.py).
+a phase of its own would cost a sync). Each phase stages its input rows in shared memory first, so a
+launch takes tokens_per_launch tokens (the host launches again for more). The staging, GEMVs and
+attention are in kernels/persistent_phases.py. Activations stay float32 between phases; weights and
+the cache are read as int64 words (kernels/word_loads.py).
 
 TIMELINE builds a variant whose block 0 stamps the GPU clock after every phase (bench.persistent_phases
 reads it). The CUDA simulator runs a cooperative grid of one block of one warp (its grid sync is a
@@ -33,16 +35,18 @@ from protospec.kernels.persistent_phases import WARP, make_phases
 from protospec.kernels.word_loads import global_timer
 
 THREADS = WARP if interop.SIMULATOR else 512
-MAX_TOKENS = 64          # tokens per launch (their inverse RMS sit in shared memory): the host splits more
-KEYS_PER_STEP = 2 if interop.SIMULATOR else 8
-MAX_HEAD_DIM = 128       # K and V of KEYS_PER_STEP keys held in registers, head_dim / 32 per lane each
+MAX_TOKENS = 64          # tokens per launch at most (their inverse RMS sit in shared memory)
+STAGED = 8192            # float32 activations a block stages per phase: tokens x the widest GEMV input
+MAX_HEAD_DIM = 128       # a lane holds a whole K row in registers (as head_dim / 4 words)
 
 
 def unsupported(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> str | None:
     """Why the kernel cannot run this shape, or None: rows are read as 8-byte words (4 float16 values),
-    RoPE pairs and SiLU pairs need even sizes, a head's dims spread over a warp's registers."""
-    if head_dim % 2 or head_dim > MAX_HEAD_DIM:
-        return f"head_dim {head_dim} must be even and at most {MAX_HEAD_DIM}"
+    a lane holds a K row, a block stages one token's widest GEMV input at least."""
+    if head_dim % 4 or head_dim > MAX_HEAD_DIM:
+        return f"head_dim {head_dim} must be a multiple of 4 and at most {MAX_HEAD_DIM}"
+    if tokens_per_launch(hidden, heads * head_dim, intermediate) < 1:
+        return f"a GEMV input of {max(hidden, heads * head_dim, intermediate)} values does not fit the {STAGED} staged"
     for name, size in (("hidden_size", hidden), ("heads x head_dim", heads * head_dim), ("intermediate_size", intermediate)):
         if size % 4:
             return f"{name} {size} must be a multiple of 4 (weights are read as 8-byte words)"
@@ -51,15 +55,20 @@ def unsupported(hidden: int, heads: int, kv_heads: int, head_dim: int, intermedi
     return None
 
 
+def tokens_per_launch(hidden: int, attention_width: int, intermediate: int) -> int:
+    """Tokens one launch takes: as many rows of the widest GEMV input as the staging buffer holds."""
+    return min(MAX_TOKENS, STAGED // max(hidden, attention_width, intermediate))
+
+
 def stamps(layers: int) -> int:
-    """Clock stamps a TIMELINE launch writes: the start, after the embed, 5 per layer, after the head."""
-    return 3 + 5 * layers
+    """Clock stamps a TIMELINE launch writes: the start, 5 per layer, after the head."""
+    return 2 + 5 * layers
 
 
 def phase_names(layers: int) -> list[str]:
-    """What ends at each stamp after the first."""
+    """What ends at each stamp after the first (layer 0's qkv reads the embedding rows itself)."""
     per_layer = ("qkv", "attention", "o", "gate_up", "down")
-    return ["embed", *(f"layer{i}.{p}" for i in range(layers) for p in per_layer), "lm_head"]
+    return [*(f"layer{i}.{p}" for i in range(layers) for p in per_layer), "lm_head"]
 
 
 @functools.cache
@@ -71,7 +80,7 @@ def decode_kernel(hidden: int, heads: int, kv_heads: int, head_dim: int, interme
 
 
 def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, TIMELINE: bool, THREADS: int):  # noqa: N803, C901
-    inverse_rms, make_gemv, attention = make_phases(H, NH, KVH, D, I, HALF, THREADS, KEYS_PER_STEP)
+    stage, make_gemv, attention = make_phases(NH, KVH, D, HALF, THREADS)
     qkv_load, qkv_dot, qkv_words = make_gemv(2, H)           # RoPE pairs (i, i + d/2), V pairs (c, c + 1)
     o_load, o_dot, o_words = make_gemv(1, NH * D)
     gu_load, gu_dot, gu_words = make_gemv(4, H)             # (gate, up) for two consecutive rows; the head's 4 rows
@@ -89,11 +98,12 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
 
     @cuda.jit(**options)
     def decode_forward(ids, positions, slots, block_tables, embed, norm1, norm2, norm_f, w_qkv, w_o, w_gu, w_down, w_lm,
-                       cos, sin, kv, eps, scale, resid, q, a, act, logits, timeline):
+                       cos, sin, kv, kv_words, eps, scale, resid, q, a, act, logits, timeline):
         """
-        ids, positions, slots [T] int64 (T <= MAX_TOKENS); block_tables [T, W] int32 (a token's sequence's)
+        ids, positions, slots [T] int64 (T <= tokens_per_launch); block_tables [T, W] int32 (a token's sequence's)
         embed [V, H]; norm1, norm2 [L, H]; norm_f [1, H]; cos, sin [P, d]; kv [L, 2, blocks, bs, KVH, d]
-        as int64 words: w_qkv [L, QKV, H/e]; w_o [L, H, NH d/e]; w_gu [L, 2 I, H/e]; w_down [L, H, I/e]; w_lm [1, V, H/e]
+        as int64 words: kv_words (kv's); w_qkv [L, QKV, H/e]; w_o [L, H, NH d/e]; w_gu [L, 2 I, H/e];
+        w_down [L, H, I/e]; w_lm [1, V, H/e]
         scratch (float32): resid [T, H]; q, a [T, NH d]; act [T, I]; out: logits [T, V] float32
         timeline [stamps] int64 (TIMELINE; else unused)
         """
@@ -104,33 +114,32 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
         gwarps = cuda.gridDim.x * WARPS
         tokens, vocab = ids.shape[0], w_lm.shape[1]
         block_size = kv.shape[3]
-        scratch = cuda.shared.array(SCRATCH, float32)  # the simulator's warp sums (4 rows at once)
+        scratch = cuda.shared.array(SCRATCH, float32)  # the simulator's warp exchanges (4 rows at once)
+        xs = cuda.shared.array(STAGED, float32)        # the phase's input rows: [T, cols]
         inv = cuda.shared.array(MAX_TOKENS, float32)
-        warp_max = cuda.shared.array(WARPS, float32)
-        warp_sum_exp = cuda.shared.array(WARPS, float32)
-        warp_acc = cuda.shared.array(MERGE, float32)
+        qs = cuda.shared.array(D, float32)
+        part_max = cuda.shared.array(WARPS, float32)
+        part_sum = cuda.shared.array(WARPS, float32)
+        part_acc = cuda.shared.array(MERGE, float32)
         words = cuda.local.array(WORD_REGS, int64)
         sums = cuda.local.array(4, float32)
         stamp = 0
         if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
             timeline[0] = global_timer()
-        for item in range(cuda.blockIdx.x * THREADS + tid, tokens * H, cuda.gridDim.x * THREADS):
-            resid[item // H, item % H] = float32(embed[ids[item // H], item % H])
-        for layer in range(L + 1):  # the last pass only records the previous phase and leaves
-            grid.sync()
-            stamp += 1
-            if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
-                timeline[stamp] = global_timer()
-            if layer == L:
-                break
-            inverse_rms(resid, tokens, eps, inv, scratch, tid)
+        for layer in range(L):
+            if layer == 0:  # the embedding rows feed the first norm directly; the residual starts from them
+                stage(embed, ids, True, tokens, H, True, norm1, 0, eps, inv, xs, scratch, tid)
+                for item in range(cuda.blockIdx.x * THREADS + tid, tokens * H, cuda.gridDim.x * THREADS):
+                    resid[item // H, item % H] = float32(embed[ids[item // H], item % H])
+            else:
+                stage(resid, ids, False, tokens, H, True, norm1, layer, eps, inv, xs, scratch, tid)
             for item in range(gwarp, QK_PAIRS + V_PAIRS, gwarps):
                 rope = item < QK_PAIRS
                 head, i = item // HALF_D, item % HALF_D
                 r0 = head * D + i if rope else (NH + KVH) * D + 2 * (item - QK_PAIRS)
                 qkv_load(w_qkv, layer, r0, HALF_D if rope else 1, 0, QKV, words, lane)
                 for t in range(tokens):
-                    qkv_dot(words, resid, t, inv[t], norm1, layer, True, sums, scratch, tid)
+                    qkv_dot(words, xs, t, sums, scratch, tid)
                     slot = slots[t]
                     block, offset = slot // block_size, slot % block_size
                     if lane == 0 and rope:
@@ -151,28 +160,29 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
                 timeline[stamp] = global_timer()
-            attention(q, kv, layer, block_tables, positions, tokens, scale, a, warp_max, warp_sum_exp, warp_acc,
+            attention(q, kv_words, layer, block_tables, positions, tokens, scale, a, qs, part_max, part_sum, part_acc,
                       scratch, tid)
             grid.sync()
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
                 timeline[stamp] = global_timer()
+            stage(a, ids, False, tokens, NH * D, False, norm1, layer, eps, inv, xs, scratch, tid)
             for item in range(gwarp, H, gwarps):
                 o_load(w_o, layer, item, 1, 2, H, words, lane)
                 for t in range(tokens):
-                    o_dot(words, a, t, float32(1.0), norm1, layer, False, sums, scratch, tid)
+                    o_dot(words, xs, t, sums, scratch, tid)
                     if lane == 0:
                         resid[t, item] += sums[0]
             grid.sync()
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
                 timeline[stamp] = global_timer()
-            inverse_rms(resid, tokens, eps, inv, scratch, tid)
+            stage(resid, ids, False, tokens, H, True, norm2, layer, eps, inv, xs, scratch, tid)
             for item in range(gwarp, I // 2, gwarps):
                 r0 = 2 * item
                 gu_load(w_gu, layer, r0, I, 1, 2 * I, words, lane)
                 for t in range(tokens):
-                    gu_dot(words, resid, t, inv[t], norm2, layer, True, sums, scratch, tid)
+                    gu_dot(words, xs, t, sums, scratch, tid)
                     if lane == 0:
                         act[t, r0] = sums[0] / (float32(1.0) + math.exp(-sums[0])) * sums[1]
                         act[t, r0 + 1] = sums[2] / (float32(1.0) + math.exp(-sums[2])) * sums[3]
@@ -180,18 +190,23 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
                 timeline[stamp] = global_timer()
+            stage(act, ids, False, tokens, I, False, norm1, layer, eps, inv, xs, scratch, tid)
             for item in range(gwarp, H, gwarps):
                 down_load(w_down, layer, item, 1, 2, H, words, lane)
                 for t in range(tokens):
-                    down_dot(words, act, t, float32(1.0), norm1, layer, False, sums, scratch, tid)
+                    down_dot(words, xs, t, sums, scratch, tid)
                     if lane == 0:
                         resid[t, item] += sums[0]
-        inverse_rms(resid, tokens, eps, inv, scratch, tid)
+            grid.sync()
+            stamp += 1
+            if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
+                timeline[stamp] = global_timer()
+        stage(resid, ids, False, tokens, H, True, norm_f, 0, eps, inv, xs, scratch, tid)
         for item in range(gwarp, (vocab + 3) // 4, gwarps):
             r0 = 4 * item
             gu_load(w_lm, 0, r0, 1, 2, vocab, words, lane)
             for t in range(tokens):
-                gu_dot(words, resid, t, inv[t], norm_f, 0, True, sums, scratch, tid)
+                gu_dot(words, xs, t, sums, scratch, tid)
                 if lane == 0:
                     for n in range(4):
                         if r0 + n < vocab:

@@ -1,24 +1,31 @@
 """The device functions the persistent decode kernel (kernels/persistent_decode.py) is built from:
-a warp-per-row-group GEMV over weights read as 8-byte words, the RMSNorm scale folded into the GEMV's
-activation loads, and a block-per-(token, head) attention over the paged cache.
+the phase's activations staged in shared memory (the RMSNorm applied as they are), a warp-per-row-group
+GEMV over weights read as 8-byte words, and a block-per-(token, head) attention over the paged cache.
+
+Staging (`stage`): a block copies its phase's input rows into shared memory once, normalised and
+scaled when an RMSNorm feeds the GEMV (each block recomputes the token's inverse RMS: a row of a few
+KB from L2, cheaper than a phase of its own and its grid sync), so a GEMV's activations cost a shared
+load each, not a trip to L2 after its weights arrive.
 
 GEMV (`make_gemv(rows, cols)`): a warp owns ROWS weight rows of an item and loads all of their words
 (cols / ELEMS words a row, WPL per lane, lane l reading words l, l + 32, ...) into registers before the
 first multiply-add, so every byte an item needs is in flight at once; then, for each token, it dots
-them with the token's activation row (float32, L1/L2-resident) and sums across the warp with a xor
-butterfly, so every lane ends with the sums. Rows of an item: r0 + (n // 2) s_out + (n % 2) s_in, which
-covers consecutive rows (s_in 1, s_out 2), RoPE's pairs (i, i + d/2) and SiLU's (gate, up) pairs (s_in
-= I). The weights are read once per forward whatever the token count.
+them with the staged activations and sums across the warp with a xor butterfly, so every lane ends
+with the sums. Rows of an item: r0 + (n // 2) s_out + (n % 2) s_in, which covers consecutive rows
+(s_in 1, s_out 2), RoPE's pairs (i, i + d/2) and SiLU's (gate, up) pairs (s_in = I). The weights are
+read once per launch whatever its token count.
 
-Attention (`make_attention()`): a block per (token, head); warp w walks keys w KU, (w + WARPS) KU, ...
-loading KU keys' K and V (its lanes over the head's dims: one coalesced row per key) before scoring
-any, an online softmax per warp, merged across the block's warps in shared memory.
+Attention (`attention`): a block per (token, head); its warps take 32-key chunks in turn, a lane per
+key: the lane loads its key's whole K row as words and scores it alone (no shuffles per key), the
+chunk's softmax statistics take one warp reduction each, and the V rows of the chunk's 32 keys are
+loaded before any is used (lanes over the row's words, each key's block and offset broadcast from the
+lane that looked it up). Warps keep an online softmax; the block merges them in shared memory.
 """
 from __future__ import annotations
 
 import math
 
-from numba import float32
+from numba import float32, int32, int64
 
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
@@ -32,13 +39,15 @@ DEVICE = {"device": True} if interop.SIMULATOR else {"device": True, "forceinlin
 NO_KEY = -1e30
 
 
-def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: int, KU: int):  # noqa: N803, C901
+def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N803, C901
     """Device functions for one model shape; HALF: the weights and cache are float16 (else float32)."""
     ELEMS = 4 if HALF else 2          # values per int64 word
     WARPS = THREADS // WARP
-    DS = -(-D // WARP)                # head dims per lane
-    KV_REGS = KU * DS
     GROUP = NH // KVH
+    KW = D // ELEMS                   # words in a K or V row
+    VW = -(-KW // WARP)               # V words per lane
+    V_REGS = WARP * VW                # a chunk's V words per lane: [32 keys, VW]
+    DV = VW * ELEMS                   # a lane's accumulators
 
     if interop.SIMULATOR:  # a shuffle costs two block barriers there: one exchange through shared memory
         @cuda.jit(**DEVICE)
@@ -50,6 +59,24 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
             for i in range(WARP):
                 total += scratch[tid // WARP * WARP + i]
             return total
+
+        @cuda.jit(**DEVICE)
+        def warp_max(value, scratch, tid):
+            cuda.syncthreads()
+            scratch[tid] = value
+            cuda.syncthreads()
+            top = value
+            for i in range(WARP):
+                top = max(top, scratch[tid // WARP * WARP + i])
+            return top
+
+        @cuda.jit(**DEVICE)
+        def from_lane(value, lane, scratch, tid):
+            """`value` as lane `lane` of this warp holds it (a float32 or an int below 2^24 here)."""
+            cuda.syncthreads()
+            scratch[tid] = value
+            cuda.syncthreads()
+            return scratch[tid // WARP * WARP + lane]
 
         @cuda.jit(**DEVICE)
         def warp_sums(sums, rows, scratch, tid):
@@ -71,22 +98,43 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
             return value
 
         @cuda.jit(**DEVICE)
+        def warp_max(value, scratch, tid):
+            for step in range(5):
+                value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 16 >> step))
+            return value
+
+        @cuda.jit(**DEVICE)
+        def from_lane(value, lane, scratch, tid):
+            """`value` as lane `lane` of this warp holds it."""
+            return cuda.shfl_sync(0xFFFFFFFF, value, lane)
+
+        @cuda.jit(**DEVICE)
         def warp_sums(sums, rows, scratch, tid):
             """sums[:rows] summed across the warp (a xor butterfly), every lane getting the totals."""
             for n in range(rows):
                 sums[n] = warp_sum(sums[n], scratch, tid)
 
     @cuda.jit(**DEVICE)
-    def inverse_rms(x, tokens, eps, inv, scratch, tid):
-        """inv[t] = 1 / sqrt(mean(x[t]^2) + eps) for every token, by the block's warps (then a barrier)."""
+    def stage(src, ids, from_embed, tokens, cols, norm, g, layer, eps, inv, xs, scratch, tid):
+        """xs[t cols + c] = x[t, c] for every token, x[t] = src[ids[t]] if from_embed else src[t]; with
+        norm, x[t] / sqrt(mean(x[t]^2) + eps) * g[layer] (RMSNorm). Ends with a block barrier."""
         lane, warp = tid % WARP, tid // WARP
-        for t in range(warp, tokens, WARPS):
-            total = float32(0.0)
-            for c in range(lane, H, WARP):
-                total += x[t, c] * x[t, c]
-            total = warp_sum(total, scratch, tid)
-            if lane == 0:
-                inv[t] = float32(1.0) / math.sqrt(total / float32(H) + float32(eps))
+        if norm:
+            for t in range(warp, tokens, WARPS):
+                row = ids[t] if from_embed else t
+                total = float32(0.0)
+                for c in range(lane, cols, WARP):
+                    v = float32(src[row, c])
+                    total += v * v
+                total = warp_sum(total, scratch, tid)
+                if lane == 0:
+                    inv[t] = float32(1.0) / math.sqrt(total / float32(cols) + float32(eps))
+            cuda.syncthreads()
+        for item in range(tid, tokens * cols, THREADS):
+            t, c = item // cols, item % cols
+            row = ids[t] if from_embed else t
+            v = float32(src[row, c])
+            xs[item] = v * inv[t] * float32(g[layer, c]) if norm else v
         cuda.syncthreads()
 
     def make_gemv(ROWS: int, COLS: int):  # noqa: N803
@@ -102,26 +150,22 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
                     words[n * WPL + u] = w[layer, r, min(lane + u * WARP, WORDS - 1)]
 
         @cuda.jit(**DEVICE)
-        def dot(words, x, t, scale, g, layer, use_g, sums, scratch, tid):
-            """sums[n] = sum_c row_n[c] x[t, c] (x[t, c] scale g[layer, c] when use_g), on every lane."""
+        def dot(words, xs, t, sums, scratch, tid):
+            """sums[n] = sum_c row_n[c] xs[t COLS + c], on every lane."""
             lane = tid % WARP
             for n in range(ROWS):
                 sums[n] = float32(0.0)
             for u in range(WPL):
                 i = lane + u * WARP
                 keep = float32(1.0) if i < WORDS else float32(0.0)  # a masked tail word adds nothing
-                c = min(i, WORDS - 1) * ELEMS
-                x0, x1 = x[t, c] * keep * scale, x[t, c + 1] * keep * scale
-                if use_g:
-                    x0, x1 = x0 * float32(g[layer, c]), x1 * float32(g[layer, c + 1])
+                c = t * COLS + min(i, WORDS - 1) * ELEMS
                 if HALF:
-                    x2, x3 = x[t, c + 2] * keep * scale, x[t, c + 3] * keep * scale
-                    if use_g:
-                        x2, x3 = x2 * float32(g[layer, c + 2]), x3 * float32(g[layer, c + 3])
+                    x0, x1, x2, x3 = xs[c] * keep, xs[c + 1] * keep, xs[c + 2] * keep, xs[c + 3] * keep
                     for n in range(ROWS):
                         w0, w1, w2, w3 = unpack_f16x4(words[n * WPL + u])
                         sums[n] += w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3
                 else:
+                    x0, x1 = xs[c] * keep, xs[c + 1] * keep
                     for n in range(ROWS):
                         w0, w1 = unpack_f32x2(words[n * WPL + u])
                         sums[n] += w0 * x0 + w1 * x1
@@ -130,63 +174,82 @@ def make_phases(H: int, NH: int, KVH: int, D: int, I: int, HALF: bool, THREADS: 
         return load, dot, WPL * ROWS
 
     @cuda.jit(**DEVICE)
-    def attention(q, kv, layer, block_tables, positions, tokens, scale, a, warp_max, warp_sum_exp, warp_acc,
+    def attention(q, kv_words, layer, block_tables, positions, tokens, scale, a, qs, part_max, part_sum, part_acc,
                   scratch, tid):
         """a[t, head d : (head + 1) d] = softmax over keys 0..positions[t] of q . k scale, times V."""
         lane, warp = tid % WARP, tid // WARP
-        block_size = kv.shape[3]
-        qd = cuda.local.array(DS, float32)
-        acc = cuda.local.array(DS, float32)
-        kk = cuda.local.array(KV_REGS, float32)
-        vv = cuda.local.array(KV_REGS, float32)
+        block_size = kv_words.shape[3]
+        kw = cuda.local.array(KW, int64)       # this lane's key's K row
+        vw = cuda.local.array(V_REGS, int64)   # the chunk's V rows: [32 keys, VW words of this lane]
+        acc = cuda.local.array(DV, float32)    # this lane's dims: words lane, lane + 32, ... of a V row
         for item in range(cuda.blockIdx.x, tokens * NH, cuda.gridDim.x):
             t, head = item // NH, item % NH
             kvh = head // GROUP
-            for j in range(DS):
-                d = lane + j * WARP
-                qd[j] = q[t, head * D + min(d, D - 1)] if d < D else float32(0.0)
-                acc[j] = float32(0.0)
+            for d in range(tid, D, THREADS):
+                qs[d] = q[t, head * D + d] * float32(scale)
+            for i in range(DV):
+                acc[i] = float32(0.0)
             m, l = float32(NO_KEY), float32(0.0)
+            cuda.syncthreads()
             # a row whose position runs past its table (padding, a stopping sequence) reads inside it
             keys = min(positions[t] + 1, block_tables.shape[1] * block_size)
-            for k0 in range(warp * KU, keys, WARPS * KU):
-                for u in range(KU):  # every load of the step first: KU keys in flight
-                    key = min(k0 + u, keys - 1)
-                    block, offset = block_tables[t, key // block_size], key % block_size
-                    for j in range(DS):
-                        d = min(lane + j * WARP, D - 1)
-                        kk[u * DS + j] = float32(kv[layer, 0, block, offset, kvh, d])
-                        vv[u * DS + j] = float32(kv[layer, 1, block, offset, kvh, d])
-                for u in range(KU):
-                    s = float32(0.0)
-                    for j in range(DS):
-                        s += qd[j] * kk[u * DS + j]
-                    s = warp_sum(s, scratch, tid) * float32(scale)
-                    real = k0 + u < keys
-                    top = max(m, s) if real else m
-                    alpha = math.exp(m - top)
-                    p = math.exp(s - top) if real else float32(0.0)
-                    l = l * alpha + p
-                    for j in range(DS):
-                        acc[j] = acc[j] * alpha + p * vv[u * DS + j]
-                    m = top
+            for k0 in range(warp * WARP, keys, WARPS * WARP):
+                key = min(k0 + lane, keys - 1)
+                block, offset = int32(block_tables[t, key // block_size]), int32(key % block_size)
+                for w in range(KW):
+                    kw[w] = kv_words[layer, 0, block, offset, kvh, w]
+                for j in range(WARP):  # V rows of all 32 keys in flight before the first is used
+                    block_j, offset_j = int32(from_lane(block, j, scratch, tid)), int32(from_lane(offset, j, scratch, tid))
+                    for v in range(VW):
+                        vw[j * VW + v] = kv_words[layer, 1, block_j, offset_j, kvh, min(lane + v * WARP, KW - 1)]
+                s = float32(0.0)
+                for w in range(KW):
+                    if HALF:
+                        k0_, k1_, k2_, k3_ = unpack_f16x4(kw[w])
+                        s += k0_ * qs[4 * w] + k1_ * qs[4 * w + 1] + k2_ * qs[4 * w + 2] + k3_ * qs[4 * w + 3]
+                    else:
+                        k0_, k1_ = unpack_f32x2(kw[w])
+                        s += k0_ * qs[2 * w] + k1_ * qs[2 * w + 1]
+                real = k0 + lane < keys
+                s = s if real else float32(NO_KEY)
+                top = max(m, warp_max(s, scratch, tid))
+                p = math.exp(s - top) if real else float32(0.0)
+                alpha = math.exp(m - top)
+                l = l * alpha + warp_sum(p, scratch, tid)
+                m = top
+                for i in range(DV):
+                    acc[i] *= alpha
+                for j in range(WARP):
+                    p_j = from_lane(p, j, scratch, tid)
+                    for v in range(VW):
+                        if HALF:
+                            v0, v1, v2, v3 = unpack_f16x4(vw[j * VW + v])
+                            acc[4 * v] += p_j * v0
+                            acc[4 * v + 1] += p_j * v1
+                            acc[4 * v + 2] += p_j * v2
+                            acc[4 * v + 3] += p_j * v3
+                        else:
+                            v0, v1 = unpack_f32x2(vw[j * VW + v])
+                            acc[2 * v] += p_j * v0
+                            acc[2 * v + 1] += p_j * v1
             if lane == 0:
-                warp_max[warp], warp_sum_exp[warp] = m, l
-            for j in range(DS):
-                d = lane + j * WARP
-                if d < D:
-                    warp_acc[warp * D + d] = acc[j]
+                part_max[warp], part_sum[warp] = m, l
+            for v in range(VW):
+                w = lane + v * WARP
+                if w < KW:
+                    for e in range(ELEMS):
+                        part_acc[warp * D + w * ELEMS + e] = acc[v * ELEMS + e]
             cuda.syncthreads()
-            for e in range(tid, D, THREADS):
+            for d in range(tid, D, THREADS):
                 top = float32(NO_KEY)
                 for w in range(WARPS):
-                    top = max(top, warp_max[w])
+                    top = max(top, part_max[w])
                 total, value = float32(0.0), float32(0.0)
                 for w in range(WARPS):
-                    weight = math.exp(warp_max[w] - top) if warp_sum_exp[w] > float32(0.0) else float32(0.0)
-                    total += warp_sum_exp[w] * weight
-                    value += warp_acc[w * D + e] * weight
-                a[t, head * D + e] = value / total
+                    weight = math.exp(part_max[w] - top) if part_sum[w] > float32(0.0) else float32(0.0)
+                    total += part_sum[w] * weight
+                    value += part_acc[w * D + d] * weight
+                a[t, head * D + d] = value / total
             cuda.syncthreads()
 
-    return inverse_rms, make_gemv, attention
+    return stage, make_gemv, attention

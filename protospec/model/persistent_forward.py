@@ -50,6 +50,8 @@ class PersistentDecodeForward:
         self.kernel = persistent_decode.decode_kernel(*self.sizes, half=half, timeline=timeline, threads=self.threads)
         self.timeline = torch.zeros(persistent_decode.stamps(cfg.num_hidden_layers) if timeline else 1,
                                     dtype=torch.int64, device=self.weights[0].device)
+        self.tokens_per_launch = persistent_decode.tokens_per_launch(cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim,
+                                                                     cfg.intermediate_size)
         self.blocks: int | None = None  # the cooperative grid, sized at the first launch (it depends on the kernel only)
         self._scratch: dict[int, list[torch.Tensor]] = {}  # float32 activations per token count, reused
 
@@ -57,7 +59,7 @@ class PersistentDecodeForward:
                 block_tables: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """input_ids, positions, slot_mapping [T] int64, block_tables [T, W] int32 (each token's sequence's),
         kv [L, 2, blocks, block_size, kvh, d] -> logits [T, V] float32; K/V of the tokens written into kv.
-        More than MAX_TOKENS tokens run as several launches, in order (a token's K/V is in the cache
+        More than tokens_per_launch tokens run as several launches, in order (a token's K/V is in the cache
         before a later launch's tokens attend)."""
         hidden, heads, kv_heads, head_dim, intermediate, layers = self.sizes
         tokens = input_ids.shape[0]
@@ -69,8 +71,8 @@ class PersistentDecodeForward:
             raise KernelArgumentError(f"kv: shape {tuple(kv.shape)}, expected [{layers}, 2, blocks, block_size, "
                                       f"{kv_heads}, {head_dim}]")
         logits = torch.empty(tokens, self.weights[0].shape[0], dtype=torch.float32, device=input_ids.device)
-        for lo in range(0, tokens, persistent_decode.MAX_TOKENS):
-            hi = min(lo + persistent_decode.MAX_TOKENS, tokens)
+        for lo in range(0, tokens, self.tokens_per_launch):
+            hi = min(lo + self.tokens_per_launch, tokens)
             self._launch(input_ids[lo:hi], positions[lo:hi], slot_mapping[lo:hi], block_tables[lo:hi], kv, logits[lo:hi])
         return logits
 
@@ -80,7 +82,7 @@ class PersistentDecodeForward:
         if tokens not in self._scratch:  # resid [T, H]; q, a [T, h d]; act [T, I]
             widths = (hidden, heads * head_dim, heads * head_dim, intermediate)
             self._scratch[tokens] = [torch.empty(tokens, n, dtype=torch.float32, device=input_ids.device) for n in widths]
-        args = [input_ids, positions, slot_mapping, block_tables, *self.weights, kv, self.eps, self.scale,
+        args = [input_ids, positions, slot_mapping, block_tables, *self.weights, kv, kv.view(torch.int64), self.eps, self.scale,
                 *self._scratch[tokens], logits, self.timeline]
         if self.blocks is None:
             sms = torch.cuda.get_device_properties(kv.device).multi_processor_count if kv.is_cuda else 1
