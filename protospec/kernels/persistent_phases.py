@@ -71,12 +71,16 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
             return top
 
         @cuda.jit(**DEVICE)
-        def from_lane(value, lane, scratch, tid):
-            """`value` as lane `lane` of this warp holds it (a float32 or an int below 2^24 here)."""
+        def publish(value, slot, scratch, tid):
+            """Make `value` readable by the warp's lanes through lane_value (a float32, or an int below 2^24)."""
             cuda.syncthreads()
-            scratch[tid] = value
+            scratch[slot * THREADS + tid] = value
             cuda.syncthreads()
-            return scratch[tid // WARP * WARP + lane]
+
+        @cuda.jit(**DEVICE)
+        def lane_value(value, lane, slot, scratch, tid):
+            """`value` as lane `lane` of this warp published it in `slot`."""
+            return scratch[slot * THREADS + tid // WARP * WARP + lane]
 
         @cuda.jit(**DEVICE)
         def warp_sums(sums, rows, scratch, tid):
@@ -104,7 +108,11 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
             return value
 
         @cuda.jit(**DEVICE)
-        def from_lane(value, lane, scratch, tid):
+        def publish(value, slot, scratch, tid):
+            """Nothing to do on a GPU: lane_value reads registers."""
+
+        @cuda.jit(**DEVICE)
+        def lane_value(value, lane, slot, scratch, tid):
             """`value` as lane `lane` of this warp holds it."""
             return cuda.shfl_sync(0xFFFFFFFF, value, lane)
 
@@ -198,8 +206,11 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
                 block, offset = int32(block_tables[t, key // block_size]), int32(key % block_size)
                 for w in range(KW):
                     kw[w] = kv_words[layer, 0, block, offset, kvh, w]
+                publish(block, 0, scratch, tid)
+                publish(offset, 1, scratch, tid)
                 for j in range(WARP):  # V rows of all 32 keys in flight before the first is used
-                    block_j, offset_j = int32(from_lane(block, j, scratch, tid)), int32(from_lane(offset, j, scratch, tid))
+                    block_j = int32(lane_value(block, j, 0, scratch, tid))
+                    offset_j = int32(lane_value(offset, j, 1, scratch, tid))
                     for v in range(VW):
                         vw[j * VW + v] = kv_words[layer, 1, block_j, offset_j, kvh, min(lane + v * WARP, KW - 1)]
                 s = float32(0.0)
@@ -219,8 +230,9 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
                 m = top
                 for i in range(DV):
                     acc[i] *= alpha
+                publish(p, 2, scratch, tid)
                 for j in range(WARP):
-                    p_j = from_lane(p, j, scratch, tid)
+                    p_j = lane_value(p, j, 2, scratch, tid)
                     for v in range(VW):
                         if HALF:
                             v0, v1, v2, v3 = unpack_f16x4(vw[j * VW + v])
