@@ -34,7 +34,7 @@ from protospec.kernels.interop import cuda
 from protospec.kernels.persistent_phases import DEVICE, WARP, make_phases
 from protospec.kernels.word_loads import global_timer
 
-THREADS = WARP if interop.SIMULATOR else 512
+THREADS = WARP if interop.SIMULATOR else 256
 MAX_TOKENS = 64          # tokens per launch at most (their inverse RMS sit in shared memory)
 STAGED = 8192            # float32 activations a block stages per phase: tokens x the widest GEMV input
 MAX_HEAD_DIM = 128       # a lane holds a whole K row in registers (as head_dim / 4 words)

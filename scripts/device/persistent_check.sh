@@ -9,7 +9,7 @@ mkdir -p "$OUT/res"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_word_loads.py tests/test_cooperative_launch.py \
   tests/test_persistent_decode.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
 for model in ${PERSISTENT_MODELS:-llama-68m llama-160m}; do
-  timeout 150 python3 -m protospec.bench.persistent_phases --model JackFram/$model --threads 256 512 \
+  timeout 150 python3 -m protospec.bench.persistent_phases --model JackFram/$model --threads ${PERSISTENT_THREADS:-256 512} \
     --output-json "$OUT/res/persistent_phases_$model.json" 2>&1 | quiet | grep -v "^layer[1-9]"
 done
 for flag in "" "--persistent-decode"; do
