@@ -31,7 +31,7 @@ from numba import float32, int64
 
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
-from protospec.kernels.persistent_phases import DEVICE, WARP, make_phases
+from protospec.kernels.persistent_phases import WARP, make_phases
 from protospec.kernels.word_loads import global_timer
 
 THREADS = WARP if interop.SIMULATOR else 256
@@ -96,16 +96,6 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
     SCRATCH = 4 * THREADS if interop.SIMULATOR else 1
     options = {} if interop.SIMULATOR else {"fastmath": True, "launch_bounds": (THREADS, 1)}
 
-    @cuda.jit(**DEVICE)
-    def qkv_row(item):
-        """The first row of a QKV item: a RoPE pair (q or k head, dim i < d/2) or two V rows."""
-        return (item // HALF_D) * D + item % HALF_D if item < QK_PAIRS else (NH + KVH) * D + 2 * (item - QK_PAIRS)
-
-    @cuda.jit(**DEVICE)
-    def qkv_pair(item):
-        """The distance to the item's second row: d/2 for a RoPE pair, 1 for V."""
-        return HALF_D if item < QK_PAIRS else 1
-
     @cuda.jit(**options)
     def decode_forward(ids, positions, slots, block_tables, embed, norm1, norm2, norm_f, w_qkv, w_o, w_gu, w_down, w_lm,
                        cos, sin, kv, kv_words, eps, scale, resid, q, a, act, logits, timeline):
@@ -136,9 +126,6 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
         stamp = 0
         if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
             timeline[0] = global_timer()
-        # Weights do not depend on activations: each warp loads its first item of a phase before the grid
-        # sync (and the staging) that precede the phase, so DRAM latency overlaps the sync
-        qkv_load(w_qkv, 0, qkv_row(gwarp), qkv_pair(gwarp), 0, QKV, words, lane)
         for layer in range(L):
             if layer == 0:  # the embedding rows feed the first norm directly; the residual starts from them
                 stage(embed, ids, True, tokens, H, True, norm1, 0, eps, inv, xs, scratch, tid)
@@ -149,9 +136,8 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
             for item in range(gwarp, QK_PAIRS + V_PAIRS, gwarps):
                 rope = item < QK_PAIRS
                 head, i = item // HALF_D, item % HALF_D
-                r0 = qkv_row(item)
-                if item != gwarp:
-                    qkv_load(w_qkv, layer, r0, qkv_pair(item), 0, QKV, words, lane)
+                r0 = head * D + i if rope else (NH + KVH) * D + 2 * (item - QK_PAIRS)
+                qkv_load(w_qkv, layer, r0, HALF_D if rope else 1, 0, QKV, words, lane)
                 for t in range(tokens):
                     qkv_dot(words, xs, t, sums, scratch, tid)
                     slot = slots[t]
@@ -176,20 +162,17 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
                 timeline[stamp] = global_timer()
             attention(q, kv_words, layer, block_tables, positions, tokens, scale, a, qs, part_max, part_sum, part_acc,
                       scratch, tid)
-            o_load(w_o, layer, gwarp, 1, 2, H, words, lane)
             grid.sync()
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
                 timeline[stamp] = global_timer()
             stage(a, ids, False, tokens, NH * D, False, norm1, layer, eps, inv, xs, scratch, tid)
             for item in range(gwarp, H, gwarps):
-                if item != gwarp:
-                    o_load(w_o, layer, item, 1, 2, H, words, lane)
+                o_load(w_o, layer, item, 1, 2, H, words, lane)
                 for t in range(tokens):
                     o_dot(words, xs, t, sums, scratch, tid)
                     if lane == 0:
                         resid[t, item] += sums[0]
-            gu_load(w_gu, layer, 2 * gwarp, I, 1, 2 * I, words, lane)
             grid.sync()
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
@@ -197,30 +180,23 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
             stage(resid, ids, False, tokens, H, True, norm2, layer, eps, inv, xs, scratch, tid)
             for item in range(gwarp, I // 2, gwarps):
                 r0 = 2 * item
-                if item != gwarp:
-                    gu_load(w_gu, layer, r0, I, 1, 2 * I, words, lane)
+                gu_load(w_gu, layer, r0, I, 1, 2 * I, words, lane)
                 for t in range(tokens):
                     gu_dot(words, xs, t, sums, scratch, tid)
                     if lane == 0:
                         act[t, r0] = sums[0] / (float32(1.0) + math.exp(-sums[0])) * sums[1]
                         act[t, r0 + 1] = sums[2] / (float32(1.0) + math.exp(-sums[2])) * sums[3]
-            down_load(w_down, layer, gwarp, 1, 2, H, words, lane)
             grid.sync()
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
                 timeline[stamp] = global_timer()
             stage(act, ids, False, tokens, I, False, norm1, layer, eps, inv, xs, scratch, tid)
             for item in range(gwarp, H, gwarps):
-                if item != gwarp:
-                    down_load(w_down, layer, item, 1, 2, H, words, lane)
+                down_load(w_down, layer, item, 1, 2, H, words, lane)
                 for t in range(tokens):
                     down_dot(words, xs, t, sums, scratch, tid)
                     if lane == 0:
                         resid[t, item] += sums[0]
-            if layer + 1 < L:
-                qkv_load(w_qkv, layer + 1, qkv_row(gwarp), qkv_pair(gwarp), 0, QKV, words, lane)
-            else:
-                gu_load(w_lm, 0, 4 * gwarp, 1, 2, vocab, words, lane)
             grid.sync()
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
@@ -228,8 +204,7 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
         stage(resid, ids, False, tokens, H, True, norm_f, 0, eps, inv, xs, scratch, tid)
         for item in range(gwarp, (vocab + 3) // 4, gwarps):
             r0 = 4 * item
-            if item != gwarp:
-                gu_load(w_lm, 0, r0, 1, 2, vocab, words, lane)
+            gu_load(w_lm, 0, r0, 1, 2, vocab, words, lane)
             for t in range(tokens):
                 gu_dot(words, xs, t, sums, scratch, tid)
                 if lane == 0:
