@@ -17,11 +17,12 @@ DEV = KERNEL_DEVICE_TYPE
 
 def test_one_persistent_launch_gives_the_torch_forwards_logits_and_cache(monkeypatch):
     # 2 layers (the stacked weights indexed by layer), 4 heads over 2 KV heads of 8; small sizes: the
-    # simulator runs every (token, row) of every GEMV as its own warp step
+    # simulator runs every (token, row) of every GEMV as its own warp step. 37 keys: its one warp takes
+    # two 32-key chunks of attention (the online softmax across chunks), the last one partly masked
     cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=32, intermediate_size=64, vocab_size=64))
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).place(DEV, torch.float32)
-    block_size, num_blocks, lengths = 4, 12, [9, 6]
+    block_size, num_blocks, lengths = 4, 14, [37, 6]
     gen = torch.Generator().manual_seed(3)
     free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()  # block 0: the null block
     tables = [[free.pop() for _ in range(-(-n // block_size))] for n in lengths]

@@ -38,6 +38,7 @@ THREADS = WARP if interop.SIMULATOR else 256
 MAX_TOKENS = 64          # tokens per launch at most (their inverse RMS sit in shared memory)
 STAGED = 8192            # float32 activations a block stages per phase: tokens x the widest GEMV input
 MAX_HEAD_DIM = 128       # a lane holds a whole K row in registers (as head_dim / 4 words)
+LM_HEAD_ROWS = 4         # LM head rows per warp item (their words all in flight: registers against latency)
 
 
 def unsupported(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> str | None:
@@ -83,9 +84,11 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
     stage, make_gemv, attention = make_phases(NH, KVH, D, HALF, THREADS)
     qkv_load, qkv_dot, qkv_words = make_gemv(2, H)           # RoPE pairs (i, i + d/2), V pairs (c, c + 1)
     o_load, o_dot, o_words = make_gemv(1, NH * D)
-    gu_load, gu_dot, gu_words = make_gemv(4, H)             # (gate, up) for two consecutive rows; the head's 4 rows
+    gu_load, gu_dot, gu_words = make_gemv(4, H)             # (gate, up) for two consecutive rows
     down_load, down_dot, down_words = make_gemv(1, I)
-    WORD_REGS = max(qkv_words, o_words, gu_words, down_words)
+    lm_load, lm_dot, lm_words = make_gemv(LM_HEAD_ROWS, H)
+    LM = LM_HEAD_ROWS
+    WORD_REGS = max(qkv_words, o_words, gu_words, down_words, lm_words)
     WARPS = THREADS // WARP
     MERGE = WARPS * D
     HALF_D = D // 2
@@ -202,13 +205,13 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
                 timeline[stamp] = global_timer()
         stage(resid, ids, False, tokens, H, True, norm_f, 0, eps, inv, xs, scratch, tid)
-        for item in range(gwarp, (vocab + 3) // 4, gwarps):
-            r0 = 4 * item
-            gu_load(w_lm, 0, r0, 1, 2, vocab, words, lane)
+        for item in range(gwarp, (vocab + LM - 1) // LM, gwarps):
+            r0 = LM * item
+            lm_load(w_lm, 0, r0, 1, 2, vocab, words, lane)
             for t in range(tokens):
-                gu_dot(words, xs, t, sums, scratch, tid)
+                lm_dot(words, xs, t, sums, scratch, tid)
                 if lane == 0:
-                    for n in range(4):
+                    for n in range(LM):
                         if r0 + n < vocab:
                             logits[t, r0 + n] = sums[n]
         if TIMELINE:

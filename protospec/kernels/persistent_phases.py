@@ -37,6 +37,7 @@ WARP = 32
 # pointer, so they live in local memory and each load waits for the store that spills it
 DEVICE = {"device": True} if interop.SIMULATOR else {"device": True, "forceinline": True}
 NO_KEY = -1e30
+V_KEYS_PER_LOAD = 32  # V rows of a 32-key chunk loaded together: more bytes in flight, more registers
 
 
 def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N803, C901
@@ -46,7 +47,8 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
     GROUP = NH // KVH
     KW = D // ELEMS                   # words in a K or V row
     VW = -(-KW // WARP)               # V words per lane
-    V_REGS = WARP * VW                # a chunk's V words per lane: [32 keys, VW]
+    VK = V_KEYS_PER_LOAD              # V rows loaded together (a divisor of 32)
+    V_REGS = VK * VW                  # V words per lane: [VK keys, VW]
     DV = VW * ELEMS                   # a lane's accumulators
 
     if interop.SIMULATOR:  # a shuffle costs two block barriers there: one exchange through shared memory
@@ -72,7 +74,8 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
 
         @cuda.jit(**DEVICE)
         def publish(value, slot, scratch, tid):
-            """Make `value` readable by the warp's lanes through lane_value (a float32, or an int below 2^24)."""
+            """Make `value` readable by the warp's lanes through lane_value (a float32, or an int below 2^24);
+            slots 1..3 (slot 0 is the reductions')."""
             cuda.syncthreads()
             scratch[slot * THREADS + tid] = value
             cuda.syncthreads()
@@ -182,13 +185,24 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
         return load, dot, WPL * ROWS
 
     @cuda.jit(**DEVICE)
+    def load_v(kv_words, layer, kvh, block, offset, j0, vw, scratch, tid):
+        """vw[jj VW + v] = word lane + 32 v of the V row of the chunk's key j0 + jj, for jj < VK (each key's
+        block and offset as its lane published them)."""
+        lane = tid % WARP
+        for jj in range(VK):
+            block_j = int32(lane_value(block, j0 + jj, 1, scratch, tid))
+            offset_j = int32(lane_value(offset, j0 + jj, 2, scratch, tid))
+            for v in range(VW):
+                vw[jj * VW + v] = kv_words[layer, 1, block_j, offset_j, kvh, min(lane + v * WARP, KW - 1)]
+
+    @cuda.jit(**DEVICE)
     def attention(q, kv_words, layer, block_tables, positions, tokens, scale, a, qs, part_max, part_sum, part_acc,
                   scratch, tid):
         """a[t, head d : (head + 1) d] = softmax over keys 0..positions[t] of q . k scale, times V."""
         lane, warp = tid % WARP, tid // WARP
         block_size = kv_words.shape[3]
         kw = cuda.local.array(KW, int64)       # this lane's key's K row
-        vw = cuda.local.array(V_REGS, int64)   # the chunk's V rows: [32 keys, VW words of this lane]
+        vw = cuda.local.array(V_REGS, int64)   # VK keys' V rows: [VK, VW words of this lane]
         acc = cuda.local.array(DV, float32)    # this lane's dims: words lane, lane + 32, ... of a V row
         for item in range(cuda.blockIdx.x, tokens * NH, cuda.gridDim.x):
             t, head = item // NH, item % NH
@@ -206,13 +220,9 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
                 block, offset = int32(block_tables[t, key // block_size]), int32(key % block_size)
                 for w in range(KW):
                     kw[w] = kv_words[layer, 0, block, offset, kvh, w]
-                publish(block, 0, scratch, tid)
-                publish(offset, 1, scratch, tid)
-                for j in range(WARP):  # V rows of all 32 keys in flight before the first is used
-                    block_j = int32(lane_value(block, j, 0, scratch, tid))
-                    offset_j = int32(lane_value(offset, j, 1, scratch, tid))
-                    for v in range(VW):
-                        vw[j * VW + v] = kv_words[layer, 1, block_j, offset_j, kvh, min(lane + v * WARP, KW - 1)]
+                publish(block, 1, scratch, tid)
+                publish(offset, 2, scratch, tid)
+                load_v(kv_words, layer, kvh, block, offset, 0, vw, scratch, tid)  # in flight while K is scored
                 s = float32(0.0)
                 for w in range(KW):
                     if HALF:
@@ -230,20 +240,23 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
                 m = top
                 for i in range(DV):
                     acc[i] *= alpha
-                publish(p, 2, scratch, tid)
-                for j in range(WARP):
-                    p_j = lane_value(p, j, 2, scratch, tid)
-                    for v in range(VW):
-                        if HALF:
-                            v0, v1, v2, v3 = unpack_f16x4(vw[j * VW + v])
-                            acc[4 * v] += p_j * v0
-                            acc[4 * v + 1] += p_j * v1
-                            acc[4 * v + 2] += p_j * v2
-                            acc[4 * v + 3] += p_j * v3
-                        else:
-                            v0, v1 = unpack_f32x2(vw[j * VW + v])
-                            acc[2 * v] += p_j * v0
-                            acc[2 * v + 1] += p_j * v1
+                publish(p, 3, scratch, tid)
+                for j0 in range(0, WARP, VK):
+                    if j0 > 0:
+                        load_v(kv_words, layer, kvh, block, offset, j0, vw, scratch, tid)
+                    for jj in range(VK):
+                        p_j = lane_value(p, j0 + jj, 3, scratch, tid)
+                        for v in range(VW):
+                            if HALF:
+                                v0, v1, v2, v3 = unpack_f16x4(vw[jj * VW + v])
+                                acc[4 * v] += p_j * v0
+                                acc[4 * v + 1] += p_j * v1
+                                acc[4 * v + 2] += p_j * v2
+                                acc[4 * v + 3] += p_j * v3
+                            else:
+                                v0, v1 = unpack_f32x2(vw[jj * VW + v])
+                                acc[2 * v] += p_j * v0
+                                acc[2 * v + 1] += p_j * v1
             if lane == 0:
                 part_max[warp], part_sum[warp] = m, l
             for v in range(VW):
