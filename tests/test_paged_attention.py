@@ -102,7 +102,7 @@ def test_the_folded_combine_leaves_its_counters_at_zero_and_serves_the_next_call
     for _ in range(2):
         torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head", splits=2, fused_combine=True), expected,
                                    **TOL[torch.float32])
-        assert all(int(c.abs().sum()) == 0 for c in kernel._COUNTERS[q.device])
+        assert all(int(c.abs().sum()) == 0 for c in kernel._COUNTERS[(q.device, "attention")])
 
 
 def test_keys_on_tile_and_block_boundaries():

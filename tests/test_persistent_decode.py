@@ -94,7 +94,9 @@ def test_a_float16_model_decodes_through_a_grid_of_many_blocks(monkeypatch):
 def test_a_row_whose_position_runs_past_its_table_reads_inside_it():
     """A padding row (slot -1) whose position lies past its block table, as a sequence the host is
     about to stop can leave it: the kernel reads no block id past the table (the simulator raises
-    IndexError on any read out of bounds) and the real row beside it is unchanged."""
+    IndexError on a read past an array's end), writes nothing for that row (a write at slot -1 would
+    land in the cache's last block: numpy wraps negative indices), and the real row beside it is
+    unchanged."""
     cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=32, intermediate_size=32, vocab_size=32,
                                          num_hidden_layers=1))
     torch.manual_seed(1)
@@ -102,12 +104,17 @@ def test_a_row_whose_position_runs_past_its_table_reads_inside_it():
     inputs = prepare_inputs([[3], [4]], [5, 2], [[1, 2], [3]], 4, 1, torch.device(DEV), 2)
     kv = torch.randn(1, 2, 4, 4, cfg.num_key_value_heads, cfg.head_dim, generator=torch.Generator().manual_seed(2)).to(DEV)
     meta, forward = inputs.meta, PersistentDecodeForward(model)
-    alone = forward.forward(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, kv.clone())
+    alone_kv = kv.clone()
+    alone = forward.forward(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.block_tables, alone_kv)
     positions, slots = inputs.positions.clone(), meta.slot_mapping.clone()
     positions[1], slots[1] = 2 * 4 + 3, -1  # past the 2-block table
-    got = forward.forward(inputs.input_ids, positions, slots, meta.block_tables, kv.clone())
-    torch.testing.assert_close(got[0], alone[0]) and None
+    padded_kv = kv.clone()
+    got = forward.forward(inputs.input_ids, positions, slots, meta.block_tables, padded_kv)
+    torch.testing.assert_close(got[0], alone[0])
     assert torch.isfinite(got[1]).all()
+    expected_kv = kv.clone().view(1, 2, -1, cfg.num_key_value_heads, cfg.head_dim)
+    expected_kv[:, :, slots[0]] = alone_kv.view_as(expected_kv)[:, :, slots[0]]  # row 0's K/V, nothing else
+    torch.testing.assert_close(padded_kv.view_as(expected_kv), expected_kv, atol=0, rtol=0)
 
 
 def test_the_engine_hands_each_model_its_runners_cache_stack(tiny_target, tiny_draft):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from protospec.errors import KernelArgumentError
+from protospec.kernels import paged_attention
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.rejection import rejection_sample_fused
 from protospec.spec.rejection import rejection_sample
@@ -48,19 +49,22 @@ def test_sampled_rows_match_the_reference(seed, batch, k, vocab):
 
 
 def test_greedy_rows_match_including_full_accepts():
-    args = _case(3, 4, 4, 40, greedy=True)
+    args = _case(3, 4, 4, 130, greedy=True)  # a vocabulary over several slices (blocks) in the simulator too
     args[0][0] = args[2][0, :4].argmax(-1)  # row 0: every draft token is the target's argmax
-    args[1][0] = torch.nn.functional.one_hot(args[0][0], 40).float()
+    args[1][0] = torch.nn.functional.one_hot(args[0][0], 130).float()
     ref = _assert_same(args)
     assert ref.num_accepted[0].item() == 4  # so the bonus path ran
 
 
 def test_residual_fallback_when_p_equals_q():
-    """u = 1 rejects even where p == q; the residual is then all zero and the race runs over p."""
-    args = _case(4, 2, 3, 30, uniforms=torch.ones(2, 3))
+    """u = 1 rejects even where p == q; the residual is then all zero (in every slice of the
+    vocabulary) and the race runs over p. Twice: the slices' arrival counters are back at zero."""
+    args = _case(4, 2, 3, 150, uniforms=torch.ones(2, 3))
     args[2][:, :3] = args[1]  # p == q at every draft position
-    ref = _assert_same(args)
-    assert ref.num_accepted.tolist() == [0, 0]
+    for _ in range(2):
+        ref = _assert_same(args)
+        assert ref.num_accepted.tolist() == [0, 0]
+        assert int(paged_attention._COUNTERS[(args[0].device, "rejection")][-1].abs().sum()) == 0
 
 
 def test_bad_arguments_are_named():

@@ -1,7 +1,7 @@
 """Where the persistent decode forward's time goes: each phase's device time against its bytes floor.
 
     python -m protospec.bench.persistent_phases [--model JackFram/llama-68m] [--tokens 1] [--context 320]
-                                                [--launches 200] [--threads 512]
+                                                [--launches 200] [--threads 256]
                                                 [--output-json PATH]
 
 Dummy float16 weights, --tokens sequences of --context cached keys each. A TIMELINE build of the
@@ -33,9 +33,10 @@ def phase_bytes(cfg, tokens: int, context: int, itemsize: int) -> dict[str, int]
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     per_layer = {"qkv": (heads + 2 * kv_heads) * d * h, "attention": tokens * (context + 1) * kv_heads * d * 2,
                  "o": h * heads * d, "gate_up": 2 * i * h, "down": h * i}
-    out = {"embed": tokens * h * itemsize}
+    out = {}
     for layer in range(cfg.num_hidden_layers):
         out |= {f"layer{layer}.{k}": v * itemsize for k, v in per_layer.items()}
+    out["layer0.qkv"] += tokens * h * itemsize  # layer 0's QKV phase reads the embedding rows
     return out | {"lm_head": cfg.vocab_size * h * itemsize}
 
 
@@ -56,6 +57,10 @@ def main(argv=None) -> dict:
     model = load_model(args.model, load_format="dummy", dtype=torch.float16, device=dev, extra_positions=8)
     model.enable_layer_kernels()
     cfg, block_size = model.config, 16
+    per_launch = persistent_decode.tokens_per_launch(cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim,
+                                                     cfg.intermediate_size)
+    if args.tokens > per_launch:  # the timeline would show the last launch only
+        raise SystemExit(f"--tokens {args.tokens}: one launch of this model's kernel takes {per_launch}")
     blocks = -(-(args.context + 1) // block_size)
     tables = [list(range(1 + s * blocks, 1 + (s + 1) * blocks)) for s in range(args.tokens)]
     inputs = prepare_inputs([[5]] * args.tokens, [args.context] * args.tokens, tables, block_size, 1, dev)

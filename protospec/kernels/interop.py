@@ -25,6 +25,9 @@ from numba import cuda  # noqa: E402  (after the simulator decision)
 
 from protospec.errors import KernelArgumentError  # noqa: E402
 
+if SIMULATOR:
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimulatedDeviceArray
+
 KERNEL_DEVICE_TYPE = "cpu" if SIMULATOR else "cuda"
 
 
@@ -52,10 +55,6 @@ def as_numba(t: torch.Tensor):
     back out, so two views of one tensor (a cache as values and as words) would undo each other's writes."""
     t = t.detach()
     return _SimulatedDeviceArray(t.numpy()) if SIMULATOR else cuda.as_cuda_array(t)
-
-
-if SIMULATOR:
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimulatedDeviceArray
 
 
 def launch_config(num_threads: int, threads_per_block: int = 128) -> tuple[int, int]:
@@ -182,7 +181,7 @@ _tensor_launchers: dict = {}
 
 def launch_tensors(kernel, grid: int, block: int, args: list) -> None:
     """Launch a Numba kernel over torch tensors (checked, C-contiguous) and Python scalars: in the
-    simulator through Numba's own dispatch on numpy views, on a GPU through a TensorLaunch kept per
+    simulator through Numba's own dispatch on device-array wrappers of the tensors' memory, on a GPU through a TensorLaunch kept per
     kernel (one cuLaunchKernel on torch's current stream, so CUDA graphs capture it)."""
     if SIMULATOR:
         kernel[grid, block](*[as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])

@@ -98,15 +98,16 @@ def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.devi
     return max(1, min(-(-target // groups), -(-max_keys // step_keys)))
 
 
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+_COUNTERS: dict[tuple, list[torch.Tensor]] = {}
 
 
-def arrival_counters(dev: torch.device, groups: int) -> torch.Tensor:
+def arrival_counters(dev: torch.device, groups: int, user: str = "attention") -> torch.Tensor:
     """At least [groups] int32, zero between calls (the whole buffer: no view is made per call): the
     split blocks of a row group count their arrivals here and the last one resets its counter, so one
     buffer serves every call and every graph replay. A larger need allocates a larger buffer; the old
-    ones stay alive (captured graphs point at them)."""
-    kept = _COUNTERS.setdefault(dev, [])
+    ones stay alive (captured graphs point at them). One buffer per user (a kernel family), so two
+    kernels that count arrivals never share a counter."""
+    kept = _COUNTERS.setdefault((dev, user), [])
     if not kept or kept[-1].numel() < groups:
         kept.append(torch.zeros(max(groups, 4096, 2 * kept[-1].numel() if kept else 0), dtype=torch.int32, device=dev))
     return kept[-1]

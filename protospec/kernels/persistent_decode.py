@@ -29,7 +29,7 @@ import math
 
 from numba import float32, int64
 
-from protospec.kernels import interop
+from protospec.kernels import interop, persistent_phases
 from protospec.kernels.interop import cuda
 from protospec.kernels.persistent_phases import WARP, make_phases
 from protospec.kernels.word_loads import global_timer
@@ -37,8 +37,8 @@ from protospec.kernels.word_loads import global_timer
 THREADS = WARP if interop.SIMULATOR else 256
 MAX_TOKENS = 64          # tokens per launch at most (their inverse RMS sit in shared memory)
 STAGED = 8192            # float32 activations a block stages per phase: tokens x the widest GEMV input
-MAX_HEAD_DIM = 128       # a lane holds a whole K row in registers (as head_dim / 4 words)
-LM_HEAD_ROWS = 4         # LM head rows per warp item (their words all in flight: registers against latency)
+MAX_HEAD_DIM = 128       # a lane holds a whole K row in registers (as int64 words)
+LM_HEAD_ROWS = 4         # LM head rows per warp item, at most 4 (their words all in flight: registers against latency)
 
 
 def unsupported(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> str | None:
@@ -72,22 +72,30 @@ def phase_names(layers: int) -> list[str]:
     return [*(f"layer{i}.{p}" for i in range(layers) for p in per_layer), "lm_head"]
 
 
-@functools.cache
 def decode_kernel(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int,
                   half: bool = True, timeline: bool = False, threads: int = THREADS):
     """The kernel for one model shape (its sizes are compile-time constants), compiled on first use;
-    half: float16 weights and cache (else float32); threads per block (a multiple of 32)."""
-    return _make_kernel(hidden, heads, kv_heads, head_dim, intermediate, layers, half, timeline, threads)
+    half: float16 weights and cache (else float32); threads per block (a multiple of 32). The build
+    knobs LM_HEAD_ROWS and persistent_phases.V_KEYS_PER_LOAD are read now, part of the cache key."""
+    return _cached_kernel(hidden, heads, kv_heads, head_dim, intermediate, layers, half, timeline, threads,
+                          LM_HEAD_ROWS, persistent_phases.V_KEYS_PER_LOAD)
 
 
-def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, TIMELINE: bool, THREADS: int):  # noqa: N803, C901
-    stage, make_gemv, attention = make_phases(NH, KVH, D, HALF, THREADS)
+@functools.cache
+def _cached_kernel(*shape_and_knobs):
+    return _make_kernel(*shape_and_knobs)
+
+
+def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, TIMELINE: bool, THREADS: int,  # noqa: N803, C901
+                 LM: int, V_KEYS: int):
+    if not 1 <= LM <= 4:
+        raise ValueError(f"LM_HEAD_ROWS = {LM}: 1 to 4 rows per item (a warp's sums hold 4)")
+    stage, make_gemv, attention = make_phases(NH, KVH, D, HALF, THREADS, V_KEYS)
     qkv_load, qkv_dot, qkv_words = make_gemv(2, H)           # RoPE pairs (i, i + d/2), V pairs (c, c + 1)
     o_load, o_dot, o_words = make_gemv(1, NH * D)
     gu_load, gu_dot, gu_words = make_gemv(4, H)             # (gate, up) for two consecutive rows
     down_load, down_dot, down_words = make_gemv(1, I)
-    lm_load, lm_dot, lm_words = make_gemv(LM_HEAD_ROWS, H)
-    LM = LM_HEAD_ROWS
+    lm_load, lm_dot, lm_words = make_gemv(LM, H)
     WORD_REGS = max(qkv_words, o_words, gu_words, down_words, lm_words)
     WARPS = THREADS // WARP
     MERGE = WARPS * D
@@ -146,7 +154,7 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
                     slot = slots[t]
                     block, offset = slot // block_size, slot % block_size
                     if lane == 0 and rope:
-                        p = positions[t]
+                        p = min(positions[t], cos.shape[0] - 1)  # a padding row's position may run past the table
                         lo = sums[0] * float32(cos[p, i]) - sums[1] * float32(sin[p, i])
                         hi = sums[1] * float32(cos[p, i + HALF_D]) + sums[0] * float32(sin[p, i + HALF_D])
                         if head < NH:

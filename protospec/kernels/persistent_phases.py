@@ -40,14 +40,16 @@ NO_KEY = -1e30
 V_KEYS_PER_LOAD = 32  # V rows of a 32-key chunk loaded together: more bytes in flight, more registers
 
 
-def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N803, C901
-    """Device functions for one model shape; HALF: the weights and cache are float16 (else float32)."""
+def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int, VK: int = V_KEYS_PER_LOAD):  # noqa: N803, C901
+    """Device functions for one model shape; HALF: the weights and cache are float16 (else float32);
+    VK: V rows the attention loads together (a divisor of 32)."""
+    if WARP % VK:
+        raise ValueError(f"V rows loaded together: {VK} does not divide a warp's 32 keys")
     ELEMS = 4 if HALF else 2          # values per int64 word
     WARPS = THREADS // WARP
     GROUP = NH // KVH
     KW = D // ELEMS                   # words in a K or V row
     VW = -(-KW // WARP)               # V words per lane
-    VK = V_KEYS_PER_LOAD              # V rows loaded together (a divisor of 32)
     V_REGS = VK * VW                  # V words per lane: [VK keys, VW]
     DV = VW * ELEMS                   # a lane's accumulators
 
@@ -74,8 +76,9 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int):  # noqa: N
 
         @cuda.jit(**DEVICE)
         def publish(value, slot, scratch, tid):
-            """Make `value` readable by the warp's lanes through lane_value (a float32, or an int below 2^24);
-            slots 1..3 (slot 0 is the reductions')."""
+            """Make `value` readable by the warp's lanes through lane_value (a float32, or an int below 2^24)
+            in slot 1..3. Slot 0 is warp_sum's and warp_max's; warp_sums uses slots 0..rows-1, safe
+            because no published value is live during a GEMV."""
             cuda.syncthreads()
             scratch[slot * THREADS + tid] = value
             cuda.syncthreads()

@@ -1,36 +1,52 @@
-"""The rejection sampler as one Numba kernel: one block per sequence.
+"""The rejection sampler as one Numba kernel: each sequence's vocabulary split over several blocks.
 
 protospec.spec.rejection.rejection_sample is the reference: ~25 small torch ops (gathers, cumprod, the
 residual, two exponential races, the output layout). On a GPU each op costs the host a launch
-that takes longer than the device needs for the op, so the device waits for the host. This kernel does the same work in one launch and computes the very same float32 values
-(u * q < p, max(0, p - q) / noise, p / noise, argmax ties to the lowest index), so both give
-identical tokens; tests check that in the simulator and on the GPU.
+that takes longer than the device needs for the op, so the device waits for the host. This kernel does
+the same work in one launch and computes the very same float32 values (u * q < p, max(0, p - q) / noise,
+p / noise, argmax ties to the lowest index), so both give identical tokens; tests check that in the
+simulator and on the GPU.
 
-Per sequence (block) b, with k draft tokens and vocab V:
-    thread 0: passed[i] = u[i] * q[i, d_i] < p[i, d_i];  n = first i that failed (k if none)
-    all threads: if n < k, the recovered token = argmax_v w[v] / noise[n, v] with w = max(0, p_n - q_n)
-                 (or p_n when that is all zero); else the bonus token = argmax_v p_k[v] / bonus_noise[v]
-    thread 0: out = d_1..d_n, the recovered or bonus token, then -1 (PLACEHOLDER_TOKEN_ID)
+Why several blocks per sequence: the races read k + 1 rows of the vocabulary; one block per sequence
+(an earlier version) left batch 1 with one block walking 32000 entries, its loads one stride at a
+time. Here block (b, s) takes the vocabulary slice s of sequence b (VOCAB_PER_BLOCK entries):
+    thread 0: passed[i] = u[i] * q[i, d_i] < p[i, d_i];  n = first i that failed (k if none); slice 0
+              writes the masks and the count
+    all:      if n < k, the slice's argmax of w[v] / noise[n, v], w = max(0, p_n - q_n), whether any w > 0,
+              and its argmax of p_n[v] / noise[n, v] (the fallback when the whole residual is zero);
+              else the slice's argmax of p_k[v] / bonus_noise[v]
+    the last slice block to finish (an arrival count) combines the slices (ties to the lowest index)
+    and writes out = d_1..d_n, the recovered or bonus token, then -1 (PLACEHOLDER_TOKEN_ID).
 """
 from __future__ import annotations
 
 import torch
-from numba import float32, int64
+from numba import float32, int32, int64
 
 from protospec.kernels import interop
+from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import check_tensor, cuda
+from protospec.kernels.paged_attention import arrival_counters
 from protospec.kernels.reductions import tree_argmax
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
-# Threads per block (a power of two, for the tree reduction). Each thread strides over the vocab,
-# so at batch 1 (one block) the block's width is the parallelism: 512 on a GPU; the simulator runs
-# a Python thread per CUDA thread, so it gets a narrow block.
-THREADS = 32 if interop.SIMULATOR else 512
+# Threads per block (a power of two, for the tree reduction) and vocabulary entries per block: on a
+# GPU 8 entries a thread, 16 blocks per sequence at a 32000-entry vocabulary. The simulator runs a
+# Python thread per CUDA thread: a narrow block, and small slices so its tests span several blocks.
+THREADS = 32 if interop.SIMULATOR else 256
+VOCAB_PER_BLOCK = 64 if interop.SIMULATOR else 2048
+
+
+@cuda.jit(device=True)
+def _better(value, index, best_value, best_index):
+    """value at index beats the best so far: larger, or equal at a lower index (torch.argmax's rule)."""
+    return value > best_value or (value == best_value and index < best_index)
 
 
 @cuda.jit
 def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
-                            num_proposed, out_ids, num_accepted, accepted_mask, passed_mask):
+                            num_proposed, out_ids, num_accepted, accepted_mask, passed_mask,
+                            part_value, part_index, part_mass, counters):
     """
     draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
     target_probs    [B, k + 1, V] float32 uniforms       [B, k] float32
@@ -38,8 +54,12 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
     num_proposed    [B] int64: positions past it are not tested (their draft_probs rows are zero)
     out_ids         [B, k + 1] int64 out  num_accepted   [B] int64 out
     accepted_mask   [B, k] uint8 out      passed_mask    [B, k] uint8 out
+    part_value      [B, S, 2] float32, part_index [B, S, 2] int64, part_mass [B, S] int32: each slice's
+                    (residual or bonus race, fallback race) winners and whether its residual had mass
+    counters        [>= B] int32, zero between calls (the last block of a row resets its own)
     """
-    row = cuda.blockIdx.x
+    slices = part_mass.shape[1]
+    row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
     tid = cuda.threadIdx.x
     k = draft_ids.shape[1]
     vocab = target_probs.shape[2]
@@ -47,6 +67,7 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
     best_index = cuda.shared.array(THREADS, int64)
     any_mass = cuda.shared.array(THREADS, int64)
     first_reject = cuda.shared.array(1, int64)
+    last = cuda.shared.array(1, int32)
     zero = float32(0.0)
 
     if tid == 0:
@@ -55,26 +76,31 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
         for i in range(k):
             d = draft_ids[row, i]
             passed = i < proposed and uniforms[row, i] * draft_probs[row, i, d] < target_probs[row, i, d]
-            passed_mask[row, i] = 1 if passed else 0
+            if piece == 0:
+                passed_mask[row, i] = 1 if passed else 0
             if not passed and n == k:
                 n = i
-        for i in range(k):
-            accepted_mask[row, i] = 1 if i < n else 0
-        num_accepted[row] = n
+        if piece == 0:
+            for i in range(k):
+                accepted_mask[row, i] = 1 if i < n else 0
+            num_accepted[row] = n
         first_reject[0] = n
     cuda.syncthreads()
     n = first_reject[0]
+    nn = min(n, k - 1)  # a row index that exists when n == k (its values unused then)
 
-    # Pass 1: the race over max(0, p - q) (n < k) or over p_k (the bonus, n == k).
+    # The slice's races: max(0, p - q) / noise and p / noise at n (n < k), or p_k / bonus noise (n == k)
     value, index, mass = float32(-1.0), int64(vocab), int64(0)
-    for v in range(tid, vocab, THREADS):
+    fallback_value, fallback_index = float32(-1.0), int64(vocab)
+    for v in range(piece * VOCAB_PER_BLOCK + tid, min((piece + 1) * VOCAB_PER_BLOCK, vocab), THREADS):
         if n < k:
-            w = target_probs[row, n, v] - draft_probs[row, n, v]
-            if w < zero:
-                w = zero
+            p, noise = target_probs[row, nn, v], recovered_noise[row, nn, v]
+            w = max(p - draft_probs[row, nn, v], zero)
             if w > zero:
                 mass = 1
-            score = w / recovered_noise[row, n, v]
+            score = w / noise
+            if p / noise > fallback_value:
+                fallback_value, fallback_index = p / noise, v
         else:
             score = target_probs[row, k, v] / bonus_noise[row, v]
         if score > value:
@@ -82,25 +108,30 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
     best_value[tid], best_index[tid], any_mass[tid] = value, index, mass
     cuda.syncthreads()
     tree_argmax(best_value, best_index, any_mass, tid, THREADS)
-
-    # Pass 2, only if the residual was all zero (p == q at n): race over p_n itself.
-    if n < k and any_mass[0] == 0:
-        cuda.syncthreads()
-        value, index = float32(-1.0), int64(vocab)
-        for v in range(tid, vocab, THREADS):
-            score = target_probs[row, n, v] / recovered_noise[row, n, v]
-            if score > value:
-                value, index = score, v
-        best_value[tid], best_index[tid] = value, index
-        cuda.syncthreads()
-        tree_argmax(best_value, best_index, any_mass, tid, THREADS)
-
     if tid == 0:
+        part_value[row, piece, 0], part_index[row, piece, 0] = best_value[0], best_index[0]
+        part_mass[row, piece] = any_mass[0]
+    cuda.syncthreads()
+    best_value[tid], best_index[tid], any_mass[tid] = fallback_value, fallback_index, 0
+    cuda.syncthreads()
+    tree_argmax(best_value, best_index, any_mass, tid, THREADS)
+    if tid == 0:
+        part_value[row, piece, 1], part_index[row, piece, 1] = best_value[0], best_index[0]
+
+    if arrived_last(counters, row, slices, last, tid) and tid == 0:
+        mass = 0
+        for s in range(slices):
+            mass = mass | part_mass[row, s]
+        which = 1 if n < k and mass == 0 else 0  # the residual was zero everywhere: race over p_n itself
+        value, index = float32(-1.0), int64(vocab)
+        for s in range(slices):
+            if _better(part_value[row, s, which], part_index[row, s, which], value, index):
+                value, index = part_value[row, s, which], part_index[row, s, which]
         for i in range(k + 1):
             if i < n:
                 out_ids[row, i] = draft_ids[row, i]
             elif i == n:
-                out_ids[row, i] = best_index[0]
+                out_ids[row, i] = index
             else:
                 out_ids[row, i] = PLACEHOLDER_TOKEN_ID
 
@@ -138,8 +169,13 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     out_ids = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     masks = torch.empty(2, batch, k, dtype=torch.uint8, device=device)  # accepted, passed
+    slices = -(-vocab // VOCAB_PER_BLOCK)
+    part_value = torch.empty(batch, slices, 2, dtype=torch.float32, device=device)
+    part_index = torch.empty(batch, slices, 2, dtype=torch.int64, device=device)
+    part_mass = torch.empty(batch, slices, dtype=torch.int32, device=device)
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-            out_ids, num_accepted, masks[0], masks[1]]
-    interop.launch_tensors(rejection_sample_kernel, batch, THREADS, args)
+            out_ids, num_accepted, masks[0], masks[1], part_value, part_index, part_mass,
+            arrival_counters(device, batch, "rejection")]
+    interop.launch_tensors(rejection_sample_kernel, batch * slices, THREADS, args)
     masks = masks.bool()
     return RejectionOutput(out_ids, num_accepted, masks[0], masks[1])

@@ -32,7 +32,6 @@ reference = None
 print("threads v_keys lm_rows | us per forward | regs, spill bytes | max |logit diff| vs the first variant")
 for threads, v_keys, lm_rows in itertools.product(args.threads, args.v_keys, args.lm_rows):
     persistent_phases.V_KEYS_PER_LOAD, persistent_decode.LM_HEAD_ROWS = v_keys, lm_rows
-    persistent_decode.decode_kernel.cache_clear()
     forward = PersistentDecodeForward(model, threads=threads)
     logits = forward.forward(*run_args).clone()
     reference = logits if reference is None else reference
