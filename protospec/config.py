@@ -86,7 +86,8 @@ class EngineConfig:
     fused_sampling: bool = False
     # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
     # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of
-    # ~10 kernels per layer. Off by default until measured against the layer kernels.
+    # ~10 kernels per layer. Off by default: measured slower than the layer kernels' forward (figures in
+    # data/results/README.md).
     persistent_decode: bool = False
     # The commit policy of the device draft loops (spec/commit.py): True = overlapped (the next
     # spec step's draft step 1 is built on the device and queued before the commit's host sync, so
