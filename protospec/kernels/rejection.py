@@ -137,6 +137,7 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
 
 
 _all_proposed: dict[tuple, torch.Tensor] = {}  # (batch, k, device) -> [B] int64 filled with k, never written
+_partials: dict[tuple, tuple] = {}  # (batch, slices, device) -> the slices' winners (part_value, part_index, part_mass)
 
 
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
@@ -170,12 +171,13 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     masks = torch.empty(2, batch, k, dtype=torch.uint8, device=device)  # accepted, passed
     slices = -(-vocab // VOCAB_PER_BLOCK)
-    part_value = torch.empty(batch, slices, 2, dtype=torch.float32, device=device)
-    part_index = torch.empty(batch, slices, 2, dtype=torch.int64, device=device)
-    part_mass = torch.empty(batch, slices, dtype=torch.int32, device=device)
+    key = (batch, slices, device)
+    if key not in _partials:  # written and read inside one launch: one set serves every call
+        _partials[key] = (torch.empty(batch, slices, 2, dtype=torch.float32, device=device),
+                          torch.empty(batch, slices, 2, dtype=torch.int64, device=device),
+                          torch.empty(batch, slices, dtype=torch.int32, device=device))
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-            out_ids, num_accepted, masks[0], masks[1], part_value, part_index, part_mass,
-            arrival_counters(device, batch, "rejection")]
+            out_ids, num_accepted, masks[0], masks[1], *_partials[key], arrival_counters(device, batch, "rejection")]
     interop.launch_tensors(rejection_sample_kernel, batch * slices, THREADS, args)
     masks = masks.bool()
     return RejectionOutput(out_ids, num_accepted, masks[0], masks[1])
