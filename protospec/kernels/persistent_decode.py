@@ -31,7 +31,7 @@ from numba import float32, int64
 
 from protospec.kernels import interop, persistent_phases
 from protospec.kernels.interop import cuda
-from protospec.kernels.persistent_phases import WARP, make_phases
+from protospec.kernels.persistent_phases import DEVICE, WARP, make_phases
 from protospec.kernels.word_loads import global_timer
 
 THREADS = WARP if interop.SIMULATOR else 256
@@ -92,9 +92,9 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
         raise ValueError(f"LM_HEAD_ROWS = {LM}: 1 to 4 rows per item (a warp's sums hold 4)")
     stage, make_gemv, attention = make_phases(NH, KVH, D, HALF, THREADS, V_KEYS)
     qkv_load, qkv_dot, qkv_words = make_gemv(2, H)           # RoPE pairs (i, i + d/2), V pairs (c, c + 1)
-    o_load, o_dot, o_words = make_gemv(1, NH * D)
+    o_phase, o_words = _residual_phase(stage, make_gemv, NH * D, H)       # resid += a W_o^T
     gu_load, gu_dot, gu_words = make_gemv(4, H)             # (gate, up) for two consecutive rows
-    down_load, down_dot, down_words = make_gemv(1, I)
+    down_phase, down_words = _residual_phase(stage, make_gemv, I, H)      # resid += act W_down^T
     lm_load, lm_dot, lm_words = make_gemv(LM, H)
     WORD_REGS = max(qkv_words, o_words, gu_words, down_words, lm_words)
     WARPS = THREADS // WARP
@@ -177,13 +177,7 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
                 timeline[stamp] = global_timer()
-            stage(a, ids, False, tokens, NH * D, False, norm1, layer, eps, inv, xs, scratch, tid)
-            for item in range(gwarp, H, gwarps):
-                o_load(w_o, layer, item, 1, 2, H, words, lane)
-                for t in range(tokens):
-                    o_dot(words, xs, t, sums, scratch, tid)
-                    if lane == 0:
-                        resid[t, item] += sums[0]
+            o_phase(w_o, layer, a, ids, tokens, resid, norm1, inv, xs, words, sums, scratch, tid, gwarp, gwarps)
             grid.sync()
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
@@ -201,13 +195,7 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
                 timeline[stamp] = global_timer()
-            stage(act, ids, False, tokens, I, False, norm1, layer, eps, inv, xs, scratch, tid)
-            for item in range(gwarp, H, gwarps):
-                down_load(w_down, layer, item, 1, 2, H, words, lane)
-                for t in range(tokens):
-                    down_dot(words, xs, t, sums, scratch, tid)
-                    if lane == 0:
-                        resid[t, item] += sums[0]
+            down_phase(w_down, layer, act, ids, tokens, resid, norm1, inv, xs, words, sums, scratch, tid, gwarp, gwarps)
             grid.sync()
             stamp += 1
             if TIMELINE and cuda.blockIdx.x == 0 and tid == 0:
@@ -228,6 +216,25 @@ def _make_kernel(H: int, NH: int, KVH: int, D: int, I: int, L: int, HALF: bool, 
                 timeline[STAMPS - 1] = global_timer()
 
     return decode_forward
+
+
+def _residual_phase(stage, make_gemv, COLS: int, H: int):  # noqa: N803
+    """A phase that adds src W^T (W [L, H, COLS] as words) into the residual: a warp per output row
+    (one writer per element); src staged as it is (no norm). Returns (phase, its word registers)."""
+    load, dot, word_regs = make_gemv(1, COLS)
+
+    @cuda.jit(**DEVICE)
+    def phase(w, layer, src, ids, tokens, resid, unused_norm, inv, xs, words, sums, scratch, tid, gwarp, gwarps):
+        lane = tid % WARP
+        stage(src, ids, False, tokens, COLS, False, unused_norm, layer, 0.0, inv, xs, scratch, tid)
+        for item in range(gwarp, H, gwarps):
+            load(w, layer, item, 1, 2, H, words, lane)
+            for t in range(tokens):
+                dot(words, xs, t, sums, scratch, tid)
+                if lane == 0:
+                    resid[t, item] += sums[0]
+
+    return phase, word_regs
 
 
 def grid_blocks(kernel, threads: int, args: list, sm_count: int) -> int:
