@@ -1,8 +1,10 @@
 """Device time of one decode-shaped linear layer against its bytes floor: the Numba GEMV
-(kernels/gemv.py, each rows-per-warp x unroll variant asked for) beside torch's (cuBLAS).
+(kernels/gemv.py, each rows-per-warp x unroll variant asked for, 2-byte and 8-byte weight loads)
+beside torch's (cuBLAS).
 
     python -m protospec.bench.gemv_cost [--shapes 768x2304 768x6144 3072x768 768x768 768x32000]
-                                        [--tokens 1 6] [--rows 1 2 4] [--unrolls 4 8] [--norm] [--output-json PATH]
+                                        [--tokens 1 6] [--rows 1 2 4] [--unrolls 4 8] [--word-unrolls 2 3 6]
+                                        [--norm] [--output-json PATH]
 
 A shape KxN is nn.Linear(K, N): weight [N, K] float16, x [tokens, K] float16. Floor = (weight + x + y
 bytes) / the copy bandwidth of the same run. Each case is 20 calls captured in one CUDA graph and
@@ -38,6 +40,8 @@ def main(argv=None) -> dict:
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6], help="token rows (1 = decode, k + 1 = verify)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4], help="output rows per warp")
     p.add_argument("--unrolls", type=int, nargs="+", default=[4, 8], help="columns per lane per step")
+    p.add_argument("--word-unrolls", type=int, nargs="+", default=[2, 3, 6],
+                   help="8-byte words per lane per step, for the word-load variant (keys ending in w)")
     p.add_argument("--norm", action="store_true", help="also time RMSNorm folded in against norm + cuBLAS")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
@@ -54,14 +58,16 @@ def main(argv=None) -> dict:
         torch_us = time_calls([lambda w=w: torch.nn.functional.linear(x, w) for w in weights])
         row = {"shape": shape, "tokens": tokens, "floor_us": floor_us, "torch_us": torch_us, "numba": {}}
         expected = torch.nn.functional.linear(x.float(), weights[0].float())
-        for rows, unroll in itertools.product(args.rows, args.unrolls):
-            if k % (kernel.WARP * unroll):
+        variants = [(r, u, False) for r, u in itertools.product(args.rows, args.unrolls)]
+        variants += [(r, u, True) for r, u in itertools.product(args.rows, args.word_unrolls)]
+        for rows, unroll, words in variants:
+            if k % kernel.columns_per_step(unroll, words):
                 continue
-            got = kernel.gemv(x, weights[0], rows, unroll).float()
+            got = kernel.gemv(x, weights[0], rows, unroll, words=words).float()
             err = float((got - expected).abs().max())
-            us = time_calls([lambda w=w: kernel.gemv(x, w, rows, unroll) for w in weights])
-            row["numba"][f"{rows}x{unroll}"] = {"us": us, "x_floor": us / floor_us, "max_abs_err": err}
-        if args.norm and k % (kernel.WARP * 8) == 0:
+            us = time_calls([lambda w=w: kernel.gemv(x, w, rows, unroll, words=words) for w in weights])
+            row["numba"][f"{rows}x{unroll}{'w' if words else ''}"] = {"us": us, "x_floor": us / floor_us, "max_abs_err": err}
+        if args.norm and k % kernel.columns_per_step(8) == 0:
             g = torch.ones(k, device=dev, dtype=torch.float16)
             rows_idx = torch.arange(tokens, device=dev)
             row["norm_fused_us"] = time_calls([lambda w=w: kernel.gemv(x, w, norm_weight=g) for w in weights])
