@@ -5,6 +5,7 @@ import pytest
 import torch
 from tiny import TARGET_CFG
 
+from protospec.errors import KernelArgumentError
 from protospec.kernels import persistent_decode
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.model.config import LlamaArchConfig
@@ -115,6 +116,25 @@ def test_a_row_whose_position_runs_past_its_table_reads_inside_it():
     expected_kv = kv.clone().view(1, 2, -1, cfg.num_key_value_heads, cfg.head_dim)
     expected_kv[:, :, slots[0]] = alone_kv.view_as(expected_kv)[:, :, slots[0]]  # row 0's K/V, nothing else
     torch.testing.assert_close(padded_kv.view_as(expected_kv), expected_kv, atol=0, rtol=0)
+
+
+def test_one_ordinary_kernel_per_phase_gives_the_torch_forwards_logits_and_cache():
+    """launches="per_phase": the same phases as separate launches (a kernel boundary for each grid
+    sync) over a grid of several blocks, two layers (the second reads the residual the first left)."""
+    cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=32, intermediate_size=32, vocab_size=32))
+    torch.manual_seed(2)
+    model = LlamaForCausalLM(cfg).place(DEV, torch.float32)
+    inputs = prepare_inputs([[3], [4]], [5, 2], [[1, 2], [3]], 4, 1, torch.device(DEV), 2)
+    kv = torch.randn(cfg.num_hidden_layers, 2, 4, 4, cfg.num_key_value_heads, cfg.head_dim,
+                     generator=torch.Generator().manual_seed(5)).to(DEV)
+    expected_kv = kv.clone()
+    expected = model(inputs.input_ids, inputs.positions, list(expected_kv.unbind(0)), inputs.meta)
+    forward = PersistentDecodeForward(model, launches="per_phase")
+    got = forward.forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, inputs.meta.block_tables, kv)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kv, expected_kv, atol=1e-5, rtol=1e-5)
+    with pytest.raises(KernelArgumentError, match="launches"):
+        PersistentDecodeForward(model, timeline=True, launches="per_phase")
 
 
 def test_the_engine_hands_each_model_its_runners_cache_stack(tiny_target, tiny_draft):

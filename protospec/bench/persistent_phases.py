@@ -9,7 +9,8 @@ kernel (kernels/persistent_decode.py) stamps the GPU's clock after every phase f
 leaves a phase only at the grid sync that ends it, so a phase's time here includes that sync; the
 means are over --launches launches (%globaltimer ticks coarser than some phases; the mean is not).
 Beside them: the plain kernel's time per forward replayed from a CUDA graph (20 forwards per graph),
-the layer kernels' forward the same way, the weights' bytes over the measured copy bandwidth, and the
+the same phases launched as one ordinary kernel each (kernels/phase_kernels.py) and the layer
+kernels' forward the same way, the weights' bytes over the measured copy bandwidth, and the
 compiled kernel's registers and local memory per thread (local memory would mean spilled registers).
 """
 from __future__ import annotations
@@ -88,15 +89,18 @@ def main(argv=None) -> dict:
         phases = {n: {"us": us, "bytes": nbytes[n], "floor_us": nbytes[n] / bandwidth / 1e3} for n, us in zip(names, gaps)}
         plain = PersistentDecodeForward(model, threads=threads)
         forward_us = graph_us(lambda: plain.forward(*run_args))
+        per_phase = PersistentDecodeForward(model, threads=threads, launches="per_phase")
+        per_phase_us = graph_us(lambda: per_phase.forward(*run_args))
         resources = interop.compiled_resources(plain.kernel, threads)
         report["by_threads"][threads] = {"grid_blocks": plain.blocks, "kernel_resources": resources, "phases": phases,
-                                         "forward_us": forward_us, "sum_of_phases_us": sum(gaps)}
+                                         "forward_us": forward_us, "per_phase_launches_us": per_phase_us,
+                                         "sum_of_phases_us": sum(gaps)}
         print(f"threads {threads}, grid {plain.blocks}; resources {resources}")
         print(f"{'phase':<18}{'us':>9}{'floor us':>10}{'x floor':>9}")
         for name, row in phases.items():
             print(f"{name:<18}{row['us']:9.2f}{row['floor_us']:10.2f}{row['us'] / row['floor_us']:9.1f}")
-        print(f"forward (graph): persistent {forward_us:.1f} us (phases sum {sum(gaps):.1f}), layer kernels "
-              f"{layered_us:.1f} us, floor {floor_us:.1f} us")
+        print(f"forward (graph): persistent {forward_us:.1f} us (phases sum {sum(gaps):.1f}), the same phases as "
+              f"one kernel each {per_phase_us:.1f} us, layer kernels {layered_us:.1f} us, floor {floor_us:.1f} us")
     write_report(args.output_json, report)
     return report
 

@@ -12,17 +12,17 @@ from __future__ import annotations
 import torch
 
 from protospec.errors import ConfigError, KernelArgumentError
-from protospec.kernels import interop, persistent_decode
+from protospec.kernels import interop, persistent_decode, persistent_phases, phase_kernels
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE, check_tensor
 
 
 class PersistentDecodeForward:
     """One token per sequence through every layer, the LM head included, in one cooperative launch."""
 
-    def __init__(self, model, timeline: bool = False, threads: int | None = None):
+    def __init__(self, model, timeline: bool = False, threads: int | None = None, launches: str = "one"):
         cfg, layers = model.config, model.model.layers
         self.sizes = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                      cfg.intermediate_size, cfg.num_hidden_layers)
+                      cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size)
         why = persistent_decode.unsupported(*self.sizes[:5])
         if why:
             raise KernelArgumentError(f"persistent decode: {why}")
@@ -47,7 +47,14 @@ class PersistentDecodeForward:
         self.eps, self.scale = float(cfg.rms_norm_eps), float(layers[0].scale)
         half = self.dtype == torch.float16
         self.threads = threads or persistent_decode.THREADS
+        if launches not in ("one", "per_phase") or (timeline and launches != "one"):
+            raise KernelArgumentError(f"persistent decode: launches 'one' (a cooperative kernel, timeline allowed) or "
+                                      f"'per_phase' (an ordinary kernel per phase), got {launches!r}")
+        self.launches = launches
         self.kernel = persistent_decode.decode_kernel(*self.sizes, half=half, timeline=timeline, threads=self.threads)
+        self.phases = phase_kernels.phase_kernels(*self.sizes[:5], self.sizes[6], half, self.threads,
+                                                  persistent_decode.LM_HEAD_ROWS, persistent_phases.V_KEYS_PER_LOAD) \
+            if launches == "per_phase" else None
         self.timeline = torch.zeros(persistent_decode.stamps(cfg.num_hidden_layers) if timeline else 1,
                                     dtype=torch.int64, device=self.weights[0].device)
         self.tokens_per_launch = persistent_decode.tokens_per_launch(cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim,
@@ -61,7 +68,7 @@ class PersistentDecodeForward:
         kv [L, 2, blocks, block_size, kvh, d] -> logits [T, V] float32; K/V of the tokens written into kv.
         More than tokens_per_launch tokens run as several launches, in order (a token's K/V is in the cache
         before a later launch's tokens attend)."""
-        hidden, heads, kv_heads, head_dim, intermediate, layers = self.sizes
+        hidden, heads, kv_heads, head_dim, intermediate, layers, vocab = self.sizes
         tokens = input_ids.shape[0]
         for name, t in (("input_ids", input_ids), ("positions", positions), ("slot_mapping", slot_mapping)):
             check_tensor(name, t, torch.int64, 1, rows=tokens)
@@ -77,11 +84,14 @@ class PersistentDecodeForward:
         return logits
 
     def _launch(self, input_ids, positions, slot_mapping, block_tables, kv, logits) -> None:
-        hidden, heads, kv_heads, head_dim, intermediate, layers = self.sizes
+        hidden, heads, kv_heads, head_dim, intermediate, layers, vocab = self.sizes
         tokens = input_ids.shape[0]
         if tokens not in self._scratch:  # resid [T, H]; q, a [T, h d]; act [T, I]
             widths = (hidden, heads * head_dim, heads * head_dim, intermediate)
             self._scratch[tokens] = [torch.empty(tokens, n, dtype=torch.float32, device=input_ids.device) for n in widths]
+        if self.phases is not None:
+            self._launch_per_phase(input_ids, positions, slot_mapping, block_tables, kv, logits, self._scratch[tokens])
+            return
         args = [input_ids, positions, slot_mapping, block_tables, *self.weights, kv, kv.view(torch.int64), self.eps, self.scale,
                 *self._scratch[tokens], logits, self.timeline]
         if self.blocks is None:
@@ -90,6 +100,22 @@ class PersistentDecodeForward:
             if self.blocks < 1:
                 raise KernelArgumentError("persistent decode: not one block of the kernel fits an SM (registers or shared memory)")
         interop.launch_tensors(self.kernel, self.blocks, self.threads, args)
+
+
+    def _launch_per_phase(self, ids, positions, slots, tables, kv, logits, scratch) -> None:
+        """The same phases as ordinary kernels, one launch each (kernels/phase_kernels.py)."""
+        embed, norm1, norm2, norm_f, w_qkv, w_o, w_gu, w_down, w_lm, cos, sin = self.weights
+        resid, q, a, act = scratch
+        kernels, threads, kv_words = self.phases, self.threads, kv.view(torch.int64)
+        launch = lambda name, args, blocks=None: interop.launch_tensors(  # noqa: E731
+            kernels[name][0], blocks or kernels[name][1], threads, args)
+        for layer in range(self.sizes[5]):
+            launch("qkv", [layer, ids, positions, slots, embed, resid, norm1, w_qkv, cos, sin, q, kv, self.eps])
+            launch("attend", [layer, q, kv_words, tables, positions, self.scale, a], ids.shape[0] * self.sizes[1])
+            launch("o", [layer, w_o, a, ids, resid, norm1])
+            launch("gate_up", [layer, ids, resid, norm2, w_gu, act, self.eps])
+            launch("down", [layer, w_down, act, ids, resid, norm1])
+        launch("lm", [ids, resid, norm_f, w_lm, logits, self.eps])
 
 
 def enable_for_runners(runners: list, device: torch.device) -> None:

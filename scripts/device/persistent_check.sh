@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The persistent decode forward on a GPU, in one command that fits one device call: its GPU tests,
-# where its time goes phase by phase (llama-68m and llama-160m, one token), then the graph mode's p50
+# where its time goes phase by phase (llama-68m and llama-160m, one token; beside it the same phases
+# as one kernel each), then the graph mode's p50
 # with and without it. Results under $OUT/res.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/persistent_check.sh
 set -uo pipefail
@@ -9,7 +10,7 @@ mkdir -p "$OUT/res"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_word_loads.py tests/test_cooperative_launch.py \
   tests/test_persistent_decode.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
 for model in ${PERSISTENT_MODELS:-llama-68m llama-160m}; do
-  timeout 150 python3 -m protospec.bench.persistent_phases --model JackFram/$model --threads ${PERSISTENT_THREADS:-256 512} \
+  timeout 200 python3 -m protospec.bench.persistent_phases --model JackFram/$model --threads ${PERSISTENT_THREADS:-256 512} \
     --output-json "$OUT/res/persistent_phases_$model.json" 2>&1 | quiet | grep -v "^layer[1-9]"
 done
 for flag in "" "--persistent-decode"; do
