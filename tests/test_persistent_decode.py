@@ -83,6 +83,10 @@ def test_a_float16_model_decodes_through_a_grid_of_many_blocks(monkeypatch):
     chunked = forward.forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, tables, kv.clone())
     torch.testing.assert_close(chunked, got, atol=1e-3, rtol=1e-3)
     monkeypatch.undo()
+    # one ordinary kernel per phase over grids sized to each phase's work: the same logits
+    per_phase = PersistentDecodeForward(model, launches="per_phase")
+    torch.testing.assert_close(per_phase.forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, tables,
+                                                 kv.clone()), got, atol=1e-3, rtol=1e-3)
     # the clock-stamping build: the same logits, a stamp after every phase, in order
     timed = PersistentDecodeForward(model, timeline=True)
     torch.testing.assert_close(timed.forward(inputs.input_ids, inputs.positions, inputs.meta.slot_mapping, tables,
