@@ -55,12 +55,59 @@ def gemv_kernel(rows: int, unroll: int, tokens: int, norm: bool = False, half: b
     return _make_kernel(rows, unroll, tokens, norm, half, options)
 
 
+def _row_parts(ROWS: int, TOKENS: int, NORM: bool, HALF: bool):  # noqa: N803
+    """The device functions both kernels share: the folded norm's inverse RMS per token row, the
+    activation as the GEMV consumes it, and the warp sums written out."""
+
+    @cuda.jit(device=True)
+    def inverse_rms(x, k_cols, eps, inv_rms, scratch, tid):
+        """inv_rms[t] = 1 / sqrt(mean(x[t]^2) + eps) with NORM (every lane of the warp), else 1."""
+        lane = tid % WARP
+        for t in range(TOKENS):
+            inv_rms[t] = float32(1.0)
+            if NORM:
+                sq = float32(0.0)
+                for k in range(lane, k_cols, WARP):
+                    v = float32(x[t, k])
+                    sq += v * v
+                for step in range(5):
+                    sq += xor_exchange(sq, 1 << step, scratch, tid)
+                inv_rms[t] = float32(1.0) / math.sqrt(sq / float32(k_cols) + float32(eps))
+
+    @cuda.jit(device=True)
+    def activation(x, t, k, inv_rms, norm_w):
+        """x[t, k] as the GEMV consumes it (normalised, scaled and rounded as add_rms_norm stores it)."""
+        v = float32(x[t, k])
+        if NORM:
+            v = float32(norm_w[k]) * (v * inv_rms)
+            v = float32(np.float16(v)) if HALF else v  # numba-cuda's float16 cast
+        return v
+
+    @cuda.jit(device=True)
+    def write_rows(acc, y, first_row, n_rows, scratch, tid):
+        """Each accumulator summed across the warp; lane 0 writes the rows that exist."""
+        for c in range(ROWS * TOKENS):
+            s = acc[c]
+            for step in range(5):
+                s += xor_exchange(s, 1 << step, scratch, tid)
+            acc[c] = s
+        if tid % WARP == 0:
+            for r in range(ROWS):
+                n = first_row + r
+                if n < n_rows:
+                    for t in range(TOKENS):
+                        y[t, n] = acc[r * TOKENS + t]
+
+    return inverse_rms, activation, write_rows
+
+
 def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: bool, options: dict):  # noqa: N803
     STEP = WARP * UNROLL
     CELLS = ROWS * TOKENS        # accumulators per lane: [ROWS, TOKENS]
     LOADS = ROWS * UNROLL        # weights per lane per step: [ROWS, UNROLL]
     XS = TOKENS * UNROLL         # activations per lane per step: [TOKENS, UNROLL]
     SCRATCH = WARP * 4           # array sizes must be literals to the typer: products are taken here
+    inverse_rms, activation, write_rows = _row_parts(ROWS, TOKENS, NORM, HALF)
 
     @cuda.jit(**options)
     def gemv(x, w, norm_w, eps, y):
@@ -73,16 +120,7 @@ def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: bool, op
         xv = cuda.local.array(XS, float32)
         scratch = cuda.shared.array(SCRATCH, float32)  # the simulator's shuffles (a block is one warp there)
         inv_rms = cuda.local.array(TOKENS, float32)
-        for t in range(TOKENS):
-            inv_rms[t] = float32(1.0)
-            if NORM:
-                sq = float32(0.0)
-                for k in range(lane, k_cols, WARP):
-                    v = float32(x[t, k])
-                    sq += v * v
-                for step in range(5):
-                    sq += xor_exchange(sq, 1 << step, scratch, tid)
-                inv_rms[t] = float32(1.0) / math.sqrt(sq / float32(k_cols) + float32(eps))
+        inverse_rms(x, k_cols, eps, inv_rms, scratch, tid)
         for c in range(CELLS):
             acc[c] = float32(0.0)
         for k0 in range(lane, k_cols, STEP):
@@ -92,29 +130,14 @@ def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: bool, op
                     wv[r * UNROLL + u] = float32(w[n, k0 + u * WARP])
             for t in range(TOKENS):
                 for u in range(UNROLL):
-                    k = k0 + u * WARP
-                    v = float32(x[t, k])
-                    if NORM:  # as add_rms_norm computes and stores it
-                        v = float32(norm_w[k]) * (v * inv_rms[t])
-                        v = float32(np.float16(v)) if HALF else v  # numba-cuda's float16 cast
-                    xv[t * UNROLL + u] = v
+                    xv[t * UNROLL + u] = activation(x, t, k0 + u * WARP, inv_rms[t], norm_w)
             for r in range(ROWS):
                 for t in range(TOKENS):
                     s = acc[r * TOKENS + t]
                     for u in range(UNROLL):
                         s += wv[r * UNROLL + u] * xv[t * UNROLL + u]
                     acc[r * TOKENS + t] = s
-        for c in range(CELLS):
-            s = acc[c]
-            for step in range(5):
-                s += xor_exchange(s, 1 << step, scratch, tid)
-            acc[c] = s
-        if lane == 0:
-            for r in range(ROWS):
-                n = first_row + r
-                if n < n_rows:
-                    for t in range(TOKENS):
-                        y[t, n] = acc[r * TOKENS + t]
+        write_rows(acc, y, first_row, n_rows, scratch, tid)
     return gemv
 
 
@@ -123,21 +146,12 @@ def _make_word_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: boo
     CELLS = ROWS * TOKENS        # accumulators per lane: [ROWS, TOKENS]
     LOADS = ROWS * UNROLL        # words per lane per step: [ROWS, UNROLL]
     SCRATCH = WARP * 4
-
-    @cuda.jit(device=True)
-    def activation(x, t, c, inv_rms, norm_w):
-        """x[t, c] as the GEMV consumes it (normalised, scaled and rounded as add_rms_norm stores it)."""
-        v = float32(x[t, c])
-        if NORM:
-            v = float32(norm_w[c]) * (v * inv_rms)
-            v = float32(np.float16(v)) if HALF else v
-        return v
+    inverse_rms, activation, write_rows = _row_parts(ROWS, TOKENS, NORM, HALF)
 
     @cuda.jit(**options)
     def gemv_words(x, w, norm_w, eps, y):
         """x [T, K] act; w [N, K / 4] int64 (float16 words); norm_w [K] act; y [T, N] act."""
         n_rows, k_words = w.shape[0], w.shape[1]
-        k_cols = 4 * k_words
         tid = cuda.threadIdx.x
         lane = tid % WARP
         first_row = (cuda.blockIdx.x * (cuda.blockDim.x // WARP) + tid // WARP) * ROWS
@@ -145,16 +159,7 @@ def _make_word_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: boo
         wv = cuda.local.array(LOADS, int64)
         scratch = cuda.shared.array(SCRATCH, float32)  # the simulator's shuffles (a block is one warp there)
         inv_rms = cuda.local.array(TOKENS, float32)
-        for t in range(TOKENS):
-            inv_rms[t] = float32(1.0)
-            if NORM:
-                sq = float32(0.0)
-                for k in range(lane, k_cols, WARP):
-                    v = float32(x[t, k])
-                    sq += v * v
-                for step in range(5):
-                    sq += xor_exchange(sq, 1 << step, scratch, tid)
-                inv_rms[t] = float32(1.0) / math.sqrt(sq / float32(k_cols) + float32(eps))
+        inverse_rms(x, 4 * k_words, eps, inv_rms, scratch, tid)
         for c in range(CELLS):
             acc[c] = float32(0.0)
         for k0 in range(lane, k_words, STEP):
@@ -170,17 +175,7 @@ def _make_word_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: boo
                     for r in range(ROWS):
                         w0, w1, w2, w3 = unpack_f16x4(wv[r * UNROLL + u])
                         acc[r * TOKENS + t] += w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3
-        for c in range(CELLS):
-            s = acc[c]
-            for step in range(5):
-                s += xor_exchange(s, 1 << step, scratch, tid)
-            acc[c] = s
-        if lane == 0:
-            for r in range(ROWS):
-                n = first_row + r
-                if n < n_rows:
-                    for t in range(TOKENS):
-                        y[t, n] = acc[r * TOKENS + t]
+        write_rows(acc, y, first_row, n_rows, scratch, tid)
     return gemv_words
 
 
