@@ -80,9 +80,10 @@ class EngineConfig:
     # tensor cores, float16) for every decode-shaped forward, or None to choose by shape (mma where a
     # KV head serves several fp16 rows, by_kv_head for single rows). The ablation's attention switch.
     attention_kernel: str | None = None
-    # Softmax + exponential-race sample of each draft step (and the verify's softmax) as one Numba
-    # kernel writing into the spec step's buffers (kernels/sampling.py). Off by default: at batch 1
-    # its one block per row measured slower than torch's kernels (figures in data/results/README.md).
+    # Softmax + exponential-race sample of each draft step (and the verify's softmax) as two Numba
+    # kernels writing into the spec step's buffers (kernels/sampling.py). Off by default: its earlier
+    # one-block-per-row form measured slower than torch's kernels at batch 1 (figures in
+    # data/results/README.md); the vocabulary-sliced form is yet to be measured against them.
     fused_sampling: bool = False
     # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
     # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of

@@ -39,6 +39,24 @@ def test_draft_step_sample_matches_the_torch_sampler(temperatures):
             assert draft_probs[b, step].sum() == 1 and draft_probs[b, step, logits[b].argmax()] == 1
 
 
+def test_masked_logits_spanning_whole_slices_of_the_vocabulary():
+    """-inf logits over whole blocks' slices (a masked stretch of the vocabulary): those slices add
+    nothing, the rest is the torch sampler's softmax and sample (no NaN from -inf - -inf)."""
+    batch, k, vocab, step = 2, 2, 300, 0
+    st = _tensors([1.0, 0.0], vocab)
+    logits = (torch.randn(batch, vocab, generator=torch.Generator().manual_seed(3)) * 3)
+    logits[:, :150] = -float("inf")  # more than two simulator slices (and a part of one)
+    logits = logits.to(DEV)
+    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)
+    ref_ids, ref_probs = sample(logits, st, noise[:, step])
+    draft_ids = torch.zeros(batch, k, dtype=torch.int64, device=DEV)
+    draft_probs = torch.zeros(batch, k, vocab, device=DEV)
+    sample_into(logits, st, step, draft_probs, draft_ids, noise)
+    assert draft_ids[:, step].tolist() == ref_ids.tolist()
+    assert torch.isfinite(draft_probs).all() and (draft_probs[:, step, :150] == 0).all()
+    torch.testing.assert_close(draft_probs[:, step], ref_probs, atol=1e-6, rtol=1e-5)
+
+
 def test_verify_probs_follow_each_sequences_temperature():
     batch, rows_per_seq, vocab = 2, 3, 50
     st = _tensors([0.5, 0.0], vocab)

@@ -1,21 +1,20 @@
-"""Probabilities and the exponential-race sample of a row of logits, in one Numba kernel.
+"""Probabilities and the exponential-race sample of a row of logits, in two Numba kernels.
 
 sampler.py's torch path runs, per draft step: logits / temperature, softmax, probs / noise, argmax,
 then two copies into the spec step's buffers (six kernels, six host launches); per verify, the
-first two. Here one block per row does it all and writes straight into those buffers:
-  pass 1  the max logit and its first index (torch.argmax's tie rule)
-  greedy  one-hot probabilities at that index, which is also the sample
-  else    pass 2: sum of exp(x/T - max/T); pass 3: p = exp(x/T - max/T) / sum, written, and the
-          sample = argmax p / noise (noise ~ Exp(1), drawn by SpecStepRandoms as before)
-The same float32 formula as the torch path; only the order of the softmax's sum differs, so
-probabilities agree to an ulp or so (tests bound it) and ids agree unless two scores tie to that
-precision. Rows with top-k / top-p filtering keep the torch path.
-
-`python -m protospec.bench.layer_kernel_cost` times it against torch (figures in
-data/results/README.md): slower at batch 1, because one block per row leaves a batch-1 row on one SM,
-and each pass over the vocabulary waits on it; torch spreads its elementwise kernels over the GPU. So the engine keeps the
-torch path unless EngineConfig.fused_sampling asks for this one. What would make it win: split the
-vocabulary over blocks (partial max / sum / race per block, then a combine that writes the probs).
+first two. Here two launches do it all and write straight into those buffers, each row's vocabulary
+split over blocks of VOCAB_PER_BLOCK entries (one block per row, an earlier version, left a batch-1
+row on one SM walking 32000 entries three times: slower than torch's kernels spread over the GPU):
+  stats   each slice's max logit, its first index (torch.argmax's tie rule) and its sum of
+          exp(x/T - slice max/T); the last slice block of a row to finish (an arrival count) combines
+          them: the row's max M, its index, and sum = sum_s sum_s' e^(m_s/T - M/T)
+  probs   greedy: one-hot at the max's index, which is also the sample; else p = exp(x/T - M/T) / sum,
+          written, each slice's winner of p / noise (noise ~ Exp(1), drawn by SpecStepRandoms); the
+          last slice block combines the winners into the sample
+The same float32 formula as the torch path for p; only the softmax sum's order and its rescaling by
+slice differ, so probabilities agree to a few ulps (tests bound it) and ids agree unless two scores tie
+to that precision. Rows with top-k / top-p filtering keep the torch path. EngineConfig.fused_sampling
+chooses these kernels over torch's.
 """
 from __future__ import annotations
 
@@ -23,80 +22,134 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-from numba import float32, int64
+from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
+from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import check_tensor, cuda
+from protospec.kernels.paged_attention import arrival_counters
 from protospec.kernels.reductions import tree_argmax, tree_sum
 
 if TYPE_CHECKING:
     from protospec.spec.sampler import SamplingTensors
 
-THREADS = 32 if interop.SIMULATOR else 1024  # one block per row: at batch 1 its width is the parallelism
+# Threads per block (a power of two, for the tree reductions) and vocabulary entries per block: on a
+# GPU 8 entries a thread. The simulator runs a Python thread per CUDA thread: a narrow block, and
+# small slices so its tests span several blocks.
+THREADS = 32 if interop.SIMULATOR else 256
+VOCAB_PER_BLOCK = 64 if interop.SIMULATOR else 2048
+
+
+@cuda.jit(device=True)
+def _better(value, index, best_value, best_index):
+    """value at index beats the best so far: larger, or equal at a lower index (torch.argmax's rule)."""
+    return value > best_value or (value == best_value and index < best_index)
 
 
 @cuda.jit
-def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, probs_out, out_step, do_sample, noise,
-                            ids_out, mirror, use_mirror):
+def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum, row_max,
+                     row_index, row_sum, counters):
     """
-    logits [R, V] f32            temperature [B] f32 (1.0 on greedy rows)   is_greedy [B] bool
-    rows_per_seq: row r belongs to sequence r // rows_per_seq
-    probs_out [R, S, V] f32: row r's probabilities go to probs_out[r, out_step]
-    do_sample: 1 = also sample (noise [R, S, V] f32 Exp(1), read at [r, out_step]; the id goes to
-    ids_out [R, S] int64 at [r, out_step], and to mirror [>= R] int64 at [r] when use_mirror)
+    logits [R, V] f32; temperature [B] f32 (1.0 on greedy rows); is_greedy [B] bool; row r belongs to
+    sequence r // rows_per_seq. part_max, part_sum [R, S] f32, part_index [R, S] int64: each slice's
+    max, its index, its sum of exp(x/T - max/T). Out: row_max, row_sum [R] f32, row_index [R] int64.
+    counters [>= R] int32, zero between calls.
     """
-    row = cuda.blockIdx.x
+    slices = part_max.shape[1]
+    row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
     tid = cuda.threadIdx.x
     vocab = logits.shape[1]
     seq = row // rows_per_seq
     best_value = cuda.shared.array(THREADS, float32)
     best_index = cuda.shared.array(THREADS, int64)
     no_flags = cuda.shared.array(THREADS, int64)  # tree_argmax's OR, unused here
+    last = cuda.shared.array(1, int32)
     no_flags[tid] = 0
+    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
 
     value, index = float32(-math.inf), int64(vocab)
-    for v in range(tid, vocab, THREADS):
+    for v in range(lo + tid, hi, THREADS):
         x = logits[row, v]
         if x > value:
             value, index = x, v
     best_value[tid], best_index[tid] = value, index
     cuda.syncthreads()
     tree_argmax(best_value, best_index, no_flags, tid, THREADS)
-    top, chosen = best_value[0], best_index[0]
+    top, top_index = best_value[0], best_index[0]
     cuda.syncthreads()
-
-    if is_greedy[seq]:
-        for v in range(tid, vocab, THREADS):
-            probs_out[row, out_step, v] = float32(1.0) if v == chosen else float32(0.0)
-    else:
-        t = temperature[seq]
-        shift = top / t
+    t = temperature[seq]
+    total = float32(0.0)
+    if not is_greedy[seq] and top > float32(-math.inf):  # a slice of -inf logits (masked) adds nothing
+        for v in range(lo + tid, hi, THREADS):
+            total += math.exp(logits[row, v] / t - top / t)
+    best_value[tid] = total
+    cuda.syncthreads()
+    tree_sum(best_value, tid, THREADS)
+    if tid == 0:
+        part_max[row, piece], part_index[row, piece], part_sum[row, piece] = top, top_index, best_value[0]
+    if arrived_last(counters, row, slices, last, tid) and tid == 0:
+        value, index = float32(-math.inf), int64(vocab)
+        for s in range(slices):
+            if _better(part_max[row, s], part_index[row, s], value, index):
+                value, index = part_max[row, s], part_index[row, s]
         total = float32(0.0)
-        for v in range(tid, vocab, THREADS):
-            total += math.exp(logits[row, v] / t - shift)
-        best_value[tid] = total
-        cuda.syncthreads()
-        tree_sum(best_value, tid, THREADS)
-        total = best_value[0]
-        cuda.syncthreads()
-        value, index = float32(-1.0), int64(vocab)
-        for v in range(tid, vocab, THREADS):
+        for s in range(slices):
+            if part_sum[row, s] > float32(0.0):  # skips all -inf slices, whose e^(max - M) is NaN
+                total += part_sum[row, s] * math.exp(part_max[row, s] / t - value / t)
+        row_max[row], row_index[row], row_sum[row] = value, index, total
+
+
+@cuda.jit
+def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, row_max, row_index, row_sum, probs_out,
+                            out_step, do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters):
+    """
+    row_max, row_index, row_sum: row_stats_kernel's. probs_out [R, S, V] f32: row r's probabilities go
+    to probs_out[r, out_step]. do_sample: 1 = also sample (noise [R, S, V] f32 Exp(1), read at
+    [r, out_step]; the id goes to ids_out [R, S] int64 at [r, out_step], and to mirror [>= R] int64 at
+    [r] when use_mirror). part_max, part_index [R, S]: the slices' race winners; counters as above.
+    """
+    slices = part_max.shape[1]
+    row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
+    tid = cuda.threadIdx.x
+    vocab = logits.shape[1]
+    seq = row // rows_per_seq
+    best_value = cuda.shared.array(THREADS, float32)
+    best_index = cuda.shared.array(THREADS, int64)
+    no_flags = cuda.shared.array(THREADS, int64)
+    last = cuda.shared.array(1, int32)
+    no_flags[tid] = 0
+    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
+    greedy, chosen = is_greedy[seq], row_index[row]
+    t, shift, total = temperature[seq], row_max[row] / temperature[seq], row_sum[row]
+
+    value, index = float32(-1.0), int64(vocab)
+    for v in range(lo + tid, hi, THREADS):
+        if greedy:
+            p = float32(1.0) if v == chosen else float32(0.0)
+        else:
             p = math.exp(logits[row, v] / t - shift) / total
-            probs_out[row, out_step, v] = p
-            if do_sample:
-                score = p / noise[row, out_step, v]
-                if score > value:
-                    value, index = score, v
-        if do_sample:
-            best_value[tid], best_index[tid] = value, index
-            cuda.syncthreads()
-            tree_argmax(best_value, best_index, no_flags, tid, THREADS)
-            chosen = best_index[0]
-    if do_sample and tid == 0:
-        ids_out[row, out_step] = chosen
-        if use_mirror:
-            mirror[row] = chosen
+        probs_out[row, out_step, v] = p
+        if do_sample and not greedy:
+            score = p / noise[row, out_step, v]
+            if score > value:
+                value, index = score, v
+    if do_sample:
+        best_value[tid], best_index[tid] = value, index
+        cuda.syncthreads()
+        tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+        if tid == 0:
+            part_max[row, piece], part_index[row, piece] = best_value[0], best_index[0]
+        if arrived_last(counters, row, slices, last, tid) and tid == 0:
+            if not greedy:
+                value, index = float32(-1.0), int64(vocab)
+                for s in range(slices):
+                    if _better(part_max[row, s], part_index[row, s], value, index):
+                        value, index = part_max[row, s], part_index[row, s]
+                chosen = index
+            ids_out[row, out_step] = chosen
+            if use_mirror:
+                mirror[row] = chosen
 
 
 def fused_applies(st: SamplingTensors) -> bool:
@@ -133,14 +186,35 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror) -
             raise KernelArgumentError("noise: None, but some rows sample with a temperature")
         if mirror is not None:
             check_tensor("mirror", mirror, torch.int64, 1)
-    # Placeholders for arguments the kernel will not touch. Never an alias of a real argument: the
-    # simulator copies each array argument in and back out, and a second copy would win.
+    # Placeholders for arguments the kernel will not touch (never an alias of a real argument).
     noise = noise if noise is not None else _placeholder(torch.float32, 3, logits.device)
     ids_out = ids_out if ids_out is not None else _placeholder(torch.int64, 2, logits.device)
     mirror_arg = mirror if mirror is not None else _placeholder(torch.int64, 1, logits.device)
-    interop.launch_tensors(probs_and_sample_kernel, rows, THREADS,
-                           [logits, st.temperature, st.is_greedy, int(rows_per_seq), probs_out, int(step), int(do_sample),
-                            noise, ids_out, mirror_arg, int(mirror is not None)])
+    slices = -(-logits.shape[1] // VOCAB_PER_BLOCK)
+    part_max, part_index, part_sum, row_max, row_index, row_sum = _scratch(rows, slices, logits.device)
+    counters = arrival_counters(logits.device, rows, "sampling")  # the two launches count in turn
+    interop.launch_tensors(row_stats_kernel, rows * slices, THREADS,
+                           [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,
+                            row_max, row_index, row_sum, counters])
+    interop.launch_tensors(probs_and_sample_kernel, rows * slices, THREADS,
+                           [logits, st.temperature, st.is_greedy, int(rows_per_seq), row_max, row_index, row_sum,
+                            probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg, int(mirror is not None),
+                            part_max, part_index, counters])
+
+
+_scratches: dict[tuple, tuple] = {}
+
+
+def _scratch(rows: int, slices: int, device: torch.device) -> tuple:
+    """The slices' partials and the rows' stats, written and read within a call: one set per shape."""
+    key = (rows, slices, str(device))
+    if key not in _scratches:
+        f32 = dict(dtype=torch.float32, device=device)
+        i64 = dict(dtype=torch.int64, device=device)
+        _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64),
+                           torch.empty(rows, slices, **f32), torch.empty(rows, **f32), torch.empty(rows, **i64),
+                           torch.empty(rows, **f32))
+    return _scratches[key]
 
 
 _placeholders: dict[tuple, torch.Tensor] = {}
