@@ -87,9 +87,10 @@ class EngineConfig:
     fused_sampling: bool = False
     # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
     # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of
-    # ~10 kernels per layer. Off by default: measured slower than the layer kernels' forward (figures in
-    # data/results/README.md).
-    persistent_decode: bool = False
+    # ~10 kernels per layer. True or "one": that kernel; "per_phase": the same phases as one ordinary
+    # kernel each (kernels/phase_kernels.py). Off by default: the persistent kernel measured slower than
+    # the layer kernels' forward (figures in data/results/README.md).
+    persistent_decode: bool | str = False
     # The commit policy of the device draft loops (spec/commit.py): True = overlapped (the next
     # spec step's draft step 1 is built on the device and queued before the commit's host sync, so
     # the device works while the host commits), False = synced. The CPU-prepared loops are synced.
@@ -134,6 +135,8 @@ class EngineConfig:
         kind = registry.DRAFT_LOOPS.get(self.draft_loop)
         if self.check_no_sync and kind is not None and kind.host_sync_per_step:
             raise ConfigError(f"check_no_sync cannot hold with draft_loop={self.draft_loop!r}, which syncs every draft step")
+        if self.persistent_decode not in (False, True, "one", "per_phase"):
+            raise ConfigError(f"persistent_decode must be False, True / 'one' or 'per_phase', got {self.persistent_decode!r}")
         if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_PATHS:
             raise ConfigError(f"attention_kernel must be None or one of {ATTENTION_PATHS}, got {self.attention_kernel!r}")
         if self.acceptance not in registry.ACCEPTANCE_DOC:

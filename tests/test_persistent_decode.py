@@ -154,5 +154,13 @@ def test_the_engine_hands_each_model_its_runners_cache_stack(tiny_target, tiny_d
     alone = tiny_llm(tiny_target, device=DEV, persistent_decode=True).engine.target  # target-only: its decode
     assert alone.model.persistent_decode is not None and alone.model._kv_stack is alone.kv_stack
     assert tiny_llm(tiny_target, tiny_draft, device=DEV).engine.draft.model.persistent_decode is None  # off by default
+    per_phase = tiny_llm(tiny_target, tiny_draft, device=DEV, persistent_decode="per_phase").engine.draft.model
+    assert per_phase.persistent_decode.launches == "per_phase" and draft.model.persistent_decode.launches == "one"
+    with pytest.raises(ConfigError, match="persistent_decode must be"):
+        tiny_llm(tiny_target, device=DEV, persistent_decode="two")
+    from protospec.bench.args import build_parser  # the bench's flag: alone, with a value, absent
+
+    assert [build_parser().parse_args(a).persistent_decode for a in (["--persistent-decode"],
+            ["--persistent-decode", "per_phase"], [])] == ["one", "per_phase", False]
     with pytest.raises(ConfigError, match="persistent_decode=True: the kernel takes float16 / float32"):
         tiny_llm(tiny_target, device=DEV, dtype="bfloat16", persistent_decode=True)

@@ -104,8 +104,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
                         "auto = on CUDA for float16/float32 unless --compile")
-    p.add_argument("--persistent-decode", action="store_true",
-                   help="decode forwards (one token per sequence) as one persistent cooperative kernel each")
+    p.add_argument("--persistent-decode", nargs="?", const="one", default=False, choices=["one", "per_phase"],
+                   help="decode forwards (one token per sequence) as one persistent cooperative kernel each "
+                        "(one, the default when given alone) or as its phases' kernels, one launch each (per_phase)")
     p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
                    help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
                         "mma where a KV head serves several fp16 rows; default: %(default)s)")

@@ -77,7 +77,8 @@ class Engine:
         self.target = ModelRunner(target, self.num_blocks, config.block_size)
         self.draft = ModelRunner(draft, self.num_blocks, config.block_size) if draft is not None else None
         if config.persistent_decode:
-            enable_persistent_decode([r for r in (self.target, self.draft) if r is not None], self.device)
+            enable_persistent_decode([r for r in (self.target, self.draft) if r is not None], self.device,
+                                     "per_phase" if config.persistent_decode == "per_phase" else "one")
         self.max_blocks_per_seq = blocks_for(self.max_model_len + self.look.extra_positions, config.block_size)
         self.use_cuda_graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
         if self.use_cuda_graphs:

@@ -202,12 +202,13 @@ class LlamaForCausalLM(nn.Module):
 
         self.layer_kernels = LayerKernelForward(self, attention_path)
 
-    def enable_persistent_decode(self, kv_stack: torch.Tensor) -> None:
+    def enable_persistent_decode(self, kv_stack: torch.Tensor, launches: str = "one") -> None:
         """Run forwards of one token per sequence whose caches are kv_stack's views as one persistent
-        kernel (model/persistent_forward.py). Call after place()."""
+        kernel, or its phases as one kernel each (launches="per_phase"; model/persistent_forward.py).
+        Call after place()."""
         from protospec.model.persistent_forward import PersistentDecodeForward
 
-        self.persistent_decode, self._kv_stack = PersistentDecodeForward(self), kv_stack
+        self.persistent_decode, self._kv_stack = PersistentDecodeForward(self, launches=launches), kv_stack
 
     @torch.inference_mode()
     def forward(

@@ -118,7 +118,7 @@ class PersistentDecodeForward:
         launch("lm", [ids, resid, norm_f, w_lm, logits, self.eps])
 
 
-def enable_for_runners(runners: list, device: torch.device) -> None:
+def enable_for_runners(runners: list, device: torch.device, launches: str = "one") -> None:
     """EngineConfig.persistent_decode: the decode forwards of the model whose decode is the hot path (the
     draft when there is one, else the target: runners lists target then draft) through one persistent
     kernel, checked first (a device the kernels run on, float16 / float32, a shape the kernel
@@ -136,4 +136,4 @@ def enable_for_runners(runners: list, device: torch.device) -> None:
         if why:
             raise ConfigError(f"persistent_decode=True: {why}")
     for runner in runners:
-        runner.model.enable_persistent_decode(runner.kv_stack)
+        runner.model.enable_persistent_decode(runner.kv_stack, launches)
