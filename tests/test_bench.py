@@ -135,6 +135,40 @@ def test_kernel_census_charges_each_idle_gap_to_the_phase_that_ended_it():
     assert idle_by_phase([], phases) == {}
 
 
+def test_kernel_census_charges_each_kernel_to_the_innermost_phase_that_launched_it():
+    from protospec.bench.kernel_census import busy_by_phase
+
+    kernels = [(0, 4), (10, 13), (12, 20), (50, 51), (90, 95)]
+    ranges = [(0, 21, "draft_loop_graph"), (11, 21, "sampling"), (40, 60, "verify")]  # sampling nests in the graph
+    assert busy_by_phase(kernels, ranges) == {"draft_loop_graph": 4 + 3, "sampling": 8, "verify": 1,
+                                              "outside_spec_step": 5}
+
+
+def _census(commit: str, by_phase: dict) -> dict:
+    return {"git_commit": commit, "device": "NVIDIA H200",
+            "config": {"num_speculative_tokens": 5, "batch_size": 1},
+            "floor": {"copy_bandwidth_gbs": 4000.0, "draft_weight_mb": 80.0, "target_weight_mb": 200.0},
+            "modes": {"graph": {"busy_ms_per_spec_step_by_phase": by_phase}}}
+
+
+def test_the_phase_plot_groups_phases_and_puts_the_floors_where_weights_are_read():
+    from protospec.bench.phase_plot import GROUPS, phase_rows, plot_phases
+
+    before = _census("aaa", {"draft_forward": 0.1, "draft_loop_graph": 0.4, "verify": 0.5, "sampling": 0.2,
+                             "rejection": 0.04, "prepare": 0.01, "commit": 0.02, "somewhere_new": 0.03})
+    rows = phase_rows(before)
+    assert rows["draft forwards"]["busy_ms"] == pytest.approx(0.5) and rows["verify"]["busy_ms"] == 0.5
+    assert rows["rest"]["busy_ms"] == pytest.approx(0.06)  # prepare + commit + a phase no group names
+    assert rows["draft forwards"]["floor_ms"] == pytest.approx(5 * 80 / 4000) and rows["verify"]["floor_ms"] == 0.05
+    assert rows["sampling"]["floor_ms"] is None
+    assert sum(r["busy_ms"] for r in rows.values()) == pytest.approx(sum(before["modes"]["graph"]["busy_ms_per_spec_step_by_phase"].values()))
+    fig = plot_phases({"before": before, "after": _census("bbb", {"verify": 0.3})})
+    ax = fig.axes[0]
+    assert len(ax.patches) == 2 * len(GROUPS)  # a bar per group per census
+    assert len(ax.collections) == 2 * 2  # floor ticks: draft forwards and verify, per census
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["before (aaa)", "after (bbb)"]
+
+
 def test_the_bench_runs_the_trained_pair(tmp_path, capsys):
     """The trained pair through the bench: `--model data/models/protospec-target --speculative-model data/models/protospec-draft`."""
     from pathlib import Path

@@ -9,7 +9,8 @@ GPU waiting for the host: CPU prepares, host syncs, Python between launches). Ag
 a spec step must read the draft's weights k times and the target's once (the bytes one forward
 reads: every parameter, the embedding table only where the LM head shares it), over the copy
 bandwidth measured in the same run; busy time per spec step (the prefill included, spread over
-the steps) over that floor says how far the device work is from memory speed. The ratio main/gpu can only exceed
+the steps) over that floor says how far the device work is from memory speed; busy time per step is
+also split by the phase that launched each kernel (bench/phase_plot.py draws it against the floors). The ratio main/gpu can only exceed
 1 + (main's extra host time) / (gpu's wall), so this says which side to shrink.
 """
 from __future__ import annotations
@@ -60,6 +61,19 @@ def idle_by_phase(kernels: list[tuple[float, float]], phases: list[tuple[float, 
     return gaps
 
 
+def busy_by_phase(kernels: list[tuple[float, float]], annotations: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Device time (us) of each kernel charged to the host phase that launched it: the profiler
+    projects each phase's range onto the device (from its first kernel's start to its last one's end),
+    and a kernel belongs to the innermost projected range holding its start (latest start where they
+    nest); kernels outside every range are "outside_spec_step"."""
+    out: dict[str, float] = {}
+    for start, end in kernels:
+        covering = [a for a in annotations if a[0] <= start < a[1]]
+        name = max(covering)[2] if covering else "outside_spec_step"
+        out[name] = out.get(name, 0.0) + (end - start)
+    return out
+
+
 def weight_bytes_per_forward(model: torch.nn.Module) -> int:
     """Bytes of weights one forward reads: every parameter once (a tied LM head is the embedding
     table, read in full by the head), an untied embedding table not at all (it gathers a few rows)."""
@@ -101,10 +115,13 @@ def census(llm, setup: BenchSetup, mode: str) -> dict:
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("phase:")]
     phases = [(e.time_range.start, e.time_range.end, e.name.removeprefix("phase:")) for e in events
               if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("phase:")]
+    on_device = [(e.time_range.start, e.time_range.end, e.name.removeprefix("phase:")) for e in events
+                 if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("phase:")]
     spans = [(e.time_range.start, e.time_range.end) for e in kernels]
     busy_us = merged_busy_us(spans)
     steps = llm.metrics.num_spec_steps
     idle = idle_by_phase(spans, phases)
+    by_phase = busy_by_phase(spans, on_device)
     names = Counter(e.name for e in kernels)
     top = {name[:90]: round(count / max(1, steps), 1) for name, count in names.most_common(20)}
     durations: Counter = Counter()
@@ -116,6 +133,8 @@ def census(llm, setup: BenchSetup, mode: str) -> dict:
             "gpu_kernels": len(kernels), "spec_steps": steps, "kernels_per_spec_step": len(kernels) / max(1, steps),
             "mean_kernel_us": busy_us / max(1, len(kernels)),
             "gpu_idle_ms_by_host_phase": {k: round(v / 1e3, 2) for k, v in sorted(idle.items(), key=lambda kv: -kv[1])},
+            "busy_ms_per_spec_step_by_phase": {k: round(v / 1e3 / max(1, steps), 4)
+                                               for k, v in sorted(by_phase.items(), key=lambda kv: -kv[1])},
             "top_kernels_per_spec_step": top, "top_kernels_by_time": top_time}
 
 
@@ -164,6 +183,7 @@ def main(argv=None) -> dict:
         print(f"         GPU busy per spec step {r['busy_ms_per_spec_step']:.3f} ms = {r['busy_over_floor']:.1f}x its "
               f"weights floor ({r['spec_steps']} spec steps)")
         print(f"         idle ms by the host phase that ended it: {r['gpu_idle_ms_by_host_phase']}")
+        print(f"         busy ms per spec step by the phase that launched it: {r['busy_ms_per_spec_step_by_phase']}")
         for name, t in list(r["top_kernels_by_time"].items())[:6]:
             print(f"         {t['ms']:8.2f} ms  {t['calls']:6d} x {t['us_per_call']:7.2f} us  {name[:70]}")
     write_report(args.output_json, report)
