@@ -17,11 +17,13 @@ import json
 
 from matplotlib.figure import Figure
 
+from protospec.spec import registry
+
 GROUPS = {"draft forwards": ("draft_forward", "draft_loop_graph"), "verify": ("verify",), "sampling": ("sampling",),
           "rejection": ("rejection",), "rest": ("prepare", "commit", "begin", "outside_spec_step")}
 
 
-def phase_rows(census: dict, mode: str = "graph") -> dict[str, dict]:
+def phase_rows(census: dict, mode: str = registry.GRAPH) -> dict[str, dict]:
     """{group: {"busy_ms": per spec step, "floor_ms": the weights it must read or None}} for one census."""
     by_phase = census["modes"][mode]["busy_ms_per_spec_step_by_phase"]
     floor, k = census["floor"], census["config"]["num_speculative_tokens"]
@@ -32,7 +34,7 @@ def phase_rows(census: dict, mode: str = "graph") -> dict[str, dict]:
     return {g: {"busy_ms": busy, "floor_ms": floors.get(g)} for g, busy in grouped.items()}
 
 
-def plot_phases(censuses: dict[str, dict], mode: str = "graph") -> Figure:
+def plot_phases(censuses: dict[str, dict], mode: str = registry.GRAPH) -> Figure:
     """Grouped bars: busy ms per spec step by phase group for each labelled census, floors as ticks."""
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
@@ -58,7 +60,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m protospec.bench.phase_plot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("censuses", nargs="+", help="census JSON files, each optionally :LABEL")
-    p.add_argument("--mode", default="graph")
+    p.add_argument("--mode", default=registry.GRAPH, help="the draft-loop mode to plot (default: %(default)s)")
     p.add_argument("--output-png", required=True)
     args = p.parse_args(argv)
     censuses = {}
