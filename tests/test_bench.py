@@ -142,6 +142,9 @@ def test_kernel_census_charges_each_kernel_to_the_innermost_phase_that_launched_
     ranges = [(0, 21, "draft_loop_graph"), (11, 21, "sampling"), (40, 60, "verify")]  # sampling nests in the graph
     assert busy_by_phase(kernels, ranges) == {"draft_loop_graph": 4 + 3, "sampling": 8, "verify": 1,
                                               "outside_spec_step": 5}
+    # a phase whose first kernel also opens its parent's device range: the inner one (the shorter) wins
+    assert busy_by_phase([(0, 2), (5, 9)], [(0, 10, "draft_loop_graph"), (0, 4, "sampling")]) == {
+        "sampling": 2, "draft_loop_graph": 4}
 
 
 def _census(commit: str, by_phase: dict) -> dict:
@@ -167,6 +170,10 @@ def test_the_phase_plot_groups_phases_and_puts_the_floors_where_weights_are_read
     assert len(ax.patches) == 2 * len(GROUPS)  # a bar per group per census
     assert len(ax.collections) == 2 * 2  # floor ticks: draft forwards and verify, per census
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["before (aaa)", "after (bbb)"]
+    old = _census("ccc", {})
+    del old["modes"]["graph"]["busy_ms_per_spec_step_by_phase"]
+    with pytest.raises(ValueError, match="ccc has no busy time by phase"):
+        phase_rows(old)
 
 
 def test_the_bench_runs_the_trained_pair(tmp_path, capsys):

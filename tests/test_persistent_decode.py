@@ -162,5 +162,5 @@ def test_the_engine_hands_each_model_its_runners_cache_stack(tiny_target, tiny_d
 
     assert [build_parser().parse_args(a).persistent_decode for a in (["--persistent-decode"],
             ["--persistent-decode", "per_phase"], [])] == ["one", "per_phase", False]
-    with pytest.raises(ConfigError, match="persistent_decode=True: the kernel takes float16 / float32"):
+    with pytest.raises(ConfigError, match=r"persistent_decode \(one\): the kernels take float16 / float32"):
         tiny_llm(tiny_target, device=DEV, dtype="bfloat16", persistent_decode=True)

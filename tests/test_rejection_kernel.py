@@ -48,6 +48,18 @@ def test_sampled_rows_match_the_reference(seed, batch, k, vocab):
     assert len(set(ref.num_accepted.tolist())) >= 1
 
 
+def test_a_vocabulary_over_several_gpu_slices_matches_the_reference():
+    """Sized for the GPU's 2048-entry slices (the other cases fit one slice there); twice, so the
+    arrival counters must be back at zero."""
+    from protospec.kernels import rejection
+
+    if 7000 > 3 * rejection.VOCAB_PER_BLOCK * 2:  # the simulator's 64-entry slices: over a hundred blocks
+        pytest.skip("sized for the GPU's slices")
+    args = _case(5, 3, 4, 7000)
+    for _ in range(2):
+        _assert_same(args)
+
+
 def test_greedy_rows_match_including_full_accepts():
     args = _case(3, 4, 4, 130, greedy=True)  # a vocabulary over several slices (blocks) in the simulator too
     args[0][0] = args[2][0, :4].argmax(-1)  # row 0: every draft token is the target's argmax

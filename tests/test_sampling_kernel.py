@@ -58,11 +58,34 @@ def test_masked_logits_spanning_whole_slices_of_the_vocabulary():
 
 
 def test_verify_probs_follow_each_sequences_temperature():
-    batch, rows_per_seq, vocab = 2, 3, 50
+    batch, rows_per_seq, vocab = 2, 3, 300  # several slices of the vocabulary per row
     st = _tensors([0.5, 0.0], vocab)
     logits = torch.randn(batch * rows_per_seq, vocab, generator=torch.Generator().manual_seed(1)).to(DEV)
     got = probs_into(logits, st, torch.empty_like(logits), rows_per_seq)
     torch.testing.assert_close(got, compute_probs(logits, st, rows_per_seq=rows_per_seq), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("vocab", [300, 7000], ids=["simulator-slices", "gpu-slices"])
+def test_ties_across_slices_go_to_the_lowest_index_and_masked_rows_to_zero(vocab):
+    """Greedy rows: equal maxima in different slices of the vocabulary (blocks of VOCAB_PER_BLOCK)
+    pick the lowest index, as torch.argmax does; a row of -inf logits picks 0. Twice in a row: the
+    slices' arrival counters are back at zero between calls."""
+    from protospec.kernels import sampling
+
+    if vocab > 3 * sampling.VOCAB_PER_BLOCK * 2:  # the simulator's 64-entry slices: over a hundred blocks
+        pytest.skip("sized for the GPU's slices")
+    st = _tensors([0.0, 0.0], vocab)
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(4))
+    low, high = 10, vocab - 20  # different slices at either slice width
+    logits[0, [low, high]] = 50.0
+    logits[1] = -float("inf")
+    logits = logits.to(DEV)
+    for _ in range(2):
+        ids = torch.full((2, 1), -7, dtype=torch.int64, device=DEV)
+        probs = torch.zeros(2, 1, vocab, device=DEV)
+        sample_into(logits, st, 0, probs, ids, None)
+        assert ids[:, 0].tolist() == [low, 0] == logits.argmax(-1).tolist()
+        assert probs[0, 0, low] == 1 and probs[0, 0].sum() == 1
 
 
 def test_filtered_batches_keep_the_torch_path_and_bad_buffers_are_named():

@@ -61,7 +61,7 @@ class BenchSetup:
     draft_confidence_threshold: float = 0.4
     speculative_disable_by_batch_size: int | None = None
     attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
-    persistent_decode: bool = False      # EngineConfig.persistent_decode
+    persistent_decode: bool | str = False  # EngineConfig.persistent_decode ("per_phase": its phases' kernels)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)

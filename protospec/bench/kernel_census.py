@@ -43,6 +43,13 @@ def merged_busy_us(intervals: list[tuple[float, float]]) -> float:
     return busy
 
 
+def innermost(ranges: list[tuple[float, float, str]]) -> str:
+    """The name of the innermost of nested (start, end, name) ranges: the latest start, and of ranges
+    starting together the earliest end (on the device a phase's first kernel may open its parent's
+    range too); "outside_spec_step" when there are none."""
+    return min(ranges, key=lambda r: (-r[0], r[1]))[2] if ranges else "outside_spec_step"
+
+
 def idle_by_phase(kernels: list[tuple[float, float]], phases: list[tuple[float, float, str]],
                   launch_lead_us: float = 4.0) -> dict[str, float]:
     """Charge each GPU idle gap (us) to the host phase that ended it: the phase range running on the
@@ -55,7 +62,7 @@ def idle_by_phase(kernels: list[tuple[float, float]], phases: list[tuple[float, 
         if end_so_far is not None and start > end_so_far:
             launch = start - launch_lead_us
             covering = [p for p in phases if p[0] <= launch <= p[1]]
-            name = max(covering)[2] if covering else "outside_spec_step"  # latest start = innermost
+            name = innermost(covering)
             gaps[name] = gaps.get(name, 0.0) + (start - end_so_far)
         end_so_far = end if end_so_far is None else max(end_so_far, end)
     return gaps
@@ -69,7 +76,7 @@ def busy_by_phase(kernels: list[tuple[float, float]], annotations: list[tuple[fl
     out: dict[str, float] = {}
     for start, end in kernels:
         covering = [a for a in annotations if a[0] <= start < a[1]]
-        name = max(covering)[2] if covering else "outside_spec_step"
+        name = innermost(covering)
         out[name] = out.get(name, 0.0) + (end - start)
     return out
 

@@ -25,7 +25,11 @@ GROUPS = {"draft forwards": ("draft_forward", "draft_loop_graph"), "verify": ("v
 
 def phase_rows(census: dict, mode: str = registry.GRAPH) -> dict[str, dict]:
     """{group: {"busy_ms": per spec step, "floor_ms": the weights it must read or None}} for one census."""
-    by_phase = census["modes"][mode]["busy_ms_per_spec_step_by_phase"]
+    run = census["modes"][mode]
+    if "busy_ms_per_spec_step_by_phase" not in run:
+        raise ValueError(f"the census at {census.get('git_commit', '?')} has no busy time by phase (it predates the "
+                         "split): re-run python -m protospec.bench.kernel_census")
+    by_phase = run["busy_ms_per_spec_step_by_phase"]
     floor, k = census["floor"], census["config"]["num_speculative_tokens"]
     bandwidth = floor["copy_bandwidth_gbs"]
     floors = {"draft forwards": k * floor["draft_weight_mb"] / bandwidth, "verify": floor["target_weight_mb"] / bandwidth}

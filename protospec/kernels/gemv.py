@@ -55,11 +55,11 @@ def gemv_kernel(rows: int, unroll: int, tokens: int, norm: bool = False, half: b
     return _make_kernel(rows, unroll, tokens, norm, half, options)
 
 
-def _row_parts(ROWS: int, TOKENS: int, NORM: bool, HALF: bool):  # noqa: N803
-    """The device functions both kernels share: the folded norm's inverse RMS per token row, the
-    activation as the GEMV consumes it, and the warp sums written out."""
+def _row_parts(ROWS: int, TOKENS: int, NORM: bool, HALF: bool, options: dict):  # noqa: N803
+    """The device functions both kernels share (compiled with the kernel's options): the folded norm's
+    inverse RMS per token row, the activation as the GEMV consumes it, and the warp sums written out."""
 
-    @cuda.jit(device=True)
+    @cuda.jit(device=True, **options)
     def inverse_rms(x, k_cols, eps, inv_rms, scratch, tid):
         """inv_rms[t] = 1 / sqrt(mean(x[t]^2) + eps) with NORM (every lane of the warp), else 1."""
         lane = tid % WARP
@@ -74,7 +74,7 @@ def _row_parts(ROWS: int, TOKENS: int, NORM: bool, HALF: bool):  # noqa: N803
                     sq += xor_exchange(sq, 1 << step, scratch, tid)
                 inv_rms[t] = float32(1.0) / math.sqrt(sq / float32(k_cols) + float32(eps))
 
-    @cuda.jit(device=True)
+    @cuda.jit(device=True, **options)
     def activation(x, t, k, inv_rms, norm_w):
         """x[t, k] as the GEMV consumes it (normalised, scaled and rounded as add_rms_norm stores it)."""
         v = float32(x[t, k])
@@ -83,7 +83,7 @@ def _row_parts(ROWS: int, TOKENS: int, NORM: bool, HALF: bool):  # noqa: N803
             v = float32(np.float16(v)) if HALF else v  # numba-cuda's float16 cast
         return v
 
-    @cuda.jit(device=True)
+    @cuda.jit(device=True, **options)
     def write_rows(acc, y, first_row, n_rows, scratch, tid):
         """Each accumulator summed across the warp; lane 0 writes the rows that exist."""
         for c in range(ROWS * TOKENS):
@@ -107,7 +107,7 @@ def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: bool, op
     LOADS = ROWS * UNROLL        # weights per lane per step: [ROWS, UNROLL]
     XS = TOKENS * UNROLL         # activations per lane per step: [TOKENS, UNROLL]
     SCRATCH = WARP * 4           # array sizes must be literals to the typer: products are taken here
-    inverse_rms, activation, write_rows = _row_parts(ROWS, TOKENS, NORM, HALF)
+    inverse_rms, activation, write_rows = _row_parts(ROWS, TOKENS, NORM, HALF, options)
 
     @cuda.jit(**options)
     def gemv(x, w, norm_w, eps, y):
@@ -146,7 +146,7 @@ def _make_word_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: boo
     CELLS = ROWS * TOKENS        # accumulators per lane: [ROWS, TOKENS]
     LOADS = ROWS * UNROLL        # words per lane per step: [ROWS, UNROLL]
     SCRATCH = WARP * 4
-    inverse_rms, activation, write_rows = _row_parts(ROWS, TOKENS, NORM, HALF)
+    inverse_rms, activation, write_rows = _row_parts(ROWS, TOKENS, NORM, HALF, options)
 
     @cuda.jit(**options)
     def gemv_words(x, w, norm_w, eps, y):

@@ -96,7 +96,7 @@ def _make_kernels(H: int, NH: int, KVH: int, D: int, I: int, V: int, HALF: bool,
            cuda.blockIdx.x * WARPS + tid // WARP, cuda.gridDim.x * WARPS)
 
     # A warp per GEMV item. The simulator starts a thread per CUDA thread for every block: two blocks
-    # there (each walks its share of the items), enough to exercise a grid of several
+    # there (each walks its share of the items), enough to exercise a grid of several blocks
     blocks = {name: min(2, -(-n // WARPS)) if interop.SIMULATOR else -(-n // WARPS) for name, n in phases.items.items()}
     return {"qkv": (qkv_kernel, blocks["qkv"]), "attend": (attend_kernel, None), "o": (residual_kernel(o), blocks["o"]),
             "gate_up": (gate_up_kernel, blocks["gate_up"]), "down": (residual_kernel(down), blocks["down"]),

@@ -93,6 +93,8 @@ def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, par
         for s in range(slices):
             if _better(part_max[row, s], part_index[row, s], value, index):
                 value, index = part_max[row, s], part_index[row, s]
+        if index == vocab:  # every logit -inf: no slice found a max; torch.argmax gives 0
+            index = int64(0)
         total = float32(0.0)
         for s in range(slices):
             if part_sum[row, s] > float32(0.0):  # skips all -inf slices, whose e^(max - M) is NaN
@@ -206,7 +208,8 @@ _scratches: dict[tuple, tuple] = {}
 
 
 def _scratch(rows: int, slices: int, device: torch.device) -> tuple:
-    """The slices' partials and the rows' stats, written and read within a call: one set per shape."""
+    """The slices' partials and the rows' stats, written and read within a call: one set per shape
+    (the engine launches on one stream; two streams sampling the same shape at once would share it)."""
     key = (rows, slices, str(device))
     if key not in _scratches:
         f32 = dict(dtype=torch.float32, device=device)

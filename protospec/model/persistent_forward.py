@@ -1,4 +1,5 @@
-"""A LlamaForCausalLM's decode forward as one persistent kernel (kernels/persistent_decode.py).
+"""A LlamaForCausalLM's decode forward as one persistent kernel (kernels/persistent_decode.py), or its
+phases as one ordinary kernel each (kernels/phase_kernels.py, launches="per_phase").
 
 Holds the model's weights stacked by layer once (the kernel takes one array per kind of weight, not a
 list), so it doubles the memory of the weights it serves: meant for the draft model, whose forward
@@ -17,7 +18,8 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE, check_tensor
 
 
 class PersistentDecodeForward:
-    """One token per sequence through every layer, the LM head included, in one cooperative launch."""
+    """One token per sequence through every layer, the LM head included: one cooperative launch, or
+    five launches a layer and one for the head (launches="per_phase")."""
 
     def __init__(self, model, timeline: bool = False, threads: int | None = None, launches: str = "one"):
         cfg, layers = model.config, model.model.layers
@@ -108,7 +110,7 @@ class PersistentDecodeForward:
         resid, q, a, act = scratch
         kernels, threads, kv_words = self.phases, self.threads, kv.view(torch.int64)
         launch = lambda name, args, blocks=None: interop.launch_tensors(  # noqa: E731
-            kernels[name][0], blocks or kernels[name][1], threads, args)
+            kernels[name][0], kernels[name][1] if blocks is None else blocks, threads, args)
         for layer in range(self.sizes[5]):
             launch("qkv", [layer, ids, positions, slots, embed, resid, norm1, w_qkv, cos, sin, q, kv, self.eps])
             launch("attend", [layer, q, kv_words, tables, positions, self.scale, a], ids.shape[0] * self.sizes[1])
@@ -125,15 +127,15 @@ def enable_for_runners(runners: list, device: torch.device, launches: str = "one
     takes: persistent_decode.unsupported). One model only: its weights are stacked by layer, a second copy of them."""
     runners = runners[-1:]
     if device.type != KERNEL_DEVICE_TYPE:
-        raise ConfigError(f"persistent_decode=True on device {device}: the Numba kernels run on {KERNEL_DEVICE_TYPE} "
+        raise ConfigError(f"persistent_decode ({launches}) on device {device}: the Numba kernels run on {KERNEL_DEVICE_TYPE} "
                           "tensors here")
     for runner in runners:
         cfg = runner.model.config
         why = persistent_decode.unsupported(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                                             cfg.head_dim, cfg.intermediate_size)
         if runner.dtype not in (torch.float16, torch.float32):
-            raise ConfigError(f"persistent_decode=True: the kernel takes float16 / float32 weights, got {runner.dtype}")
+            raise ConfigError(f"persistent_decode ({launches}): the kernels take float16 / float32 weights, got {runner.dtype}")
         if why:
-            raise ConfigError(f"persistent_decode=True: {why}")
+            raise ConfigError(f"persistent_decode ({launches}): {why}")
     for runner in runners:
         runner.model.enable_persistent_decode(runner.kv_stack, launches)

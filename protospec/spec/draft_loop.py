@@ -40,7 +40,7 @@ class DraftLoop:
     def __init__(self, draft: ModelRunner, look: Lookahead, fused_sampling: bool = False,
                  fallback_reason: str = "disabled_by_user"):
         self.draft, self.look = draft, look
-        self.fused_sampling = fused_sampling  # kernels/sampling.py: one kernel per draft sample
+        self.fused_sampling = fused_sampling  # kernels/sampling.py: two launches per draft sample
         self.fallback_reason = fallback_reason  # labels CPU-prepared steps 2..k in the counters
         self.device = draft.device
         self.timer = NULL_TIMER  # the spec step's phase observer (set through SpeculativeStep.timer)

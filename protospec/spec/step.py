@@ -44,7 +44,7 @@ class SpeculativeStep:
         self.k = self.look.k
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.device = target.device
-        self.fused_sampling = fused_sampling  # kernels/sampling.py: the verify's probabilities in one kernel
+        self.fused_sampling = fused_sampling  # kernels/sampling.py: the verify's probabilities in two launches
         self.timer = NULL_TIMER
 
     @property
