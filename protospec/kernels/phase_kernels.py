@@ -1,7 +1,7 @@
 """The persistent decode forward's phases (kernels/decode_phases.py) as one ordinary kernel each.
 
 Why: a persistent kernel holds every phase in one body, so the compiler allocates registers for the
-hungriest phase everywhere (the persistent forward compiles at 255 registers with spills); here each
+hungriest phase everywhere (the persistent forward spills registers: data/results/README.md); here each
 phase is compiled alone and launched with as many blocks as it has work, a kernel boundary standing
 in for the grid sync. Same arithmetic, same buffers, so the two ways give the same logits and cache
 (a test checks it); bench.persistent_phases times both.
