@@ -53,7 +53,7 @@ def test_a_vocabulary_over_several_gpu_slices_matches_the_reference():
     arrival counters must be back at zero."""
     from protospec.kernels import rejection
 
-    if 7000 > 3 * rejection.VOCAB_PER_BLOCK * 2:  # the simulator's 64-entry slices: over a hundred blocks
+    if 7000 > 3 * rejection.VOCAB_PER_BLOCK * 2:  # the simulator's 128-entry slices: fifty-odd blocks
         pytest.skip("sized for the GPU's slices")
     args = _case(5, 3, 4, 7000)
     for _ in range(2):

@@ -45,7 +45,7 @@ def test_masked_logits_spanning_whole_slices_of_the_vocabulary():
     batch, k, vocab, step = 2, 2, 300, 0
     st = _tensors([1.0, 0.0], vocab)
     logits = (torch.randn(batch, vocab, generator=torch.Generator().manual_seed(3)) * 3)
-    logits[:, :150] = -float("inf")  # more than two simulator slices (and a part of one)
+    logits[:, :150] = -float("inf")  # a whole simulator slice of 128 and part of the next
     logits = logits.to(DEV)
     noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)
     ref_ids, ref_probs = sample(logits, st, noise[:, step])
@@ -72,7 +72,7 @@ def test_ties_across_slices_go_to_the_lowest_index_and_masked_rows_to_zero(vocab
     slices' arrival counters are back at zero between calls."""
     from protospec.kernels import sampling
 
-    if vocab > 3 * sampling.VOCAB_PER_BLOCK * 2:  # the simulator's 64-entry slices: over a hundred blocks
+    if vocab > 3 * sampling.VOCAB_PER_BLOCK * 2:  # the simulator's 128-entry slices: fifty-odd blocks
         pytest.skip("sized for the GPU's slices")
     st = _tensors([0.0, 0.0], vocab)
     logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(4))

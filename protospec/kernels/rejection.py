@@ -34,7 +34,7 @@ from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 # GPU 8 entries a thread, 16 blocks per sequence at a 32000-entry vocabulary. The simulator runs a
 # Python thread per CUDA thread: a narrow block, and small slices so its tests span several blocks.
 THREADS = 32 if interop.SIMULATOR else 256
-VOCAB_PER_BLOCK = 64 if interop.SIMULATOR else 2048
+VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 2048
 
 
 @cuda.jit(device=True)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # GPU 8 entries a thread. The simulator runs a Python thread per CUDA thread: a narrow block, and
 # small slices so its tests span several blocks.
 THREADS = 32 if interop.SIMULATOR else 256
-VOCAB_PER_BLOCK = 64 if interop.SIMULATOR else 2048
+VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 2048
 
 
 @cuda.jit(device=True)
