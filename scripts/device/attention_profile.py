@@ -1,27 +1,36 @@
-"""The attention kernel's compiled resources (registers, local memory, shared memory, blocks per SM)
-and a few launches to profile: python3 scripts/device/attention_profile.py [--batch 64] [--queries 1 6]
+"""An attention path's compiled resources (registers, local memory, shared memory, blocks per SM)
+and a few launches to profile:
+  python3 scripts/device/attention_profile.py [--path mma] [--batch 16] [--queries 6] [--context 320]
 Run under `ncu --clock-control none --kernel-name regex:attention ...` for the hardware counters."""
 import argparse
 
 import torch
 
 from protospec.bench.attention_cost import make_calls
-from protospec.kernels import attention_by_kv_head as by_kv_head, interop
+from protospec.kernels import attention_by_kv_head as by_kv_head, attention_mma as by_mma, interop
+from protospec.kernels.paged_attention import _sm_count
 from protospec.model.loader import resolve_checkpoint
 
 p = argparse.ArgumentParser()
-p.add_argument("--batch", type=int, default=64)
-p.add_argument("--queries", type=int, nargs="+", default=[1, 6])
+p.add_argument("--path", default="mma", choices=["mma", "by_kv_head"])
+p.add_argument("--batch", type=int, default=16)
+p.add_argument("--queries", type=int, nargs="+", default=[6])
 p.add_argument("--context", type=int, default=320)
 args = p.parse_args()
 cfg, _ = resolve_checkpoint("JackFram/llama-160m", "dummy")
 dev = torch.device("cuda")
 for queries in args.queries:
-    calls, _ = make_calls(cfg, args.batch, queries, args.context, 16, dev, "by_kv_head")
-    for call in calls[:2]:
+    calls, _ = make_calls(cfg, args.batch, queries, args.context, 16, dev, args.path)
+    for call in calls[:3]:
         call()
     torch.cuda.synchronize()
-    rows = by_kv_head.rows_per_block(queries * cfg.num_attention_heads // cfg.num_key_value_heads)
-    dispatcher = by_kv_head.attention_kernel(rows, cfg.head_dim, 16)
-    for info in interop.compiled_resources(dispatcher, by_kv_head.THREADS):
-        print(f"queries {queries} rows {rows}: {info}", flush=True)
+    group_rows = queries * cfg.num_attention_heads // cfg.num_key_value_heads
+    groups = args.batch * cfg.num_key_value_heads
+    if args.path == "mma":
+        warps = by_mma.warps_per_block(groups, _sm_count(dev), group_rows, cfg.head_dim)
+        dispatcher, threads = by_mma.attention_kernel(group_rows, cfg.head_dim, warps), 32 * warps
+    else:
+        rows = by_kv_head.rows_per_block(group_rows, groups, _sm_count(dev))
+        dispatcher, threads = by_kv_head.attention_kernel(rows, cfg.head_dim, 16), by_kv_head.threads_per_block(cfg.head_dim)
+    for info in interop.compiled_resources(dispatcher, threads):
+        print(f"{args.path} batch {args.batch} queries {queries} threads {threads}: {info}", flush=True)
