@@ -16,6 +16,7 @@ p.add_argument("--path", default="mma", choices=["mma", "by_kv_head"])
 p.add_argument("--batch", type=int, default=16)
 p.add_argument("--queries", type=int, nargs="+", default=[6])
 p.add_argument("--context", type=int, default=320)
+p.add_argument("--sass", default="", help="write each compiled signature's SASS and PTX to this prefix")
 args = p.parse_args()
 cfg, _ = resolve_checkpoint("JackFram/llama-160m", "dummy")
 dev = torch.device("cuda")
@@ -34,3 +35,9 @@ for queries in args.queries:
         dispatcher, threads = by_kv_head.attention_kernel(rows, cfg.head_dim, 16), by_kv_head.threads_per_block(cfg.head_dim)
     for info in interop.compiled_resources(dispatcher, threads):
         print(f"{args.path} batch {args.batch} queries {queries} threads {threads}: {info}", flush=True)
+    if args.sass:  # the machine code of each compiled signature (needs nvdisasm), for counting instructions
+        for n, compiled in enumerate(interop._tensor_launchers[dispatcher].compiled_kernels.values()):
+            with open(f"{args.sass}_{args.path}_b{args.batch}q{queries}_{n}.sass", "w") as f:
+                f.write(compiled.inspect_sass())
+            with open(f"{args.sass}_{args.path}_b{args.batch}q{queries}_{n}.ptx", "w") as f:
+                f.write(compiled.inspect_asm())
