@@ -138,7 +138,8 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
         a chunk is R rows of the group's query_len * (h // kvh) rows (row = query token * group + head in group).
         """
         splits = part_max.shape[1]
-        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, q.shape[1], kv_cache.shape[3], query_len, splits)
+        kv_heads = kv_cache.shape[3]
+        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, q.shape[1] // kv_heads, kv_heads, query_len, splits)
         block_size = kv_cache.shape[2]
         tid = cuda.threadIdx.x
         lane = tid % G            # which dims of the key: lane, lane + G, ...

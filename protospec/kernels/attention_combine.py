@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import float32
+from numba import float32, int64, uint32
 
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
@@ -60,16 +60,18 @@ def combine_cell(part_acc, part_max, part_sum, row, e, top, inv_total):
 
 
 @cuda.jit(device=True)
-def row_group_block(rows_per_chunk, num_heads, kv_heads, query_len, splits):
+def row_group_block(rows_per_chunk, group, kv_heads, query_len, splits):
     """(seq, kv_head, chunk, split, group, group_rows) of this block in the grid both row-group kernels
     launch: block b = ((seq * kv_heads + kv_head) * chunks + chunk) * splits + split, a chunk being
-    rows_per_chunk of the group_rows = query_len * group rows that share a KV head (group = heads per KV head)."""
-    group = num_heads // kv_heads
+    rows_per_chunk of the group_rows = query_len * group rows that share a KV head (group = heads per
+    KV head). The divisions are 32-bit: a 64-bit one by a runtime value is a subroutine call."""
     group_rows = query_len * group
     chunks = (group_rows + rows_per_chunk - 1) // rows_per_chunk
-    b = cuda.blockIdx.x
-    seq = b // (splits * chunks * kv_heads)
-    return seq, (b // (splits * chunks)) % kv_heads, (b // splits) % chunks, b % splits, group, group_rows
+    b = uint32(cuda.blockIdx.x)
+    by_split = b // uint32(splits)        # (seq * kv_heads + kv_head) * chunks + chunk
+    by_chunk = by_split // uint32(chunks)  # seq * kv_heads + kv_head
+    return (int64(by_chunk // uint32(kv_heads)), int64(by_chunk % uint32(kv_heads)), int64(by_split % uint32(chunks)),
+            int64(b % uint32(splits)), group, group_rows)
 
 
 @cuda.jit(device=True)
@@ -106,11 +108,15 @@ def attention_combine_kernel(part_acc, part_max, part_sum, out):
 
 
 @functools.cache
-def row_group_writer(R: int, D: int, WARPS: int, THREADS: int):  # noqa: N803 (Numba freezes them as constants)
+def row_group_writer(R: int, D: int, WARPS: int, THREADS: int, GROUP: int = 0, STRIDE: int = 0):  # noqa: N803 (Numba freezes them as constants)
     """The tail of a block that holds R query rows of one (sequence, KV head, row chunk, split): a
     device function that merges its WARPS warps' (acc, max, sum) from shared memory and writes the
     rows to out (one split) or the split's partials, then, with fused = 1, combines the row group in
-    the last split block to arrive. Every thread of the block calls it, after a barrier."""
+    the last split block to arrive. Every thread of the block calls it, after a barrier.
+    GROUP: heads per KV head known when compiling (0: the `group` argument), so a row's token and
+    head cost no runtime division; STRIDE: floats between two rows of merged_acc (0: D; wider rows
+    spread a warp's stores over the shared-memory banks)."""
+    RS = STRIDE or D
 
     @cuda.jit(device=True, **OPTIONS)
     def write_row_group(merged_acc, merged_max, merged_sum, seq, kv_head, group, chunk, split, query_len, out,
@@ -120,6 +126,7 @@ def row_group_writer(R: int, D: int, WARPS: int, THREADS: int):  # noqa: N803 (N
         remainder. out [T, h * D] act; part_* [T * h, splits, (D)] f32; counters, fused, last_block: arrived_last."""
         splits = part_max.shape[1]
         num_heads = out.shape[1] // D
+        group = group if GROUP == 0 else GROUP
         group_rows = query_len * group
         for cell in range(tid, R * D, THREADS):
             r = cell // D
@@ -132,7 +139,7 @@ def row_group_writer(R: int, D: int, WARPS: int, THREADS: int):  # noqa: N803 (N
                 a, total = float32(0.0), float32(0.0)
                 for w in range(WARPS):
                     weight = math.exp(merged_max[w * R + r] - top)
-                    a += merged_acc[(w * R + r) * D + e] * weight
+                    a += merged_acc[(w * R + r) * RS + e] * weight
                     total += merged_sum[w * R + r] * weight
                 t = seq * query_len + gr // group
                 head = kv_head * group + gr % group

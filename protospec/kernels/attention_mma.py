@@ -34,6 +34,7 @@ from protospec.kernels.attention_combine import row_group_block, row_group_write
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
+from protospec.kernels.word_loads import load_flat
 
 TILE = 16                      # keys per warp per step (two n-tiles of 8 for S, the k of P V)
 # Warps per block (each walks its own 16-key tiles): None chooses by shape (warps_per_block); an int
@@ -49,6 +50,7 @@ BLOCKS_PER_SM = 2
 TILES_PER_SPLIT = 8
 # Launch bounds: the fewest blocks per SM the register allocation must allow (None: the compiler's choice).
 MIN_BLOCKS_PER_SM = None
+MAX_CACHE_WORDS = 2**32 - 1
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
 MERGE_BYTES = 40 * 1024
@@ -60,6 +62,12 @@ def supports(head_dim: int, block_size: int) -> bool:
     """head_dim: a multiple of 32 (whole 8-byte words of V per lane) up to MAX_HEAD_DIM; cache blocks
     of a multiple of 16 keys (a tile never straddles two)."""
     return head_dim % 32 == 0 and 32 <= head_dim <= MAX_HEAD_DIM and block_size % TILE == 0
+
+
+def addressable(kv_cache) -> bool:
+    """The kernel reads the cache [2, blocks, block_size, kv_heads, head_dim] fp16 by 32-bit offsets of
+    its 8-byte words (word_loads.load_flat): fewer than 2**32 words, 32 GiB, per layer."""
+    return kv_cache.numel() // 4 <= MAX_CACHE_WORDS
 
 
 def rows_per_chunk(group_rows: int) -> int:
@@ -94,20 +102,21 @@ def keys_per_split(warps: int) -> int:
     return keys_in_flight(warps) * TILES_PER_SPLIT
 
 
-def attention_kernel(group_rows: int, head_dim: int, warps: int):
-    """The kernel for a row group of `group_rows` (query tokens x heads sharing a KV head), compiled on first use."""
-    return _compiled(rows_per_chunk(group_rows), head_dim, warps, FASTMATH, MIN_BLOCKS_PER_SM)
+def attention_kernel(group_rows: int, head_dim: int, warps: int, group: int):
+    """The kernel for a row group of `group_rows` (query tokens x `group` heads sharing a KV head),
+    compiled on first use."""
+    return _compiled(rows_per_chunk(group_rows), head_dim, warps, group, FASTMATH, MIN_BLOCKS_PER_SM)
 
 
 @functools.cache
-def _compiled(rows: int, head_dim: int, warps: int, fastmath: bool, min_blocks: int | None):
+def _compiled(rows: int, head_dim: int, warps: int, group: int, fastmath: bool, min_blocks: int | None):
     options = {} if interop.SIMULATOR else {"fastmath": fastmath}
     if min_blocks and not interop.SIMULATOR:
         options["launch_bounds"] = (32 * warps, min_blocks)
-    return _make_mma_kernel(rows // 8, head_dim, warps, options)
+    return _make_mma_kernel(rows // 8, head_dim, warps, group, options)
 
 
-def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
+def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
     R = 8 * RH                 # rows per chunk: g (and g + 8 when RH = 2) for lane 4 g + t
     KT = D // 16               # k-tiles of S = Q K^T (16 dims each)
     NT = D // 8                # n-tiles of O = P V (8 dims each)
@@ -118,24 +127,26 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
     KB = 2 * KT
     VK = 4 * VW
     OD = NT * 4
-    MERGED = WARPS * R * D
+    RS = D + 1                 # merged rows one float wider: a warp's stores spread over the banks
+    MERGED = WARPS * R * RS
     MERGED_ROWS = WARPS * R
     SCRATCH = scratch_size(WARPS)
     SHUFFLES = THREADS if interop.SIMULATOR else 1  # a GPU shuffles through registers
     NO_KEY = float32(-1e30)    # finite: fast-math assumes no infinities
-    write_rows = row_group_writer(R, D, WARPS, THREADS)
+    write_rows = row_group_writer(R, D, WARPS, THREADS, GROUP, RS)
 
     @cuda.jit(device=True)
-    def load_tile(kv64, block, key0, end, kv_head, g, t, kb, vw):
-        """This lane's K and V words of the 16 keys from key0 (all in cache block `block`); zero past end."""
-        offset = key0 % kv64.shape[2]
+    def load_tile(kv64, base, k_lane, v_lane, key_stride, key0, end, t, kb, vw):
+        """This lane's K and V words of the 16 keys from key0, all in one cache block whose word `base`
+        holds (key0, head 0, dim 0); V zero past `end` (K's scores there are masked, V meets P = 0 and
+        must be finite). Flat loads: lane and tile offsets are added once, no index is checked."""
         for n in range(2):
             for kt in range(KT):
-                kb[n * KT + kt] = kv64[0, block, offset + 8 * n + g, kv_head, kt * 4 + t] if key0 + 8 * n + g < end else int64(0)
+                kb[n * KT + kt] = load_flat(kv64, base + k_lane + 8 * n * key_stride + 4 * kt)
         for k in range(4):
-            kk = 2 * t + k % 2 + 8 * (k // 2)
             for w in range(VW):
-                vw[k * VW + w] = kv64[1, block, offset + kk, kv_head, g * VW + w] if key0 + kk < end else int64(0)
+                word = load_flat(kv64, base + v_lane + (k % 2 + 8 * (k // 2)) * key_stride + w)
+                vw[k * VW + w] = word if key0 + 2 * t + k % 2 + 8 * (k // 2) < end else int64(0)
 
     @cuda.jit(device=True)
     def softmax_row(s, half, m, pos, key0, end, scratch, tid):
@@ -171,7 +182,8 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
         as by_kv_head's kernel. Grid: S * kvh * chunks * splits blocks of R rows, as by_kv_head's.
         """
         splits = part_max.shape[1]
-        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, q64.shape[1], kv64.shape[3], query_len, splits)
+        kv_heads = kv64.shape[3]
+        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, GROUP, kv_heads, query_len, splits)
         block_size = kv64.shape[2]
         tid = cuda.threadIdx.x
         lane = tid % 32
@@ -228,12 +240,27 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
         scale32 = float32(scale)
         m_lo, m_hi = NO_KEY, NO_KEY
         l_lo, l_hi = float32(0.0), float32(0.0)
+        # Flat word offsets: a key is kv_heads * D / 4 words, a cache block block_size keys, V a whole
+        # cache after K. The tile's cache-block column and offset advance by adding (no division).
+        key_stride = kv_heads * (D // 4)
+        block_words = block_size * key_stride
+        k_lane = g * key_stride + kv_head * (D // 4) + t
+        v_lane = kv64.shape[1] * block_words + 2 * t * key_stride + kv_head * (D // 4) + g * VW
+        table = block_tables.shape[1]
         key0 = first + warp * TILE
-        block = block_tables[seq, key0 // block_size] if key0 < end else 0
+        column, offset = key0 // block_size, key0 % block_size
+        jump, rest = STEP // block_size, STEP % block_size
+        block = load_flat(block_tables, seq * table + column) if key0 < end else 0
         for _ in range(iters):
+            base = block * block_words + offset * key_stride
             # The next tile's block id goes out with this tile's K/V loads, a step ahead of its own.
-            next_block = block_tables[seq, (key0 + STEP) // block_size] if key0 + STEP < end else 0
-            load_tile(kv64, block, key0, end, kv_head, g, t, kb, vw)
+            column += jump
+            offset += rest
+            if offset >= block_size:
+                offset -= block_size
+                column += 1
+            next_block = load_flat(block_tables, seq * table + column) if key0 + STEP < end else 0
+            load_tile(kv64, base, k_lane, v_lane, key_stride, key0, end, t, kb, vw)
             # S = Q K^T, 8 keys per product, scaled.
             for n in range(2):
                 c0, c1, c2, c3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
@@ -278,7 +305,7 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, options: dict):  # noqa: N803 
             row = warp * R + g + 8 * half
             for nt in range(NT):
                 for i in range(2):
-                    merged_acc[row * D + (2 * t + i) * NT + nt] = o[nt * 4 + 2 * half + i]
+                    merged_acc[row * RS + (2 * t + i) * NT + nt] = o[nt * 4 + 2 * half + i]
             if t == 0:
                 merged_max[row] = m_lo if half == 0 else m_hi
                 merged_sum[row] = l_lo if half == 0 else l_hi

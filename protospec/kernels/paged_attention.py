@@ -135,6 +135,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                                   f"{kv_cache.shape[4]}, {tokens} tokens for {num_seqs} sequences x query_len {query_len}")
     if path is None:
         path = choose_path(head_dim, q.dtype, kv_cache.shape[2], query_len * (heads // kv_heads), q.device)
+        path = "by_kv_head" if path == "mma" and not by_mma.addressable(kv_cache) else path
     elif path not in PATHS:
         raise KernelArgumentError(f"paged_attention: path must be one of {PATHS}, got {path!r}")
     elif path == "by_row" and head_dim > by_row.MAX_HEAD_DIM:
@@ -146,6 +147,9 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         raise KernelArgumentError(f"paged_attention: mma takes float16 with head_dim a multiple of 32 up to "
                                   f"{by_mma.MAX_HEAD_DIM} and blocks of a multiple of {by_mma.TILE} keys, got {q.dtype}, "
                                   f"head_dim {head_dim}, block size {kv_cache.shape[2]}")
+    elif path == "mma" and not by_mma.addressable(kv_cache):
+        raise KernelArgumentError(f"paged_attention: mma addresses the cache by 32-bit word offsets, and this one holds "
+                                  f"{kv_cache.numel() // 4} 8-byte words (at most {by_mma.MAX_CACHE_WORDS})")
     elif path == "mma" and not _has_tensor_cores(q.device):
         raise KernelArgumentError(f"paged_attention: mma needs tensor cores of compute capability 8.0 or later, "
                                   f"{q.device} has {torch.cuda.get_device_capability(q.device)}")
@@ -171,7 +175,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         warps = (by_mma.SIMULATOR_WARPS if interop.SIMULATOR
                  else by_mma.warps_per_block(groups, _sm_count(dev), group_rows, head_dim))
         parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(warps), dev, by_mma.BLOCKS_PER_SM)
-        kernel, grid, threads = by_mma.attention_kernel(group_rows, head_dim, warps), groups * parts, 32 * warps
+        kernel, grid, threads = (by_mma.attention_kernel(group_rows, head_dim, warps, heads // kv_heads), groups * parts,
+                                 32 * warps)
     if path != "by_row" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)
         part_acc = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)

@@ -7,6 +7,13 @@ int64 on the host (`tensor.view(torch.int64)`, last dim a multiple of the word's
 word is split here: on a GPU by LLVM bit casts (trunc + bitcast + fpext lower to cvt.f32.f16), in
 the CUDA simulator by numpy views of the same bits.
 
+`load_flat(array, index)`: element `index` of a C-contiguous array of any rank, counted from its
+first element. Numba's own indexing computes a 64-bit address per dimension and fixes up negative
+indices in each; a kernel whose inner loop loads many words (the paged attention's K and V) spends
+more instructions on that than on its arithmetic. Here the index is taken as an unsigned 32-bit
+offset (the caller checks the array holds fewer than 2**32 elements) and the load is marked
+invariant (the array must not change while the kernel runs), so it can take the read-only path.
+
 Also `global_timer()`: the GPU's nanosecond clock (%globaltimer), for kernels that record when each
 of their phases ended.
 """
@@ -34,6 +41,11 @@ if interop.SIMULATOR:
         """The two float32 values of an int64 word (lowest address first)."""
         f = _bits(word).view(np.float32)
         return f[0], f[1]
+
+    @cuda.jit(device=True)
+    def load_flat(array, index):
+        """array's element `index` in C order (read only)."""
+        return array.reshape(-1)[index]
 
     @cuda.jit(device=True)
     def global_timer():
@@ -69,6 +81,24 @@ else:
             w = context.cast(builder, args[0], sig.args[0], types.int64)
             values = [builder.bitcast(b, ir.FloatType()) for b in _fields(builder, w, 32, 2)]
             return context.make_tuple(builder, sig.return_type, values)
+
+        return signature, codegen
+
+    @intrinsic
+    def load_flat(typingctx, array, index):  # noqa: ARG001
+        """array's element `index` in C order (read only; index < 2**32, taken as unsigned)."""
+        if not isinstance(array, types.Array) or array.layout != "C" or not isinstance(index, types.Integer):
+            return None
+        signature = array.dtype(array, index)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+            offset = args[1]
+            if offset.type.width > 32:
+                offset = builder.trunc(offset, ir.IntType(32))
+            value = builder.load(builder.gep(data, [builder.zext(offset, ir.IntType(64))]))
+            value.set_metadata("invariant.load", builder.module.add_metadata([]))
+            return value
 
         return signature, codegen
 

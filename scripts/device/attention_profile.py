@@ -29,7 +29,7 @@ for queries in args.queries:
     groups = args.batch * cfg.num_key_value_heads
     if args.path == "mma":
         warps = by_mma.warps_per_block(groups, _sm_count(dev), group_rows, cfg.head_dim)
-        dispatcher, threads = by_mma.attention_kernel(group_rows, cfg.head_dim, warps), 32 * warps
+        dispatcher, threads = by_mma.attention_kernel(group_rows, cfg.head_dim, warps, group_rows // queries), 32 * warps
     else:
         rows = by_kv_head.rows_per_block(group_rows, groups, _sm_count(dev))
         dispatcher, threads = by_kv_head.attention_kernel(rows, cfg.head_dim, 16), by_kv_head.threads_per_block(cfg.head_dim)
