@@ -50,7 +50,6 @@ BLOCKS_PER_SM = 2
 TILES_PER_SPLIT = 8
 # Launch bounds: the fewest blocks per SM the register allocation must allow (None: the compiler's choice).
 MIN_BLOCKS_PER_SM = None
-MAX_CACHE_WORDS = 2**32 - 1
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
 MERGE_BYTES = 40 * 1024
@@ -62,12 +61,6 @@ def supports(head_dim: int, block_size: int) -> bool:
     """head_dim: a multiple of 32 (whole 8-byte words of V per lane) up to MAX_HEAD_DIM; cache blocks
     of a multiple of 16 keys (a tile never straddles two)."""
     return head_dim % 32 == 0 and 32 <= head_dim <= MAX_HEAD_DIM and block_size % TILE == 0
-
-
-def addressable(kv_cache) -> bool:
-    """The kernel reads the cache [2, blocks, block_size, kv_heads, head_dim] fp16 by 32-bit offsets of
-    its 8-byte words (word_loads.load_flat): fewer than 2**32 words, 32 GiB, per layer."""
-    return kv_cache.numel() // 4 <= MAX_CACHE_WORDS
 
 
 def rows_per_chunk(group_rows: int) -> int:
@@ -167,7 +160,8 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict):  #
         total = float32(0.0)
         for i in range(4):
             at = 4 * (i // 2) + 2 * half + i % 2
-            p = math.exp(s[at] - top) if s[at] > NO_KEY else float32(0.0)
+            e = math.exp(s[at] - top)  # then selected, not branched around: a masked key (while the
+            p = e if s[at] > NO_KEY else float32(0.0)  # row has seen none, top is NO_KEY too) weighs 0
             s[at] = p
             total += p
         return top, alpha, total

@@ -135,7 +135,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                                   f"{kv_cache.shape[4]}, {tokens} tokens for {num_seqs} sequences x query_len {query_len}")
     if path is None:
         path = choose_path(head_dim, q.dtype, kv_cache.shape[2], query_len * (heads // kv_heads), q.device)
-        path = "by_kv_head" if path == "mma" and not by_mma.addressable(kv_cache) else path
     elif path not in PATHS:
         raise KernelArgumentError(f"paged_attention: path must be one of {PATHS}, got {path!r}")
     elif path == "by_row" and head_dim > by_row.MAX_HEAD_DIM:
@@ -147,9 +146,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         raise KernelArgumentError(f"paged_attention: mma takes float16 with head_dim a multiple of 32 up to "
                                   f"{by_mma.MAX_HEAD_DIM} and blocks of a multiple of {by_mma.TILE} keys, got {q.dtype}, "
                                   f"head_dim {head_dim}, block size {kv_cache.shape[2]}")
-    elif path == "mma" and not by_mma.addressable(kv_cache):
-        raise KernelArgumentError(f"paged_attention: mma addresses the cache by 32-bit word offsets, and this one holds "
-                                  f"{kv_cache.numel() // 4} 8-byte words (at most {by_mma.MAX_CACHE_WORDS})")
     elif path == "mma" and not _has_tensor_cores(q.device):
         raise KernelArgumentError(f"paged_attention: mma needs tensor cores of compute capability 8.0 or later, "
                                   f"{q.device} has {torch.cuda.get_device_capability(q.device)}")

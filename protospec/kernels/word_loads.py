@@ -7,12 +7,13 @@ int64 on the host (`tensor.view(torch.int64)`, last dim a multiple of the word's
 word is split here: on a GPU by LLVM bit casts (trunc + bitcast + fpext lower to cvt.f32.f16), in
 the CUDA simulator by numpy views of the same bits.
 
-`load_flat(array, index)`: element `index` of a C-contiguous array of any rank, counted from its
-first element. Numba's own indexing computes a 64-bit address per dimension and fixes up negative
+`load_flat(array, index)`: element `index` (>= 0) of a C-contiguous array of any rank, counted from
+its first element. Numba's own indexing computes an address per dimension and fixes up negative
 indices in each; a kernel whose inner loop loads many words (the paged attention's K and V) spends
-more instructions on that than on its arithmetic. Here the index is taken as an unsigned 32-bit
-offset (the caller checks the array holds fewer than 2**32 elements) and the load is marked
-invariant (the array must not change while the kernel runs), so it can take the read-only path.
+more instructions on that than on its arithmetic. Here an index is one offset from the data pointer,
+so loads whose indices differ by constants share one address register (the constants become the
+load's immediate offsets), and the load is marked invariant (the array must not change while the
+kernel runs), so it can take the read-only path.
 
 Also `global_timer()`: the GPU's nanosecond clock (%globaltimer), for kernels that record when each
 of their phases ended.
@@ -86,17 +87,15 @@ else:
 
     @intrinsic
     def load_flat(typingctx, array, index):  # noqa: ARG001
-        """array's element `index` in C order (read only; index < 2**32, taken as unsigned)."""
+        """array's element `index` (>= 0) in C order (read only)."""
         if not isinstance(array, types.Array) or array.layout != "C" or not isinstance(index, types.Integer):
             return None
         signature = array.dtype(array, index)
 
         def codegen(context, builder, sig, args):
             data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-            offset = args[1]
-            if offset.type.width > 32:
-                offset = builder.trunc(offset, ir.IntType(32))
-            value = builder.load(builder.gep(data, [builder.zext(offset, ir.IntType(64))]))
+            offset = context.cast(builder, args[1], sig.args[1], types.int64)
+            value = builder.load(builder.gep(data, [offset], inbounds=True))
             value.set_metadata("invariant.load", builder.module.add_metadata([]))
             return value
 
