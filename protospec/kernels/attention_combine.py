@@ -117,6 +117,7 @@ def row_group_writer(R: int, D: int, WARPS: int, THREADS: int, GROUP: int = 0, S
     head cost no runtime division; STRIDE: floats between two rows of merged_acc (0: D; wider rows
     spread a warp's stores over the shared-memory banks)."""
     RS = STRIDE or D
+    WEIGHTS = WARPS * R  # a shared array's size must be a constant, not an expression, for the GPU typer
 
     @cuda.jit(device=True, **OPTIONS)
     def write_row_group(merged_acc, merged_max, merged_sum, seq, kv_head, group, chunk, split, query_len, out,
@@ -130,7 +131,7 @@ def row_group_writer(R: int, D: int, WARPS: int, THREADS: int, GROUP: int = 0, S
         group_rows = query_len * group
         # Each row's merge once (a thread per row): warp w's weight e^(m_w - M), the row's max M and
         # its total; a cell is then a weighted sum of WARPS values.
-        warp_weight = cuda.shared.array(WARPS * R, float32)
+        warp_weight = cuda.shared.array(WEIGHTS, float32)
         merged_top = cuda.shared.array(R, float32)
         merged_total = cuda.shared.array(R, float32)
         for r in range(tid, R, THREADS):
