@@ -134,12 +134,12 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
         part_acc     [T * h, splits, d] f32 out; part_max, part_sum [T * h, splits] f32 out (splits > 1)
         counters     [S * kvh * chunks] int32, zero on entry and on exit; fused = 1: the last split block
                      of each row group to finish (counted there) combines the group's rows into out
-        Grid (attention_combine.row_group_grid): (splits, chunks, S * kvh) blocks: (split, chunk, seq * kvh + kv_head);
+        Grid: S * kvh * chunks * splits blocks, b -> (((seq * kvh + kv_head) * chunks + chunk) * splits + split);
         a chunk is R rows of the group's query_len * (h // kvh) rows (row = query token * group + head in group).
         """
         splits = part_max.shape[1]
         kv_heads = kv_cache.shape[3]
-        seq, kv_head, chunk, split, group, group_rows = row_group_block(q.shape[1] // kv_heads, kv_heads, query_len)
+        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, q.shape[1] // kv_heads, kv_heads, query_len, splits)
         block_size = kv_cache.shape[2]
         tid = cuda.threadIdx.x
         lane = tid % G            # which dims of the key: lane, lane + G, ...

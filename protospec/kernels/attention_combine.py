@@ -59,27 +59,19 @@ def combine_cell(part_acc, part_max, part_sum, row, e, top, inv_total):
     return acc * inv_total
 
 
-def row_group_grid(num_seqs: int, kv_heads: int, chunks: int, splits: int) -> tuple[int, int, int]:
-    """The grid both row-group kernels launch: (split, chunk, seq * kv_heads + kv_head) blocks, so a
-    block finds its coordinates with one division (a division by a runtime value is ~25 instructions
-    on the path to the first load); row group (seq * kv_heads + kv_head) * chunks + chunk."""
-    return (splits, chunks, num_seqs * kv_heads)
-
-
 @cuda.jit(device=True)
-def row_group_block(group, kv_heads, query_len):
-    """(seq, kv_head, chunk, split, group, group_rows) of this block in a row_group_grid, a chunk being
-    some of the group_rows = query_len * group rows that share a KV head (group = heads per KV head)."""
-    pair = uint32(cuda.blockIdx.z)  # seq * kv_heads + kv_head, in 32 bits (a 64-bit division is a call)
-    seq = pair // uint32(kv_heads)
-    return (int64(seq), int64(pair - seq * uint32(kv_heads)), int64(cuda.blockIdx.y), int64(cuda.blockIdx.x),
-            group, query_len * group)
-
-
-@cuda.jit(device=True)
-def row_group_index():
-    """The row group of this block in a row_group_grid: (seq * kv_heads + kv_head) * chunks + chunk."""
-    return cuda.blockIdx.z * cuda.gridDim.y + cuda.blockIdx.y
+def row_group_block(rows_per_chunk, group, kv_heads, query_len, splits):
+    """(seq, kv_head, chunk, split, group, group_rows) of this block in the grid both row-group kernels
+    launch: block b = ((seq * kv_heads + kv_head) * chunks + chunk) * splits + split, a chunk being
+    rows_per_chunk of the group_rows = query_len * group rows that share a KV head (group = heads per
+    KV head). The divisions are 32-bit: a 64-bit one by a runtime value is a subroutine call."""
+    group_rows = query_len * group
+    chunks = (group_rows + rows_per_chunk - 1) // rows_per_chunk
+    b = uint32(cuda.blockIdx.x)
+    by_split = b // uint32(splits)        # (seq * kv_heads + kv_head) * chunks + chunk
+    by_chunk = by_split // uint32(chunks)  # seq * kv_heads + kv_head
+    return (int64(by_chunk // uint32(kv_heads)), int64(by_chunk % uint32(kv_heads)), int64(by_split % uint32(chunks)),
+            int64(b % uint32(splits)), group, group_rows)
 
 
 @cuda.jit(device=True)
@@ -173,7 +165,7 @@ def row_group_writer(R: int, D: int, WARPS: int, THREADS: int, GROUP: int = 0, S
                     if e == 0:
                         part_max[row, split] = merged_top[r]  # NO_KEY, sum 0 for a split with no key
                         part_sum[row, split] = total
-        if splits > 1 and fused == 1 and arrived_last(counters, row_group_index(), splits, last_block, tid):
+        if splits > 1 and fused == 1 and arrived_last(counters, cuda.blockIdx.x // splits, splits, last_block, tid):
             # Each row's scale once (a thread per row), then every cell in one round of loads.
             row_top = cuda.shared.array(R, float32)
             row_inv = cuda.shared.array(R, float32)

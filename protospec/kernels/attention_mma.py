@@ -174,11 +174,11 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict):  #
         q64          [T, h, d / 4] int64: the fp16 queries as 8-byte words
         kv64         [2, num_blocks, block_size, kvh, d / 4] int64: the fp16 cache as words
         block_tables [S, W] int32; positions [T] int64; query_len, scale, out, part_*, counters, fused:
-        as by_kv_head's kernel. Grid: (splits, chunks, S * kvh) blocks of R rows, as by_kv_head's.
+        as by_kv_head's kernel. Grid: S * kvh * chunks * splits blocks of R rows, as by_kv_head's.
         """
         splits = part_max.shape[1]
         kv_heads = kv64.shape[3]
-        seq, kv_head, chunk, split, group, group_rows = row_group_block(GROUP, kv_heads, query_len)
+        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, GROUP, kv_heads, query_len, splits)
         block_size = kv64.shape[2]
         tid = cuda.threadIdx.x
         lane = tid % 32

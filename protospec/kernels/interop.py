@@ -179,9 +179,8 @@ _CTYPES_SCALARS = {"int64": ctypes.c_int64, "int32": ctypes.c_int32, "float64": 
 _tensor_launchers: dict = {}
 
 
-def launch_tensors(kernel, grid: int | tuple[int, int, int], block: int, args: list) -> None:
-    """Launch a Numba kernel over torch tensors (checked, C-contiguous) and Python scalars (grid: blocks,
-    or (x, y, z) blocks where a kernel reads its block's coordinates without dividing): in the
+def launch_tensors(kernel, grid: int, block: int, args: list) -> None:
+    """Launch a Numba kernel over torch tensors (checked, C-contiguous) and Python scalars: in the
     simulator through Numba's own dispatch on device-array wrappers of the tensors' memory, on a GPU through a TensorLaunch kept per
     kernel (one cuLaunchKernel on torch's current stream, so CUDA graphs capture it)."""
     if SIMULATOR:
@@ -227,16 +226,15 @@ def _specialize(kernel, numba_args: list) -> tuple:
     return compiled, ctypes.c_void_p(_handle_as_int(compiled._codelibrary.get_cufunc().handle))
 
 
-def _cu_launch(function, grid, block: int, stream_handle: int, params, cooperative: bool = False) -> None:
-    """One cuLaunchKernel (a grid of blocks or (x, y, z) blocks, a 1-D block, no dynamic shared memory)
-    on the given stream; a kernel that syncs its whole grid (cuda.cg.this_grid().sync()) needs
-    cuLaunchCooperativeKernel instead, which also checks that every block of the grid can be resident at once."""
-    gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
+def _cu_launch(function, grid: int, block: int, stream_handle: int, params, cooperative: bool = False) -> None:
+    """One cuLaunchKernel (1-D grid and block, no dynamic shared memory) on the given stream; a kernel
+    that syncs its whole grid (cuda.cg.this_grid().sync()) needs cuLaunchCooperativeKernel instead,
+    which also checks that every block of the grid can be resident at once."""
     if cooperative:
-        rc = _libcuda().cuLaunchCooperativeKernel(function, gx, gy, gz, block, 1, 1, 0, stream_handle, params)
+        rc = _libcuda().cuLaunchCooperativeKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params)
         what = "cuLaunchCooperativeKernel"
     else:
-        rc = _libcuda().cuLaunchKernel(function, gx, gy, gz, block, 1, 1, 0, stream_handle, params, None)
+        rc = _libcuda().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params, None)
         what = "cuLaunchKernel"
     if rc != 0:
         raise RuntimeError(f"{what} failed with CUresult {rc}")

@@ -36,7 +36,7 @@ from protospec.layout import ATTENTION_PATHS
 from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row
 from protospec.kernels import attention_mma as by_mma
 from protospec.kernels import interop
-from protospec.kernels.attention_combine import attention_combine_kernel, row_group_grid
+from protospec.kernels.attention_combine import attention_combine_kernel
 from protospec.kernels.interop import check_tensor, cuda
 
 PATHS = ATTENTION_PATHS
@@ -44,7 +44,6 @@ PATHS = ATTENTION_PATHS
 # (one launch per attention); False runs the combine as a kernel of its own. Read at each call, so
 # set it before CUDA graphs are captured; the bench's --attention-combine sets it.
 FUSED_COMBINE = True
-MAX_GRID_Z = 65535  # CUDA's limit on a grid's z dimension (row_group_grid puts (sequence, KV head) there)
 # by_kv_head's split-K (mma has its own, attention_mma.BLOCKS_PER_SM) spreads a grid that does not fill the GPU until BLOCKS_PER_SM blocks per SM.
 BLOCKS_PER_SM = 2
 
@@ -152,9 +151,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                                   f"{q.device} has {torch.cuda.get_device_capability(q.device)}")
     if splits is not None and splits < 1:
         raise KernelArgumentError(f"paged_attention: splits must be >= 1, got {splits}")
-    if path != "by_row" and num_seqs * kv_heads > MAX_GRID_Z:
-        raise KernelArgumentError(f"paged_attention: {path} launches a block row per (sequence, KV head), at most "
-                                  f"{MAX_GRID_Z}; got {num_seqs} sequences x {kv_heads} KV heads")
     dev = q.device
     out = torch.empty(tokens, heads * head_dim, dtype=q.dtype, device=dev)
     group_rows = query_len * (heads // kv_heads)
@@ -166,19 +162,17 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         grid = tokens * heads * parts
     elif path == "by_kv_head":
         rows = by_kv_head.rows_per_block(group_rows, num_seqs * kv_heads, _sm_count(dev))
-        chunks = -(-group_rows // rows)
-        groups = num_seqs * kv_heads * chunks
+        groups = num_seqs * kv_heads * -(-group_rows // rows)
         parts = splits or choose_splits(groups, max_keys, by_kv_head.keys_in_flight(head_dim, rows, block_size), dev)
-        kernel, grid = by_kv_head.attention_kernel(rows, head_dim, block_size), row_group_grid(num_seqs, kv_heads, chunks, parts)
+        kernel, grid = by_kv_head.attention_kernel(rows, head_dim, block_size), groups * parts
         threads = by_kv_head.threads_per_block(head_dim)
     else:
-        chunks = -(-group_rows // by_mma.rows_per_chunk(group_rows))
-        groups = num_seqs * kv_heads * chunks
+        groups = num_seqs * kv_heads * -(-group_rows // by_mma.rows_per_chunk(group_rows))
         warps = (by_mma.SIMULATOR_WARPS if interop.SIMULATOR
                  else by_mma.warps_per_block(groups, _sm_count(dev), group_rows, head_dim))
         parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(warps), dev, by_mma.BLOCKS_PER_SM)
-        kernel, threads = by_mma.attention_kernel(group_rows, head_dim, warps, heads // kv_heads), 32 * warps
-        grid = row_group_grid(num_seqs, kv_heads, chunks, parts)
+        kernel, grid, threads = (by_mma.attention_kernel(group_rows, head_dim, warps, heads // kv_heads), groups * parts,
+                                 32 * warps)
     if path != "by_row" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)
         part_acc = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)
