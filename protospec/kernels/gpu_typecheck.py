@@ -1,0 +1,187 @@
+"""Compile every Numba kernel for a GPU up to LLVM IR, on any machine: no GPU, no CUDA toolkit.
+
+    NUMBA_ENABLE_CUDASIM=0 python -m protospec.kernels.gpu_typecheck
+
+Why: the CUDA simulator runs a kernel's Python, not Numba's GPU compiler, so a kernel can pass every
+simulator test and still fail to build for a GPU: a shared array sized by an expression, types the
+CUDA target does not unify, an intrinsic's code generation. Each such slip used to cost a GPU run.
+Here the kernels' wrappers are called with small CPU tensors while the launchers, instead of
+launching, run Numba's CUDA pipeline (typing, then lowering to LLVM IR for sm_90; only the last step
+to PTX needs NVVM) on the kernel with the argument types the launch would have had. The shapes are
+chosen to reach each kernel's compile-time variants (tensor-core and register attention, split-K,
+GQA, float16 and float32, GEMV widths, the sliced samplers, the persistent and per-phase forwards).
+
+Prints one line per (kernel, signature) and exits 1 if any failed to compile.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") != "0":
+    raise SystemExit("gpu_typecheck builds for the GPU target: run it with NUMBA_ENABLE_CUDASIM=0")
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+
+import numba  # noqa: E402
+import torch  # noqa: E402
+from numba import types  # noqa: E402
+from numba.cuda import compiler, dispatcher as cuda_dispatcher  # noqa: E402
+
+from protospec.kernels import interop  # noqa: E402
+
+COMPUTE_CAPABILITY = (9, 0)
+SM_COUNT = 132
+results: dict[tuple, str | None] = {}  # (kernel name, argument types) -> None (built) or the error
+
+
+def _argument_type(value):
+    """The type Numba's launch infers: a C-contiguous array of the tensor's dtype and rank, int64 for
+    an int, float64 for a float."""
+    return numba.typeof(value.detach().numpy()) if isinstance(value, torch.Tensor) else numba.typeof(value)
+
+
+def build(kernel, args: list) -> str | None:
+    """Type and lower `kernel` (a cuda.jit dispatcher) for these arguments; None, or the error's first line."""
+    signature = tuple(_argument_type(a) for a in args)
+    name = kernel.py_func.__qualname__.replace(".<locals>", "")
+    key = (f"{kernel.py_func.__module__}.{name}", signature, id(kernel))
+    if key not in results:
+        try:
+            compiler.compile_cuda(kernel.py_func, types.void, signature, cc=COMPUTE_CAPABILITY,
+                                  fastmath=kernel.targetoptions.get("fastmath", False))
+            results[key] = None
+        except Exception as exc:  # any failure to build is the finding
+            results[key] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    return results[key]
+
+
+class _TargetDevice:
+    compute_capability = COMPUTE_CAPABILITY
+
+
+class _BuildOnly:
+    """Stands in for interop.BoundLaunch: builds the kernel, launches nothing."""
+
+    def __init__(self, kernel, num_threads: int, args: list):  # noqa: ARG002
+        build(kernel, args)
+
+    def __call__(self, stream_handle=None) -> None:  # noqa: ARG002
+        pass
+
+
+def install() -> None:
+    """Route every launch of the package's kernels to `build` and let CPU tensors pass the checks."""
+    from protospec.kernels import paged_attention
+
+    # A device function is compiled for the current device's compute capability when a kernel calls
+    # it; with no driver there is no current device, so name the target's.
+    cuda_dispatcher.get_current_device = lambda: _TargetDevice()
+    interop.KERNEL_DEVICE_TYPE = "cpu"
+    interop.launch_tensors = lambda kernel, grid, block, args: build(kernel, args)
+    interop.launch = lambda kernel, num_threads, args: build(kernel, args)
+    interop.BoundLaunch = _BuildOnly
+    interop.max_cooperative_blocks = lambda kernel, threads, args: SM_COUNT
+    paged_attention._sm_count = lambda device: SM_COUNT
+    paged_attention._has_tensor_cores = lambda device: True
+
+
+def _attention() -> None:
+    from protospec.kernels.paged_attention import paged_attention
+
+    block_size, head_dim, blocks = 16, 64, 8
+    tables = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]], dtype=torch.int32)
+    for dtype, heads, kv_heads, query_len, path, splits, fused in [
+            (torch.float16, 4, 4, 6, "mma", None, None),     # verify window, MHA
+            (torch.float16, 8, 2, 1, "mma", None, None),     # decode, GQA rows on tensor cores
+            (torch.float16, 4, 4, 6, "mma", 2, True),        # split-K, combined in the kernel
+            (torch.float16, 4, 2, 1, "by_kv_head", None, None),
+            (torch.float32, 4, 2, 6, "by_kv_head", 2, True),
+            (torch.float32, 4, 4, 1, "by_kv_head", 2, False),  # split-K with the combine kernel
+            (torch.float32, 4, 2, 1, "by_row", None, None)]:
+        q = torch.zeros(2 * query_len, heads, head_dim, dtype=dtype)
+        kv = torch.zeros(2, blocks, block_size, kv_heads, head_dim, dtype=dtype)
+        positions = torch.arange(2 * query_len, dtype=torch.int64) + 20
+        paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, fused_combine=fused)
+
+
+def _layers_and_gemv() -> None:
+    from protospec.kernels.gemv import gemv
+    from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
+
+    for dtype in (torch.float16, torch.float32):
+        x = torch.zeros(3, 64, dtype=dtype)
+        add_rms_norm(x, None, torch.ones(64, dtype=dtype), 1e-6, torch.arange(3))
+        add_rms_norm(x, x.clone(), torch.ones(64, dtype=dtype), 1e-6, torch.arange(3))
+        kv = torch.zeros(2, 4, 16, 2, 16, dtype=dtype)
+        rope_and_cache(torch.zeros(3, (4 + 2 * 2) * 16, dtype=dtype), torch.arange(3), torch.zeros(32, 16, dtype=dtype),
+                       torch.zeros(32, 16, dtype=dtype), kv, torch.arange(3), 4)
+        silu_and_mul(torch.zeros(3, 128, dtype=dtype))
+        for tokens in (1, 6):
+            w = torch.zeros(96, 256, dtype=torch.float16)
+            gemv(torch.zeros(tokens, 256, dtype=dtype), w)
+            gemv(torch.zeros(tokens, 256, dtype=dtype), w, norm_weight=torch.ones(256, dtype=dtype))
+            gemv(torch.zeros(tokens, 256, dtype=dtype), w, unroll=2, words=True)
+
+
+def _sampling_and_rejection() -> None:
+    from protospec.kernels import counter_randoms, ngram_match, sampling
+    from protospec.kernels.rejection import rejection_sample_fused
+    from protospec.config import SamplingParams
+    from protospec.spec.sampler import SamplingTensors
+
+    batch, k, vocab = 2, 3, 512
+    st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
+                               [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
+    logits = torch.zeros(batch, vocab)
+    sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                         torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64))
+    sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1)
+    rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
+                           torch.zeros(batch, k + 1, vocab), torch.zeros(batch, k), torch.zeros(batch, k, vocab),
+                           torch.zeros(batch, vocab))
+    counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
+                                torch.zeros(batch, k))
+    ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,
+                            torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
+                            torch.zeros(batch, dtype=torch.int64))
+
+
+def _forwards() -> None:
+    """A tiny GQA model's forwards through the layer kernels and through the persistent decode (one
+    kernel, and one kernel per phase), for decode and verify batches."""
+    from protospec.model.config import LlamaArchConfig
+    from protospec.model.inputs import prepare_inputs
+    from protospec.model.llama import LlamaForCausalLM
+
+    cfg = LlamaArchConfig.from_dict(dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=256,
+                                         rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                         model_type="llama"))
+    block_size, blocks = 16, 8
+    for dtype in (torch.float16, torch.float32):
+        model = LlamaForCausalLM(cfg).place("cpu", dtype)
+        kv = torch.zeros(cfg.num_hidden_layers, 2, blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
+        model.enable_layer_kernels()
+        for tokens in ([[5], [6]], [[5] * 6, [6] * 6]):
+            inputs = prepare_inputs(tokens, [20, 30], [[1, 2, 3], [4, 5, 6]], block_size, len(tokens[0]), torch.device("cpu"))
+            model(inputs.input_ids, inputs.positions, list(kv.unbind(0)), inputs.meta)
+        for launches in ("one", "per_phase"):
+            model.enable_persistent_decode(kv, launches=launches)
+            inputs = prepare_inputs([[5], [6]], [20, 30], [[1, 2, 3], [4, 5, 6]], block_size, 1, torch.device("cpu"))
+            model(inputs.input_ids, inputs.positions, list(kv.unbind(0)), inputs.meta)
+
+
+def main() -> int:
+    install()
+    for part in (_attention, _layers_and_gemv, _sampling_and_rejection, _forwards):
+        part()
+    failed = 0
+    for (name, signature, _), error in results.items():
+        print(f"{'FAILED' if error else 'built '} {name}{tuple(str(t) for t in signature)}" + (f": {error}" if error else ""))
+        failed += error is not None
+    print(f"{len(results) - failed} kernel signatures built for sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
