@@ -16,6 +16,11 @@ Why this layout: staging K/V tiles in shared memory with a barrier per phase (an
 spent its time in shared-memory traffic and barriers; here the multiply-adds' operands are registers
 and a block's loads are independent of one another.
 
+Indexing: K and V by one flat offset per step (word_loads.load_flat), the step's cache-block column
+advanced by adding, heads per KV head a compile-time constant: Numba's per-dimension 64-bit index
+arithmetic and its 64-bit division calls were most of the tensor-core path's instructions
+(data/results/README.md, "fewer instructions per key tile"), and this kernel indexes the same way.
+
 With splits > 1 each split covers 1/splits of the chunk's real context (from its rows' largest
 position, so no block works past the end) and writes (acc, max, sum) in attention_by_row.py's
 layout; with fused = 1 the last split block of a row group to finish (an atomic arrival count)
@@ -26,12 +31,13 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import float32, int32
+from numba import float32, int32, int64, uint32
 
 from protospec.kernels import interop
 from protospec.kernels.attention_combine import row_group_block, row_group_writer
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
+from protospec.kernels.word_loads import load_flat
 
 DIMS_PER_LANE = 8
 THREADS = 128  # per block, on a GPU
@@ -91,22 +97,23 @@ def keys_in_flight(head_dim: int, rows: int = 1, block_size: int = 1) -> int:
     return threads_per_block(head_dim) // (head_dim // DIMS_PER_LANE) * keys_per_group(rows, block_size)
 
 
-def attention_kernel(rows: int, head_dim: int, block_size: int):
-    """The kernel for `rows` query rows per block, `head_dim` and the keys per group that block_size
-    allows (compile-time constants: register arrays and loop bounds), compiled on first use."""
-    return _compiled(rows, head_dim, keys_per_group(rows, block_size), MIN_BLOCKS_PER_SM, FASTMATH)
+def attention_kernel(rows: int, head_dim: int, block_size: int, group: int):
+    """The kernel for `rows` query rows per block, `head_dim`, the keys per group that block_size
+    allows and `group` heads per KV head (compile-time constants: register arrays, loop bounds, and a
+    row's token and head without a runtime division), compiled on first use."""
+    return _compiled(rows, head_dim, keys_per_group(rows, block_size), group, MIN_BLOCKS_PER_SM, FASTMATH)
 
 
 @functools.cache
-def _compiled(rows: int, head_dim: int, keys: int, min_blocks: int | None, fastmath: bool):
+def _compiled(rows: int, head_dim: int, keys: int, group: int, min_blocks: int | None, fastmath: bool):
     threads = threads_per_block(head_dim)
     options = {} if interop.SIMULATOR else {"fastmath": fastmath}
     if min_blocks and not interop.SIMULATOR:
         options["launch_bounds"] = (threads, min_blocks)
-    return _make_attention_kernel(rows, head_dim, keys, threads, warp_lanes(head_dim), options)
+    return _make_attention_kernel(rows, head_dim, keys, group, threads, warp_lanes(head_dim), options)
 
 
-def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
+def _make_attention_kernel(R: int, D: int, U: int, GROUP: int, THREADS: int, WARP: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
     DPL = DIMS_PER_LANE
     G = D // DPL                              # lanes per key
     SLOTS = THREADS // G                      # lane groups per block
@@ -120,7 +127,7 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
     RD = R * DPL
     MERGED = WARPS * R * D
     MERGED_ROWS = WARPS * R
-    write_rows = row_group_writer(R, D, WARPS, THREADS)
+    write_rows = row_group_writer(R, D, WARPS, THREADS, GROUP)
     NO_KEY = float32(-1e30)  # the max of a row with no key yet: finite, because fast-math assumes no infinities
 
     @cuda.jit(**options)
@@ -139,7 +146,7 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
         """
         splits = part_max.shape[1]
         kv_heads = kv_cache.shape[3]
-        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, q.shape[1] // kv_heads, kv_heads, query_len, splits)
+        seq, kv_head, chunk, split, group, group_rows = row_group_block(R, GROUP, kv_heads, query_len, splits)
         block_size = kv_cache.shape[2]
         tid = cuda.threadIdx.x
         lane = tid % G            # which dims of the key: lane, lane + G, ...
@@ -168,38 +175,55 @@ def _make_attention_kernel(R: int, D: int, U: int, THREADS: int, WARP: int, opti
             gr = chunk * R + min(r, real_rows - 1)
             t = seq * query_len + gr // group
             head = kv_head * group + gr % group
-            pos = int32(positions[t])
+            pos = int32(load_flat(positions, t))
             last = max(last, pos)
             run_max[r] = NO_KEY
             run_sum[r] = float32(0.0)
             row_pos[r] = pos if r < real_rows else int32(-1)
             for i in range(DPL):
-                value = float32(q[t, head, i * G + lane]) * float32(scale)
+                value = float32(load_flat(q, (t * q.shape[1] + head) * D + i * G + lane)) * float32(scale)
                 q_reg[r * DPL + i] = value if r < real_rows else float32(0.0)
                 acc[r * DPL + i] = float32(0.0)
         # Padding rows of a captured batch may hold any position: never read past the table.
         keys = min(last + 1, block_tables.shape[1] * block_size)
-        span = ((keys + splits - 1) // splits + U - 1) // U * U  # a multiple of U: a step's U keys share a block
+        # (Divisions by runtime values in 32 bits: a 64-bit one is a subroutine call.)
+        span = (int64(uint32(keys + splits - 1) // uint32(splits)) + U - 1) // U * U  # a multiple of U: a step's U keys share a block
         first = min(split * span, keys)
         end = min(first + span, keys)
         iters = (end - first + STEP - 1) // STEP   # the same for every thread (the simulator's barriers)
 
+        # Flat element offsets (word_loads.load_flat: one address per step, the keys' and dims' offsets
+        # as constants): a key is kv_heads * D elements, a cache block block_size keys, V a whole cache
+        # after K. The step's cache-block column and offset advance by adding (no division).
+        key_stride = kv_heads * D
+        block_elements = block_size * key_stride
+        lane_base = kv_head * D + lane
+        v_offset = kv_cache.shape[1] * block_elements
+        table = block_tables.shape[1]
         j = first + slot * U      # this group's first key of the step; j .. j + U - 1 lie in one block
-        next_block = block_tables[seq, j // block_size] if j < end else 0
+        column = int64(uint32(j) // uint32(block_size))
+        offset = j - column * block_size
+        jump = int64(uint32(STEP) // uint32(block_size))
+        rest = STEP - jump * block_size
+        next_block = load_flat(block_tables, seq * table + column) if j < end else 0
         for _ in range(iters):
             key_block = next_block
+            base = key_block * block_elements + offset * key_stride + lane_base
+            column += jump
+            offset += rest
+            if offset >= block_size:
+                offset -= block_size
+                column += 1
             if j + STEP < end:  # the next step's block id, one step ahead of its K/V loads
-                next_block = block_tables[seq, (j + STEP) // block_size]
-            offset = j % block_size
-            # Every load of the step first (U keys' K and V in flight at once), then the math.
+                next_block = load_flat(block_tables, seq * table + column)
+            # Every load of the step first (U keys' K and V in flight at once), then the math. The
+            # block holds the whole step, so past `end` the loads stay inside it; those keys are zeroed.
             for u in range(U):
                 for i in range(DPL):
-                    if j + u < end:
-                        k_reg[u * DPL + i] = float32(kv_cache[0, key_block, offset + u, kv_head, i * G + lane])
-                        v_reg[u * DPL + i] = float32(kv_cache[1, key_block, offset + u, kv_head, i * G + lane])
-                    else:
-                        k_reg[u * DPL + i] = float32(0.0)
-                        v_reg[u * DPL + i] = float32(0.0)
+                    k_value = float32(load_flat(kv_cache, base + u * key_stride + i * G))
+                    v_value = float32(load_flat(kv_cache, v_offset + base + u * key_stride + i * G))
+                    k_reg[u * DPL + i] = k_value if j + u < end else float32(0.0)
+                    v_reg[u * DPL + i] = v_value if j + u < end else float32(0.0)
             # Every row's U scores first: independent dot products and shuffle sums the compiler can
             # interleave (no branch between them; masks are selects).
             for r in range(R):

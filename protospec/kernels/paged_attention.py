@@ -164,7 +164,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         rows = by_kv_head.rows_per_block(group_rows, num_seqs * kv_heads, _sm_count(dev))
         groups = num_seqs * kv_heads * -(-group_rows // rows)
         parts = splits or choose_splits(groups, max_keys, by_kv_head.keys_in_flight(head_dim, rows, block_size), dev)
-        kernel, grid = by_kv_head.attention_kernel(rows, head_dim, block_size), groups * parts
+        kernel, grid = by_kv_head.attention_kernel(rows, head_dim, block_size, heads // kv_heads), groups * parts
         threads = by_kv_head.threads_per_block(head_dim)
     else:
         groups = num_seqs * kv_heads * -(-group_rows // by_mma.rows_per_chunk(group_rows))

@@ -32,7 +32,7 @@ for queries in args.queries:
         dispatcher, threads = by_mma.attention_kernel(group_rows, cfg.head_dim, warps, group_rows // queries), 32 * warps
     else:
         rows = by_kv_head.rows_per_block(group_rows, groups, _sm_count(dev))
-        dispatcher, threads = by_kv_head.attention_kernel(rows, cfg.head_dim, 16), by_kv_head.threads_per_block(cfg.head_dim)
+        dispatcher, threads = by_kv_head.attention_kernel(rows, cfg.head_dim, 16, group_rows // queries), by_kv_head.threads_per_block(cfg.head_dim)
     for info in interop.compiled_resources(dispatcher, threads):
         print(f"{args.path} batch {args.batch} queries {queries} threads {threads}: {info}", flush=True)
     if args.sass:  # the machine code of each compiled signature (needs nvdisasm), for counting instructions

@@ -41,7 +41,7 @@ for rows, budget, min_blocks, per_sm, fill in itertools.product(args.rows, args.
     regs = {}
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for r in sorted({by_kv_head.rows_per_block(q, b * cfg.num_key_value_heads, sms) for b, q in shapes}):
-        resources = interop.compiled_resources(by_kv_head.attention_kernel(r, cfg.head_dim, 16), by_kv_head.THREADS)
+        resources = interop.compiled_resources(by_kv_head.attention_kernel(r, cfg.head_dim, 16, 1), by_kv_head.THREADS)
         if resources:
             regs[r] = [info["regs_per_thread"] for info in resources]
     print(f"{rows:>4} {budget:>6} {min_blocks:>10} {per_sm:>9} {fill:>4} | " + " ".join(f"{t:6.1f}" for t in times)
