@@ -11,11 +11,15 @@ to PTX needs NVVM) on the kernel with the argument types the launch would have h
 chosen to reach each kernel's compile-time variants (tensor-core and register attention, split-K,
 GQA, float16 and float32, GEMV widths, the sliced samplers, the persistent and per-phase forwards).
 
-Prints one line per (kernel, signature) and exits 1 if any failed to compile.
+Prints one line per (kernel, signature) and exits 1 if any failed to compile. With --divisions,
+each line also counts the 64-bit divisions and remainders by runtime values left after LLVM's -O3
+(on the host's target): on a GPU each is a call to a division routine (~25-100 instructions), the
+costliest thing Numba's integer arithmetic emits and a proxy for instruction count that needs no GPU.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") != "0":
@@ -32,6 +36,7 @@ from protospec.kernels import interop  # noqa: E402
 COMPUTE_CAPABILITY = (9, 0)
 SM_COUNT = 132
 results: dict[tuple, str | None] = {}  # (kernel name, argument types) -> None (built) or the error
+built: dict[tuple, object] = {}        # the same keys -> Numba's compile result, for --divisions
 
 
 def _argument_type(value):
@@ -47,8 +52,8 @@ def build(kernel, args: list) -> str | None:
     key = (f"{kernel.py_func.__module__}.{name}", signature, id(kernel))
     if key not in results:
         try:
-            compiler.compile_cuda(kernel.py_func, types.void, signature, cc=COMPUTE_CAPABILITY,
-                                  fastmath=kernel.targetoptions.get("fastmath", False))
+            built[key] = compiler.compile_cuda(kernel.py_func, types.void, signature, cc=COMPUTE_CAPABILITY,
+                                               fastmath=kernel.targetoptions.get("fastmath", False))
             results[key] = None
         except Exception as exc:  # any failure to build is the finding
             results[key] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
@@ -171,13 +176,32 @@ def _forwards() -> None:
             model(inputs.input_ids, inputs.positions, list(kv.unbind(0)), inputs.meta)
 
 
-def main() -> int:
+def runtime_divisions(compiled) -> int:
+    """64-bit div / rem instructions whose divisor is not a constant, in the kernel's LLVM IR (its
+    device functions linked in) after -O3 with the host's target."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    modules = [llvm.parse_assembly(str(m)) for m in compiled.library.modules]
+    for other in modules[1:]:
+        modules[0].link_in(other)
+    builder = llvm.create_pass_builder(llvm.Target.from_default_triple().create_target_machine(),
+                                       llvm.create_pipeline_tuning_options(3))
+    builder.getModulePassManager().run(modules[0], builder)
+    return len(re.findall(r"= [su](?:div|rem) (?:exact )?i64 [^,\n]+, %", str(modules[0])))
+
+
+def main(argv: list[str] | None = None) -> int:
+    divisions = "--divisions" in (sys.argv[1:] if argv is None else argv)
     install()
     for part in (_attention, _layers_and_gemv, _sampling_and_rejection, _forwards):
         part()
     failed = 0
-    for (name, signature, _), error in results.items():
-        print(f"{'FAILED' if error else 'built '} {name}{tuple(str(t) for t in signature)}" + (f": {error}" if error else ""))
+    for key, error in results.items():
+        name, signature, _ = key
+        extra = f"  [{runtime_divisions(built[key])} runtime 64-bit divisions]" if divisions and not error else ""
+        print(f"{'FAILED' if error else 'built '} {name}{tuple(str(t) for t in signature)}" + (f": {error}" if error else extra))
         failed += error is not None
     print(f"{len(results) - failed} kernel signatures built for sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}, {failed} failed")
     return 1 if failed else 0
