@@ -17,7 +17,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_every_kernel_signature_the_wrappers_launch_builds_for_sm90():
-    done = _run("from protospec.kernels import gpu_typecheck; raise SystemExit(gpu_typecheck.main())")
+    done = _run("from protospec.kernels import gpu_typecheck; raise SystemExit(gpu_typecheck.main(['--divisions']))")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     built = {line.split("(")[0].split()[-1] for line in lines if line.startswith("built")}
@@ -28,6 +28,13 @@ def test_every_kernel_signature_the_wrappers_launch_builds_for_sm90():
                  "qkv_kernel", "lm_kernel", "add_rms_norm_kernel", "rope_and_cache_kernel", "fill_randoms_kernel"):
         assert any(b.endswith("." + name) for b in built), (name, sorted(built))
     assert lines[-1].endswith(", 0 failed")
+    # The attention kernels' key loops divide nothing at run time (a 64-bit division is a subroutine
+    # call on a GPU; one per tile made the tensor-core kernel instruction-bound): at most the split-K
+    # combine's one, outside the loop.
+    for line in lines:
+        if "attention_mma_kernel" in line or "attention_group_kernel" in line:
+            count = int(line.rsplit("[", 1)[1].split()[0])
+            assert count <= 1, line
 
 
 def test_a_kernel_the_gpu_compiler_rejects_is_reported():
