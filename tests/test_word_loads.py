@@ -6,7 +6,7 @@ import torch
 
 from protospec.kernels import interop
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE, cuda
-from protospec.kernels.word_loads import global_timer, load_flat, unpack_f16x4, unpack_f32x2
+from protospec.kernels.word_loads import global_timer, load_flat, store_flat, unpack_f16x4, unpack_f32x2
 
 DEV = KERNEL_DEVICE_TYPE
 
@@ -30,6 +30,13 @@ def _gather_flat(array, indices, out):
     i = cuda.grid(1)
     if i < indices.shape[0]:
         out[i] = load_flat(array, indices[i])
+
+
+@cuda.jit
+def _scatter_flat(values, indices, array):
+    i = cuda.grid(1)
+    if i < indices.shape[0]:
+        store_flat(array, indices[i], values[i])
 
 
 @cuda.jit
@@ -74,3 +81,15 @@ def test_load_flat_reads_any_element_in_c_order(index_dtype):
     out = torch.zeros(indices.shape[0], dtype=torch.int64, device=DEV)
     interop.launch_tensors(_gather_flat, 1, 32, [array, indices, out])
     assert torch.equal(out, array.reshape(-1)[indices.long()])
+
+
+def test_store_flat_writes_exactly_the_indexed_elements_in_c_order():
+    # float16 values written into a 4-D float16 array through float32 arguments: each lands at its
+    # flat index, converted, and nothing else changes
+    array = torch.zeros(2, 3, 4, 5, dtype=torch.float16, device=DEV)
+    indices = torch.tensor([0, 7, 59, 60, 119], dtype=torch.int64, device=DEV)
+    values = torch.tensor([1.5, -2.0, 3.25, 65504.0, -0.5], dtype=torch.float32, device=DEV)
+    interop.launch_tensors(_scatter_flat, 1, 32, [values, indices, array])
+    expected = torch.zeros(120, dtype=torch.float16, device=DEV)
+    expected[indices] = values.half()
+    assert torch.equal(array.reshape(-1), expected)

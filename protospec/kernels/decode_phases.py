@@ -24,6 +24,7 @@ from numba import float32
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
 from protospec.kernels.persistent_phases import DEVICE, WARP, make_phases
+from protospec.kernels.word_loads import store_flat
 
 
 class DecodePhases(NamedTuple):
@@ -53,6 +54,7 @@ def make_decode_phases(H: int, NH: int, KVH: int, D: int, I: int, V: int, HALF: 
     lm_load, lm_dot, lm_words = make_gemv(LM, H)
     HALF_D = D // 2
     QKV = (NH + 2 * KVH) * D
+    KVD = KVH * D
     QK_PAIRS = (NH + KVH) * HALF_D
     V_PAIRS = KVH * HALF_D
 
@@ -60,7 +62,7 @@ def make_decode_phases(H: int, NH: int, KVH: int, D: int, I: int, V: int, HALF: 
     def qkv(layer, ids, positions, slots, embed, resid, norm1, w_qkv, cos, sin, q, kv, eps, tokens,
             inv, xs, words, sums, scratch, tid, gwarp, gwarps):
         lane = tid % WARP
-        block_size = kv.shape[3]
+        slots_per_layer = kv.shape[2] * kv.shape[3]  # cache slots of one layer's K (or V)
         if layer == 0:  # the embedding rows feed the first norm directly; the residual starts from them
             stage(embed, ids, True, tokens, H, True, norm1, 0, eps, inv, xs, scratch, tid)
             for item in range(cuda.blockIdx.x * THREADS + tid, tokens * H, cuda.gridDim.x * THREADS):
@@ -75,7 +77,9 @@ def make_decode_phases(H: int, NH: int, KVH: int, D: int, I: int, V: int, HALF: 
             for t in range(tokens):
                 qkv_dot(words, xs, t, sums, scratch, tid)
                 slot = slots[t]
-                block, offset = slot // block_size, slot % block_size
+                # The cache [L, 2, blocks, block_size, KVH, D] is slot-major inside a layer's K or V
+                # (slot = block * block_size + offset): a flat store needs no division by block_size.
+                k_at = ((layer * 2 * slots_per_layer) + slot) * KVD
                 if lane == 0 and rope:
                     p = min(positions[t], cos.shape[0] - 1)  # a padding row's position may run past the table
                     lo = sums[0] * float32(cos[p, i]) - sums[1] * float32(sin[p, i])
@@ -84,12 +88,12 @@ def make_decode_phases(H: int, NH: int, KVH: int, D: int, I: int, V: int, HALF: 
                         q[t, r0] = lo
                         q[t, r0 + HALF_D] = hi
                     elif slot >= 0:
-                        kv[layer, 0, block, offset, head - NH, i] = lo
-                        kv[layer, 0, block, offset, head - NH, i + HALF_D] = hi
+                        store_flat(kv, k_at + (head - NH) * D + i, lo)
+                        store_flat(kv, k_at + (head - NH) * D + i + HALF_D, hi)
                 elif lane == 0 and slot >= 0:
-                    c = r0 - (NH + KVH) * D
-                    kv[layer, 1, block, offset, c // D, c % D] = sums[0]
-                    kv[layer, 1, block, offset, c // D, c % D + 1] = sums[1]
+                    c = r0 - (NH + KVH) * D  # V's (KV head, dim) pair as one offset
+                    store_flat(kv, k_at + slots_per_layer * KVD + c, sums[0])
+                    store_flat(kv, k_at + slots_per_layer * KVD + c + 1, sums[1])
 
     @cuda.jit(**DEVICE)
     def gate_up(layer, ids, resid, norm2, w_gu, act, eps, tokens, inv, xs, words, sums, scratch, tid, gwarp, gwarps):

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import math
 
-from numba import float32, int32, int64
+from numba import float32, int32, int64, uint32
 
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
-from protospec.kernels.word_loads import unpack_f16x4, unpack_f32x2
+from protospec.kernels.word_loads import load_flat, unpack_f16x4, unpack_f32x2
 
 WARP = 32
 # inlined into the kernel (NVVM's alwaysinline): a device function left as a call takes its arrays by
@@ -157,11 +157,16 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int, VK: int = V
 
         @cuda.jit(**DEVICE)
         def load(w, layer, r0, s_in, s_out, rows, words, lane):
-            """words[n WPL + u] = word lane + 32 u of row n of the item (rows past the matrix clamped)."""
+            """words[n WPL + u] = word lane + 32 u of row n of the item (rows past the matrix clamped).
+            Flat loads from one address per row (word_loads.load_flat: the weights never change)."""
             for n in range(ROWS):
                 r = min(r0 + (n // 2) * s_out + (n % 2) * s_in, rows - 1)
+                row = (layer * w.shape[1] + r) * WORDS
                 for u in range(WPL):
-                    words[n * WPL + u] = w[layer, r, min(lane + u * WARP, WORDS - 1)]
+                    if WORDS % WARP == 0:  # every lane's every word is in the row: no clamp
+                        words[n * WPL + u] = load_flat(w, row + lane + u * WARP)
+                    else:
+                        words[n * WPL + u] = load_flat(w, row + min(lane + u * WARP, WORDS - 1))
 
         @cuda.jit(**DEVICE)
         def dot(words, xs, t, sums, scratch, tid):
@@ -220,7 +225,8 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int, VK: int = V
             keys = min(positions[t] + 1, block_tables.shape[1] * block_size)
             for k0 in range(warp * WARP, keys, WARPS * WARP):
                 key = min(k0 + lane, keys - 1)
-                block, offset = int32(block_tables[t, key // block_size]), int32(key % block_size)
+                column = int32(uint32(key) // uint32(block_size))  # 32 bits: a 64-bit division is a call
+                block, offset = int32(block_tables[t, column]), int32(key - column * block_size)
                 for w in range(KW):
                     kw[w] = kv_words[layer, 0, block, offset, kvh, w]
                 publish(block, 1, scratch, tid)

@@ -13,7 +13,8 @@ indices in each; a kernel whose inner loop loads many words (the paged attention
 more instructions on that than on its arithmetic. Here an index is one offset from the data pointer,
 so loads whose indices differ by constants share one address register (the constants become the
 load's immediate offsets), and the load is marked invariant (the array must not change while the
-kernel runs), so it can take the read-only path.
+kernel runs), so it can take the read-only path. `store_flat(array, index, value)` writes the same
+way (a store, never marked invariant).
 
 Also `global_timer()`: the GPU's nanosecond clock (%globaltimer), for kernels that record when each
 of their phases ended.
@@ -47,6 +48,11 @@ if interop.SIMULATOR:
     def load_flat(array, index):
         """array's element `index` in C order (read only)."""
         return array.reshape(-1)[index]
+
+    @cuda.jit(device=True)
+    def store_flat(array, index, value):
+        """array's element `index` in C order = value."""
+        array.reshape(-1)[index] = value
 
     @cuda.jit(device=True)
     def global_timer():
@@ -98,6 +104,22 @@ else:
             value = builder.load(builder.gep(data, [offset], inbounds=True))
             value.set_metadata("invariant.load", builder.module.add_metadata([]))
             return value
+
+        return signature, codegen
+
+    @intrinsic
+    def store_flat(typingctx, array, index, value):  # noqa: ARG001
+        """array's element `index` (>= 0) in C order = value (converted to the array's dtype)."""
+        if not isinstance(array, types.Array) or array.layout != "C" or not isinstance(index, types.Integer):
+            return None
+        signature = types.void(array, index, value)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+            offset = context.cast(builder, args[1], sig.args[1], types.int64)
+            element = context.cast(builder, args[2], sig.args[2], sig.args[0].dtype)
+            builder.store(element, builder.gep(data, [offset], inbounds=True))
+            return context.get_dummy_value()
 
         return signature, codegen
 
