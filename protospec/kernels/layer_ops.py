@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 
 import torch
-from numba import float32
+from numba import float32, int64, uint32
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.reductions import tree_sum
+from protospec.kernels.word_loads import store_flat
 
 ACTIVATION_DTYPES = (torch.float16, torch.float32)
 # Threads per block (powers of two, for the tree reductions); the simulator runs a Python thread
@@ -74,14 +75,17 @@ def rope_and_cache_kernel(qkv, positions, cos_table, sin_table, kv_cache, slot_m
     head_dim = q_out.shape[2]
     half = head_dim // 2
     num_kv_heads = kv_cache.shape[3]
-    block_size = kv_cache.shape[2]
     pos = positions[t]
     slot = slot_mapping[t]
-    block = slot // block_size
-    offset = slot % block_size
+    # The cache is slot-major inside K and inside V (slot = block * block_size + offset): its stores go
+    # to flat offsets, with no division by the block size. A (head, i) pair's division is 32-bit: a
+    # 64-bit division by a runtime value is a subroutine call on a GPU.
+    key_width = num_kv_heads * head_dim
+    k_row = slot * key_width
+    v_row = (kv_cache.shape[1] * kv_cache.shape[2] + slot) * key_width
     for p in range(tid, (num_heads + num_kv_heads) * half, ROPE_THREADS):
-        head = p // half
-        i = p % half
+        head = int64(uint32(p) // uint32(half))
+        i = p - head * half
         x1 = float32(qkv[t, head * head_dim + i])
         x2 = float32(qkv[t, head * head_dim + i + half])
         c = float32(cos_table[pos, i])
@@ -92,12 +96,12 @@ def rope_and_cache_kernel(qkv, positions, cos_table, sin_table, kv_cache, slot_m
             q_out[t, head, i] = y1
             q_out[t, head, i + half] = y2
         elif slot >= 0:
-            kv_cache[0, block, offset, head - num_heads, i] = y1
-            kv_cache[0, block, offset, head - num_heads, i + half] = y2
+            store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i, y1)
+            store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i + half, y2)
     if slot >= 0:
         v_start = (num_heads + num_kv_heads) * head_dim
-        for p in range(tid, num_kv_heads * head_dim, ROPE_THREADS):
-            kv_cache[1, block, offset, p // head_dim, p % head_dim] = qkv[t, v_start + p]
+        for p in range(tid, key_width, ROPE_THREADS):
+            store_flat(kv_cache, v_row + p, qkv[t, v_start + p])
 
 
 @cuda.jit
@@ -107,8 +111,8 @@ def silu_and_mul_kernel(gate_up, out):
     total = out.shape[0] * inter
     start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     for n in range(start, total, cuda.gridDim.x * cuda.blockDim.x):
-        t = n // inter
-        i = n % inter
+        t = int64(uint32(n) // uint32(inter))  # 32 bits: a 64-bit division is a subroutine call on a GPU
+        i = n - t * inter
         g = float32(gate_up[t, i])
         out[t, i] = g / (float32(1.0) + math.exp(-g)) * float32(gate_up[t, inter + i])
 
@@ -165,6 +169,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] -> [T, I]: silu(gate) * up."""
     _check_activation("gate_up", gate_up, 2)
     tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    if tokens * inter >= 2**32:  # the kernel splits its flat index in 32 bits
+        raise KernelArgumentError(f"silu_and_mul: {tokens} x {inter} outputs, at most 2**32 - 1")
     out = torch.empty(tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
     blocks = max(1, min(1024, math.ceil(tokens * inter / ELEMENTWISE_THREADS)))
     interop.launch_tensors(silu_and_mul_kernel, blocks, ELEMENTWISE_THREADS, [gate_up, out])
