@@ -30,7 +30,7 @@ from numba import float32, int32, int64, uint32
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
-from protospec.kernels.word_loads import load_flat, unpack_f16x4, unpack_f32x2
+from protospec.kernels.word_loads import load_flat, load_flat_mutable, unpack_f16x4, unpack_f32x2
 
 WARP = 32
 # inlined into the kernel (NVVM's alwaysinline): a device function left as a call takes its arrays by
@@ -193,6 +193,14 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int, VK: int = V
         return load, dot, WPL * ROWS
 
     @cuda.jit(**DEVICE)
+    def cache_row(kv_words, layer, kv, block, offset, kvh):
+        """The flat offset of word 0 of a K (kv 0) or V (kv 1) row in the cache's words [L, 2, blocks,
+        block_size, KVH, KW]: one address per row, its words at constant offsets. The loads are not
+        marked invariant: the persistent kernel writes this cache in an earlier phase."""
+        slots = kv_words.shape[2] * kv_words.shape[3]
+        return (((layer * 2 + kv) * slots + block * kv_words.shape[3] + offset) * KVH + kvh) * KW
+
+    @cuda.jit(**DEVICE)
     def load_v(kv_words, layer, kvh, block, offset, j0, vw, scratch, tid):
         """vw[jj VW + v] = word lane + 32 v of the V row of the chunk's key j0 + jj, for jj < VK (each key's
         block and offset as its lane published them)."""
@@ -200,8 +208,9 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int, VK: int = V
         for jj in range(VK):
             block_j = int32(lane_value(block, j0 + jj, 1, scratch, tid))
             offset_j = int32(lane_value(offset, j0 + jj, 2, scratch, tid))
+            row = cache_row(kv_words, layer, 1, block_j, offset_j, kvh)
             for v in range(VW):
-                vw[jj * VW + v] = kv_words[layer, 1, block_j, offset_j, kvh, min(lane + v * WARP, KW - 1)]
+                vw[jj * VW + v] = load_flat_mutable(kv_words, row + min(lane + v * WARP, KW - 1))
 
     @cuda.jit(**DEVICE)
     def attention(q, kv_words, layer, block_tables, positions, tokens, scale, a, qs, part_max, part_sum, part_acc,
@@ -227,8 +236,9 @@ def make_phases(NH: int, KVH: int, D: int, HALF: bool, THREADS: int, VK: int = V
                 key = min(k0 + lane, keys - 1)
                 column = int32(uint32(key) // uint32(block_size))  # 32 bits: a 64-bit division is a call
                 block, offset = int32(block_tables[t, column]), int32(key - column * block_size)
+                row = cache_row(kv_words, layer, 0, block, offset, kvh)
                 for w in range(KW):
-                    kw[w] = kv_words[layer, 0, block, offset, kvh, w]
+                    kw[w] = load_flat_mutable(kv_words, row + w)
                 publish(block, 1, scratch, tid)
                 publish(offset, 2, scratch, tid)
                 load_v(kv_words, layer, kvh, block, offset, 0, vw, scratch, tid)  # in flight while K is scored

@@ -13,8 +13,10 @@ indices in each; a kernel whose inner loop loads many words (the paged attention
 more instructions on that than on its arithmetic. Here an index is one offset from the data pointer,
 so loads whose indices differ by constants share one address register (the constants become the
 load's immediate offsets), and the load is marked invariant (the array must not change while the
-kernel runs), so it can take the read-only path. `store_flat(array, index, value)` writes the same
-way (a store, never marked invariant).
+kernel runs), so it can take the read-only path. `load_flat_mutable(array, index)` is the same load
+without that mark, for arrays the kernel itself writes (a persistent kernel reading the cache rows an
+earlier phase filled: an invariant load could be moved above those writes). `store_flat(array, index,
+value)` writes the same way.
 
 Also `global_timer()`: the GPU's nanosecond clock (%globaltimer), for kernels that record when each
 of their phases ended.
@@ -47,6 +49,11 @@ if interop.SIMULATOR:
     @cuda.jit(device=True)
     def load_flat(array, index):
         """array's element `index` in C order (read only)."""
+        return array.reshape(-1)[index]
+
+    @cuda.jit(device=True)
+    def load_flat_mutable(array, index):
+        """array's element `index` in C order."""
         return array.reshape(-1)[index]
 
     @cuda.jit(device=True)
@@ -91,21 +98,28 @@ else:
 
         return signature, codegen
 
-    @intrinsic
-    def load_flat(typingctx, array, index):  # noqa: ARG001
-        """array's element `index` (>= 0) in C order (read only)."""
-        if not isinstance(array, types.Array) or array.layout != "C" or not isinstance(index, types.Integer):
-            return None
-        signature = array.dtype(array, index)
+    def _flat_load(name: str, invariant: bool):
+        def typer(typingctx, array, index):  # noqa: ARG001
+            if not isinstance(array, types.Array) or array.layout != "C" or not isinstance(index, types.Integer):
+                return None
+            signature = array.dtype(array, index)
 
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-            offset = context.cast(builder, args[1], sig.args[1], types.int64)
-            value = builder.load(builder.gep(data, [offset], inbounds=True))
-            value.set_metadata("invariant.load", builder.module.add_metadata([]))
-            return value
+            def codegen(context, builder, sig, args):
+                data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+                offset = context.cast(builder, args[1], sig.args[1], types.int64)
+                value = builder.load(builder.gep(data, [offset], inbounds=True))
+                if invariant:
+                    value.set_metadata("invariant.load", builder.module.add_metadata([]))
+                return value
 
-        return signature, codegen
+            return signature, codegen
+        typer.__name__ = typer.__qualname__ = name  # intrinsics are told apart by name
+        return typer
+
+    load_flat = intrinsic(_flat_load("load_flat", True))
+    load_flat.__doc__ = "array's element `index` (>= 0) in C order (the array does not change while the kernel runs)."
+    load_flat_mutable = intrinsic(_flat_load("load_flat_mutable", False))
+    load_flat_mutable.__doc__ = "array's element `index` (>= 0) in C order."
 
     @intrinsic
     def store_flat(typingctx, array, index, value):  # noqa: ARG001
