@@ -279,6 +279,6 @@ def _make_attention_kernel(R: int, D: int, U: int, GROUP: int, THREADS: int, WAR
                 for i in range(DPL):
                     merged_acc[(warp * R + r) * D + i * G + lane] = acc[r * DPL + i]
         cuda.syncthreads()
-        write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, group, chunk, split, query_len, out,
+        write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, chunk, split, query_len, out,
                    part_acc, part_max, part_sum, counters, fused, last_block, tid)
     return attention_group_kernel

@@ -108,26 +108,26 @@ def attention_combine_kernel(part_acc, part_max, part_sum, out):
 
 
 @functools.cache
-def row_group_writer(R: int, D: int, WARPS: int, THREADS: int, GROUP: int = 0, STRIDE: int = 0):  # noqa: N803 (Numba freezes them as constants)
+def row_group_writer(R: int, D: int, WARPS: int, THREADS: int, GROUP: int, STRIDE: int = 0):  # noqa: N803 (Numba freezes them as constants)
     """The tail of a block that holds R query rows of one (sequence, KV head, row chunk, split): a
     device function that merges its WARPS warps' (acc, max, sum) from shared memory and writes the
     rows to out (one split) or the split's partials, then, with fused = 1, combines the row group in
     the last split block to arrive. Every thread of the block calls it, after a barrier.
-    GROUP: heads per KV head known when compiling (0: the `group` argument), so a row's token and
-    head cost no runtime division; STRIDE: floats between two rows of merged_acc (0: D; wider rows
+    GROUP: heads per KV head, a compile-time constant so that a row's token and head cost no runtime
+    division; STRIDE: floats between two rows of merged_acc (0: D; wider rows
     spread a warp's stores over the shared-memory banks)."""
     RS = STRIDE or D
     WEIGHTS = WARPS * R  # a shared array's size must be a constant, not an expression, for the GPU typer
 
     @cuda.jit(device=True, **OPTIONS)
-    def write_row_group(merged_acc, merged_max, merged_sum, seq, kv_head, group, chunk, split, query_len, out,
+    def write_row_group(merged_acc, merged_max, merged_sum, seq, kv_head, chunk, split, query_len, out,
                         part_acc, part_max, part_sum, counters, fused, last_block, tid):
         """merged_acc [WARPS * R * D], merged_max / merged_sum [WARPS * R] f32 (shared): warp w's row r at
         w * R + r; row r of the chunk is query token (chunk * R + r) // group, head kv_head * group + its
         remainder. out [T, h * D] act; part_* [T * h, splits, (D)] f32; counters, fused, last_block: arrived_last."""
         splits = part_max.shape[1]
         num_heads = out.shape[1] // D
-        group = group if GROUP == 0 else GROUP
+        group = GROUP
         group_rows = query_len * group
         # Each row's merge once (a thread per row): warp w's weight e^(m_w - M), the row's max M and
         # its total; a cell is then a weighted sum of WARPS values.

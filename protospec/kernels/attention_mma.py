@@ -40,7 +40,7 @@ TILE = 16                      # keys per warp per step (two n-tiles of 8 for S,
 # Warps per block (each walks its own 16-key tiles): None chooses by shape (warps_per_block); an int
 # forces it (scripts/device/attention_mma_variants.py times the choices).
 WARPS = None
-MAX_WARPS = 8             # 8 x 32 threads at ~140 registers: one block per SM
+MAX_WARPS = 8             # 8 x 32 threads at <= 128 registers: two blocks per SM
 WARPS_PER_SM = 12
 SIMULATOR_WARPS = 2       # the simulator runs an OS thread per lane: the merge across warps with few of them
 FASTMATH = True
@@ -278,7 +278,7 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict):  #
                 merged_max[row] = m_lo if half == 0 else m_hi
                 merged_sum[row] = l_lo if half == 0 else l_hi
         cuda.syncthreads()
-        write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, group, chunk, split, query_len, out,
+        write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, chunk, split, query_len, out,
                    part_acc, part_max, part_sum, counters, fused, last_block, tid)
 
     return attention_mma_kernel
