@@ -98,21 +98,26 @@ else:
 
         return signature, codegen
 
+    def _flat_operands(array, index) -> bool:
+        return isinstance(array, types.Array) and array.layout == "C" and isinstance(index, types.Integer)
+
+    def _element_pointer(context, builder, sig, args):
+        """The address of element args[1] of array args[0], counted in C order from its first."""
+        data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+        return builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)], inbounds=True)
+
     def _flat_load(name: str, invariant: bool):
         def typer(typingctx, array, index):  # noqa: ARG001
-            if not isinstance(array, types.Array) or array.layout != "C" or not isinstance(index, types.Integer):
+            if not _flat_operands(array, index):
                 return None
-            signature = array.dtype(array, index)
 
             def codegen(context, builder, sig, args):
-                data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-                offset = context.cast(builder, args[1], sig.args[1], types.int64)
-                value = builder.load(builder.gep(data, [offset], inbounds=True))
+                value = builder.load(_element_pointer(context, builder, sig, args))
                 if invariant:
                     value.set_metadata("invariant.load", builder.module.add_metadata([]))
                 return value
 
-            return signature, codegen
+            return array.dtype(array, index), codegen
         typer.__name__ = typer.__qualname__ = name  # intrinsics are told apart by name
         return typer
 
@@ -124,18 +129,15 @@ else:
     @intrinsic
     def store_flat(typingctx, array, index, value):  # noqa: ARG001
         """array's element `index` (>= 0) in C order = value (converted to the array's dtype)."""
-        if not isinstance(array, types.Array) or array.layout != "C" or not isinstance(index, types.Integer):
+        if not _flat_operands(array, index):
             return None
-        signature = types.void(array, index, value)
 
         def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-            offset = context.cast(builder, args[1], sig.args[1], types.int64)
             element = context.cast(builder, args[2], sig.args[2], sig.args[0].dtype)
-            builder.store(element, builder.gep(data, [offset], inbounds=True))
+            builder.store(element, _element_pointer(context, builder, sig, args))
             return context.get_dummy_value()
 
-        return signature, codegen
+        return types.void(array, index, value), codegen
 
     @intrinsic
     def global_timer(typingctx):  # noqa: ARG001
