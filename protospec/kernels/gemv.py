@@ -37,7 +37,7 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.reductions import xor_exchange
-from protospec.kernels.word_loads import unpack_f16x4
+from protospec.kernels.word_loads import load_flat, unpack_f16x4
 
 MAX_TOKENS = 8
 WARP = 32
@@ -126,8 +126,8 @@ def _make_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: bool, op
         for k0 in range(lane, k_cols, STEP):
             for r in range(ROWS):  # every load of the step issued before the first multiply-add
                 n = min(first_row + r, n_rows - 1)  # rows past N read a real row, their sums are dropped
-                for u in range(UNROLL):
-                    wv[r * UNROLL + u] = float32(w[n, k0 + u * WARP])
+                for u in range(UNROLL):  # flat: one address per row, the unrolled columns as immediates
+                    wv[r * UNROLL + u] = float32(load_flat(w, n * k_cols + k0 + u * WARP))
             for t in range(TOKENS):
                 for u in range(UNROLL):
                     xv[t * UNROLL + u] = activation(x, t, k0 + u * WARP, inv_rms[t], norm_w)
@@ -165,8 +165,8 @@ def _make_word_kernel(ROWS: int, UNROLL: int, TOKENS: int, NORM: bool, HALF: boo
         for k0 in range(lane, k_words, STEP):
             for r in range(ROWS):  # every word of the step issued before the first multiply-add
                 n = min(first_row + r, n_rows - 1)  # rows past N read a real row, their sums are dropped
-                for u in range(UNROLL):
-                    wv[r * UNROLL + u] = w[n, k0 + u * WARP]
+                for u in range(UNROLL):  # flat: one address per row, the unrolled words as immediates
+                    wv[r * UNROLL + u] = load_flat(w, n * k_words + k0 + u * WARP)
             for t in range(TOKENS):
                 for u in range(UNROLL):
                     c = 4 * (k0 + u * WARP)
