@@ -2,7 +2,7 @@
 # The kernels whose index arithmetic was cut without a GPU at hand, timed in one device call: their GPU
 # tests, attention per call (every path the shapes allow, mma forced beside by_kv_head at one query),
 # the layer ops, GEMVs and decode phases against torch and cuBLAS, the persistent and per-phase forwards, then the
-# census (GPU busy per spec step). Results under $OUT/res.
+# census (GPU busy per spec step). Results under $OUT/res; about five minutes.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/instruction_cuts_check.sh
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
