@@ -9,7 +9,8 @@ Here the kernels' wrappers are called with small CPU tensors while the launchers
 launching, run Numba's CUDA pipeline (typing, then lowering to LLVM IR for sm_90; only the last step
 to PTX needs NVVM) on the kernel with the argument types the launch would have had. The shapes are
 chosen to reach each kernel's compile-time variants (tensor-core and register attention, split-K,
-GQA, float16 and float32, GEMV widths, the sliced samplers, the persistent and per-phase forwards).
+GQA, float16 and float32, GEMV widths, the sliced samplers, advance_step and first_draft_step, the
+persistent and per-phase forwards).
 
 Prints one line per (kernel, signature) and exits 1 if any failed to compile. With --divisions,
 each line also counts the 64-bit divisions and remainders by runtime values left after LLVM's -O3
@@ -151,6 +152,26 @@ def _sampling_and_rejection() -> None:
                             torch.zeros(batch, dtype=torch.int64))
 
 
+def _draft_inputs() -> None:
+    """The kernels that advance the draft's inputs on the device: advance_step (Numba's launch and the
+    bound launcher) and first_draft_step."""
+    from protospec.kernels.advance_step import AdvanceStepLauncher, advance_step
+    from protospec.kernels.first_draft_step import first_draft_step
+
+    rows, width, block_size = 4, 3, 16
+    int32, int64 = torch.int32, torch.int64
+    args = [torch.ones(1, dtype=int32), torch.zeros(rows, dtype=int64), torch.zeros(rows, dtype=int64),
+            torch.zeros(rows, dtype=int64), torch.ones(rows, dtype=int32), torch.zeros(rows, dtype=int64),
+            torch.zeros(rows, width, dtype=int32), torch.zeros(1, dtype=int32)]
+    advance_step(args[0], block_size, *args[1:])
+    AdvanceStepLauncher(block_size, *args)()
+    batch = 2
+    first_draft_step(block_size, width, torch.zeros(batch * width + 2 * batch, dtype=int64),
+                     torch.zeros(batch, 6, dtype=int64), torch.zeros(batch, dtype=int64), torch.zeros(2 * rows, dtype=int64),
+                     torch.zeros(2 * rows, dtype=int64), torch.zeros(2 * rows, dtype=int64), torch.ones(rows, dtype=int32),
+                     torch.zeros(rows, width, dtype=int32), torch.zeros(1, dtype=int32))
+
+
 def _forwards() -> None:
     """A tiny GQA model's forwards through the layer kernels and through the persistent decode (one
     kernel, and one kernel per phase), for decode and verify batches."""
@@ -195,7 +216,7 @@ def runtime_divisions(compiled) -> int:
 def main(argv: list[str] | None = None) -> int:
     divisions = "--divisions" in (sys.argv[1:] if argv is None else argv)
     install()
-    for part in (_attention, _layers_and_gemv, _sampling_and_rejection, _forwards):
+    for part in (_attention, _layers_and_gemv, _sampling_and_rejection, _draft_inputs, _forwards):
         part()
     failed = 0
     for key, error in results.items():
