@@ -40,4 +40,4 @@ for queries in args.queries:
             with open(f"{args.sass}_{args.path}_b{args.batch}q{queries}_{n}.sass", "w") as f:
                 f.write(compiled.inspect_sass())
             with open(f"{args.sass}_{args.path}_b{args.batch}q{queries}_{n}.ptx", "w") as f:
-                f.write(compiled.inspect_asm())
+                f.write(compiled.inspect_asm(torch.cuda.get_device_capability(dev)))

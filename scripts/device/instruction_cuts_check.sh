@@ -13,6 +13,9 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_word_loads.py te
   2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
 timeout 120 python3 -m protospec.bench.attention_cost --contexts 320 --paths mma by_kv_head \
   --output-json "$OUT/res/attention_cost.json" 2>&1 | quiet | tail -30
+for shape in "mma --batch 16 --queries 6" "by_kv_head --batch 1 --queries 1"; do  # machine code to count
+  timeout 60 python3 scripts/device/attention_profile.py --path $shape --sass "$OUT/res/k" 2>&1 | quiet | tail -1
+done
 for model in llama-68m llama-160m; do
   timeout 100 python3 -m protospec.bench.layer_kernel_cost --model JackFram/$model \
     --output-json "$OUT/res/layer_kernel_cost_$model.json" 2>&1 | quiet | tail -20
