@@ -82,6 +82,31 @@ def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
     assert tiny_target in title and "None" not in title
 
 
+def test_sweep_rounds_interleave_the_grid_and_report_medians(monkeypatch):
+    # Scripted timings: the grid must run round by round (every point once, then again), and a point's
+    # figures are the medians of its rounds', whatever order its slow and fast rounds came in.
+    from protospec.bench import ablation
+
+    calls, script = [], iter([0.3, 9.0, 0.1, 0.2, 0.2, 0.4])  # (batch 1, batch 4) x 3 rounds, in call order
+    monkeypatch.setattr(ablation.BenchSetup, "llm", lambda self: self.batch_size)
+    monkeypatch.setattr(ablation, "_release_memory", lambda: None)
+
+    def fake_run_mode(llm, setup, mode, breakdown):
+        calls.append(llm)
+        p50 = next(script)
+        return {"p50_s": p50, "p10_s": p50 / 2, "p90_s": p50 * 2, "acceptance_rate": 0.5}
+
+    monkeypatch.setattr(ablation, "run_mode", fake_run_mode)
+    setup = ablation.BenchSetup(model="m", speculative_model="d", num_speculative_tokens=5, input_len=8, output_len=8,
+                                batch_size=1, num_iters_warmup=0, num_iters=1)
+    sweep = ablation.run_sweep(setup, batch_sizes=(1, 4), ks=(5,), modes=["graph"], log=lambda *_: None, rounds=3)
+    assert calls == [1, 4, 1, 4, 1, 4]
+    by_batch = {p["batch_size"]: p for p in sweep["points"]}
+    assert by_batch[1]["p50_rounds_s"] == [0.3, 0.1, 0.2] and by_batch[1]["p50_s"] == 0.2
+    assert by_batch[4]["p50_rounds_s"] == [9.0, 0.2, 0.4] and by_batch[4]["p50_s"] == 0.4 and by_batch[4]["p90_s"] == 0.8
+    assert sweep["rounds"] == 3
+
+
 def test_cpu_default_is_small(monkeypatch):
     from protospec.bench.args import build_parser, resolve_args
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 from dataclasses import asdict, dataclass, replace
 
+import numpy as np
 import torch
 
 from protospec.bench.hf_peer import HFGenerate, compiled_graph_count, to_hf
@@ -191,21 +192,31 @@ def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = 
 
 
 def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), modes=MODES, log=print,
-              progress=None) -> dict:
-    """p50 per mode over batch sizes and k (peers left out: the sweep is about the draft loop)."""
-    points = []
-    grid = [(k, batch) for k in ks for batch in batch_sizes]
-    for k, batch in (progress or (lambda it: it))(grid):
+              progress=None, rounds: int = 1) -> dict:
+    """p50 per mode over batch sizes and k (peers left out: the sweep is about the draft loop). With
+    rounds > 1 the whole grid runs that many times in turn, and each of a point's figures is the median
+    of its rounds' (the rounds' p50s kept as p50_rounds_s): a slow spell of the machine then lands in one
+    round of every point instead of in all iterations of one point, which is what moved ratios between
+    batch sizes from run to run."""
+    rounds_of: dict[tuple, list[dict]] = {}
+    grid = [(r, k, batch) for r in range(rounds) for k in ks for batch in batch_sizes]
+    for r, k, batch in (progress or (lambda it: it))(grid):
         # one engine per (k, batch): its KV pool and graphs are sized for them
         point_setup = replace(setup, batch_size=batch, num_speculative_tokens=k)
         llm = point_setup.llm()
-        log(f"  sweep k={k} batch={batch}")
+        log(f"  sweep k={k} batch={batch}" + (f" round {r + 1}/{rounds}" if rounds > 1 else ""))
         for mode in modes:
             entry = run_mode(llm, point_setup, mode, breakdown=False)
-            if "skipped" in entry:
-                continue
-            points.append({"k": k, "batch_size": batch, "mode": mode, "p50_s": entry["p50_s"],
-                           "p10_s": entry["p10_s"], "p90_s": entry["p90_s"], "acceptance_rate": entry["acceptance_rate"]})
+            if "skipped" not in entry:
+                rounds_of.setdefault((k, batch, mode), []).append(entry)
         del llm
         _release_memory()
-    return {"batch_sizes": list(batch_sizes), "ks": list(ks), "points": points}
+    points = []
+    for (k, batch, mode), entries in rounds_of.items():
+        point = {"k": k, "batch_size": batch, "mode": mode}
+        for key in ("p50_s", "p10_s", "p90_s", "acceptance_rate"):
+            point[key] = float(np.median([e[key] for e in entries]))
+        if rounds > 1:
+            point["p50_rounds_s"] = [e["p50_s"] for e in entries]
+        points.append(point)
+    return {"batch_sizes": list(batch_sizes), "ks": list(ks), "rounds": rounds, "points": points}

@@ -130,6 +130,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--sweep", action="store_true", help="p50 per mode over --sweep-batch-sizes x --sweep-ks")
     g.add_argument("--sweep-batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64], help="the sweep's batch sizes")
     g.add_argument("--sweep-ks", type=int, nargs="+", default=[1, 3, 5, 7], help="the sweep's k values")
+    g.add_argument("--sweep-rounds", type=int, default=1,
+                   help="run the sweep's grid this many times in turn; each point's figures are the medians of its rounds'")
     c = p.add_argument_group("compare report (proposers x acceptance rules x dynamic k)")
     c.add_argument("--compare", action="store_true",
                    help="every combination below on one pair over a fixed prompt set, greedy and T=1 "
@@ -161,7 +163,8 @@ def check_args(args: argparse.Namespace, warn=print) -> None:
         raise SystemExit(f"--n {args.n}: only one sample per prompt is implemented")
     if args.use_beam_search:
         raise SystemExit("--use-beam-search: beam search is not implemented")
-    for name in ("num_iters", "num_iters_warmup", "batch_size", "input_len", "output_len", "repeats", "compare_repeats"):
+    for name in ("num_iters", "num_iters_warmup", "batch_size", "input_len", "output_len", "repeats", "compare_repeats",
+                 "sweep_rounds"):
         value = getattr(args, name)
         least = 0 if name == "num_iters_warmup" else 1
         if value is not None and value < least:

@@ -130,7 +130,7 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
                 print(f"breakdown ms/call {name}: {cells}")
     if args.sweep:
         report["sweep"] = run_sweep(setup, args.sweep_batch_sizes, args.sweep_ks, args.modes,
-                                    progress=progress_bar("sweep points (k x batch)"))
+                                    progress=progress_bar("sweep points (round x k x batch)"), rounds=args.sweep_rounds)
         report.setdefault("config", asdict(setup))  # a sweep alone: its plot's title names the models
     tag = ("ablation" if args.ablation else "sweep") + ("_draft-equals-target" if args.draft_equals_target else "")
     tag += "_compile" if args.compile else ""
