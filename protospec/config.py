@@ -77,8 +77,8 @@ class EngineConfig:
     # unless compile is on (torch.compile is the other way to fuse the same chains).
     layer_kernels: bool | None = None
     # The layer kernels' paged attention: one of layout.ATTENTION_PATHS (by_row, by_kv_head, mma:
-    # tensor cores, float16) for every decode-shaped forward, or None to choose by shape (mma where a
-    # KV head serves several fp16 rows, by_kv_head for single rows). The ablation's attention switch.
+    # tensor cores, float16) for every decode-shaped forward, or None to choose by shape (mma for
+    # float16 in whole 16-key tiles, by_kv_head otherwise). The ablation's attention switch.
     attention_kernel: str | None = None
     # Softmax + exponential-race sample of each draft step (and the verify's softmax) as two Numba
     # kernels writing into the spec step's buffers (kernels/sampling.py). Off by default: its earlier

@@ -2,10 +2,10 @@
 
 Three work decompositions and one combine that they share:
   mma         (attention_mma.py)        by_kv_head's blocks with the products on tensor cores (warp
-              mma, fp16): chosen where a KV head serves several rows (verify windows, GQA).
+              mma, fp16): chosen for fp16 wherever its tile fits the cache blocks.
   by_kv_head  (attention_by_kv_head.py) a block per (sequence, KV head, row chunk, split), holding
               every query row that shares the KV head in registers, so a verify window reads each
-              K/V row once instead of once per query token. Single rows, and where mma does not apply.
+              K/V row once instead of once per query token. Where mma does not apply (fp32, small blocks).
   by_row      (attention_by_row.py)     a block per (query token, head, chunk of keys): the fallback
               for head sizes by_kv_head does not take, and a reference to time against.
   combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits
@@ -77,12 +77,13 @@ def _has_tensor_cores(device: torch.device) -> bool:
 
 def choose_path(head_dim: int, dtype: torch.dtype | None = None, block_size: int | None = None, group_rows: int = 1,
                 device: torch.device | None = None) -> str:
-    """mma where a KV head serves several query rows (verify windows, GQA) of fp16 it can hold: at
-    6 rows it measured 1.3x (batch 16) to 2.5x (batch 64) faster than by_kv_head in bench.attention_cost.
-    A single row (decode of an MHA model) stays on by_kv_head, which measured as fast or faster there
-    (the tensor-core product would use 1 of its 16 rows). by_kv_head wherever it holds the head size
-    (faster than by_row at every shape timed); by_row for head sizes that are not 8 x a power of two."""
-    if (group_rows > 1 and dtype == torch.float16 and block_size is not None and by_mma.supports(head_dim, block_size)
+    """mma for fp16 it can hold (block size a multiple of its 16-key tile, tensor cores), even for a single
+    row: at 320 keys it measured faster than by_kv_head at every batch timed, 6 rows and 1 alike
+    (bench.attention_cost; at one row the product uses 1 of its 16 rows, but the kernel spends its time
+    on address arithmetic and loads, not on the product). by_kv_head wherever it holds the head size
+    (faster than by_row at every shape timed); by_row for head sizes that are not 8 x a power of two.
+    group_rows (a KV head's query rows) no longer changes the choice; kept for callers that pass it."""
+    if (dtype == torch.float16 and block_size is not None and by_mma.supports(head_dim, block_size)
             and (device is None or _has_tensor_cores(device))):
         return "mma"
     return "by_kv_head" if by_kv_head.supports(head_dim) else "by_row"
