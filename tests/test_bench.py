@@ -149,6 +149,15 @@ def test_kernel_census_merges_overlapping_intervals():
     assert merged_busy_us([]) == 0
 
 
+def test_kernel_census_counts_engine_steps_not_the_requests_steps():
+    from protospec.bench.kernel_census import engine_spec_steps
+    # Two engine steps of a batch of 3: six request steps, two verifies.
+    phases = [(0, 5, "draft_loop_graph"), (5, 9, "verify"), (9, 10, "commit"), (10, 15, "draft_loop_graph"),
+              (15, 19, "verify")]
+    assert engine_spec_steps(phases, request_steps=6) == 2
+    assert engine_spec_steps([], request_steps=6) == 6   # nothing recorded: the requests' count
+
+
 def test_kernel_census_charges_each_idle_gap_to_the_phase_that_ended_it():
     from protospec.bench.kernel_census import idle_by_phase
 

@@ -31,6 +31,13 @@ from protospec.layout import ATTENTION_PATHS
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
 
 
+def engine_spec_steps(phases: list[tuple[float, float, str]], request_steps: int) -> int:
+    """The engine's spec steps: one verify phase each. Not the requests' summed steps (request_steps,
+    the fallback where no phase was recorded): a step at batch 64 serves 64 requests and reads the
+    weights once, so per-step figures divide by this."""
+    return sum(1 for *_, name in phases if name == "verify") or request_steps
+
+
 def merged_busy_us(intervals: list[tuple[float, float]]) -> float:
     """Total length of the union of [start, end) intervals (kernels of one stream do not overlap,
     but copies and kernels may)."""
@@ -126,7 +133,7 @@ def census(llm, setup: BenchSetup, mode: str) -> dict:
                  if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("phase:")]
     spans = [(e.time_range.start, e.time_range.end) for e in kernels]
     busy_us = merged_busy_us(spans)
-    steps = llm.metrics.num_spec_steps
+    steps = engine_spec_steps(phases, llm.metrics.num_spec_steps)
     idle = idle_by_phase(spans, phases)
     by_phase = busy_by_phase(spans, on_device)
     names = Counter(e.name for e in kernels)
