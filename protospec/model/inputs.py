@@ -10,9 +10,11 @@ sequence, starting at this position, and give me logits for the last n of them":
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from protospec.model.attention import AttentionMetadata
@@ -35,8 +37,9 @@ class ForwardInputs:
 
 
 def host_to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """A Python list as a device tensor, without a host sync: pinned memory makes the copy async."""
-    host = torch.tensor(values, dtype=dtype)
+    """A Python list or numpy array as a device tensor, without a host sync: pinned memory makes the
+    copy async."""
+    host = torch.from_numpy(values).to(dtype) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=dtype)
     if torch.device(device).type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)
@@ -52,56 +55,31 @@ def prepare_inputs(
     max_blocks: int | None = None,    # block-table width; None = the widest table in the batch
 ) -> ForwardInputs:
     num_seqs = len(token_chunks)
-    if isinstance(num_logits, int):
-        num_logits = [num_logits] * num_seqs
-    query_lens = [len(c) for c in token_chunks]
-    max_q = max(query_lens)
+    logits_per = [num_logits] * num_seqs if isinstance(num_logits, int) else list(num_logits)
+    lens = [len(c) for c in token_chunks]
+    for s, (n, start, table) in enumerate(zip(lens, start_positions, block_tables)):
+        if len(table) * block_size < start + n:
+            raise ValueError(f"sequence {s}: block table of {len(table)} blocks cannot hold {start + n} tokens")
     width = max(len(bt) for bt in block_tables)
     if max_blocks is not None:
         if width > max_blocks:
             raise ValueError(f"a block table has {width} blocks, more than max_blocks={max_blocks}")
         width = max_blocks
+    max_q = max(lens)
+    num_tokens = sum(lens)
 
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    padded_index = [[0] * max_q for _ in range(num_seqs)]
-    grid_index: list[int] = []
-    logits_indices: list[int] = []
-    query_start = [0]
-    seq_lens: list[int] = []
-    for s, (chunk, start, table) in enumerate(zip(token_chunks, start_positions, block_tables)):
-        end = start + len(chunk)
-        if len(table) * block_size < end:
-            raise ValueError(f"sequence {s}: block table of {len(table)} blocks cannot hold {end} tokens")
-        base = len(input_ids)
-        for i, tok in enumerate(chunk):
-            pos = start + i
-            input_ids.append(tok)
-            positions.append(pos)
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
-            padded_index[s][i] = base + i
-            grid_index.append(s * max_q + i)
-        logits_indices.extend(range(base + len(chunk) - num_logits[s], base + len(chunk)))
-        query_start.append(len(input_ids))
-        seq_lens.append(end)
-
-    # Short rows are padded with the null block; attention masks those keys by position.
-    tables = [table + [NULL_BLOCK] * (width - len(table)) for table in block_tables]
+    # Two ways to the same layout (tests/test_inputs.py holds both to its per-token definition): a
+    # Python loop over tokens is cheapest for a decode step's few tokens; array operations win from a
+    # few dozen tokens (a verify at batch 16, any prefill) and are an order of magnitude faster at
+    # batch 64, where the loop cost the host more than the GPU's whole verify.
+    by_token = num_tokens <= LOOP_MAX_TOKENS
+    layout = _layout_by_token if by_token else _layout_by_arrays
+    fields = layout(token_chunks, start_positions, lens, block_tables, block_size, logits_per, width, max_q)
     # Every field travels in ONE pinned host-to-device copy (one int64 staging tensor), not one copy
     # per field: each copy costs the host tens of microseconds, and this is the CPU path's hot loop.
-    fields = {  # name: (flat values, shape)
-        "input_ids": (input_ids, (len(input_ids),)),
-        "positions": (positions, (len(positions),)),
-        "slot_mapping": (slots, (len(slots),)),
-        "block_tables": ([b for row in tables for b in row], (num_seqs, width)),
-        "seq_lens": (seq_lens, (num_seqs,)),
-        "query_start_loc": (query_start, (num_seqs + 1,)),
-        "padded_token_index": ([i for row in padded_index for i in row], (num_seqs, max_q)),
-        "token_grid_index": (grid_index, (len(grid_index),)),
-        "logits_indices": (logits_indices, (len(logits_indices),)),
-    }
-    staged = host_to_device([v for values, _ in fields.values() for v in values], torch.int64, device)
+    flat = [v for values, _ in fields.values() for v in values] if by_token else np.concatenate(
+        [values for values, _ in fields.values()])
+    staged = host_to_device(flat, torch.int64, device)
     views, offset = {}, 0
     for name, (values, shape) in fields.items():
         views[name] = staged[offset : offset + len(values)].view(shape)
@@ -116,8 +94,66 @@ def prepare_inputs(
         token_grid_index=views["token_grid_index"],
         logits_indices=views["logits_indices"],
         block_size=block_size,
-        uniform_query_len=max_q if len(set(query_lens)) == 1 else None,
+        uniform_query_len=max_q if len(set(lens)) == 1 else None,
     )
-    uniform = len(set(query_lens)) == 1 and len(set(num_logits)) == 1
+    uniform = len(set(lens)) == 1 and len(set(logits_per)) == 1
     return ForwardInputs(views["input_ids"], views["positions"], meta,
-                         query_len=max_q if uniform else None, logits_per_seq=num_logits[0] if uniform else None)
+                         query_len=max_q if uniform else None, logits_per_seq=logits_per[0] if uniform else None)
+
+
+# Up to this many tokens a forward's layout is built token by token (see prepare_inputs).
+LOOP_MAX_TOKENS = 32
+
+Fields = dict  # name -> (flat int values, shape), in the order the staging copy packs them
+
+
+def _layout_by_token(chunks, starts, lens, block_tables, block_size, logits_per, width, max_q) -> Fields:
+    input_ids, positions, slots, grid_index, logits_indices, seq_lens = [], [], [], [], [], []
+    padded_index = [0] * (len(chunks) * max_q)
+    query_start = [0]
+    for s, (chunk, start, table) in enumerate(zip(chunks, starts, block_tables)):
+        base = len(input_ids)
+        for i, tok in enumerate(chunk):
+            pos = start + i
+            input_ids.append(tok)
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+            padded_index[s * max_q + i] = base + i
+            grid_index.append(s * max_q + i)
+        end = base + len(chunk)
+        logits_indices.extend(range(end - logits_per[s], end))
+        query_start.append(end)
+        seq_lens.append(start + len(chunk))
+    # Short rows are padded with the null block; attention masks those keys by position.
+    tables = [b for table in block_tables for b in (*table, *[NULL_BLOCK] * (width - len(table)))]
+    n, t = len(chunks), len(input_ids)
+    return {"input_ids": (input_ids, (t,)), "positions": (positions, (t,)), "slot_mapping": (slots, (t,)),
+            "block_tables": (tables, (n, width)), "seq_lens": (seq_lens, (n,)), "query_start_loc": (query_start, (n + 1,)),
+            "padded_token_index": (padded_index, (n, max_q)), "token_grid_index": (grid_index, (t,)),
+            "logits_indices": (logits_indices, (len(logits_indices),))}
+
+
+def _layout_by_arrays(chunks, starts, lens, block_tables, block_size, logits_per, width, max_q) -> Fields:
+    num_seqs, num_tokens = len(chunks), sum(lens)
+    lens, starts, logits_per = (np.asarray(v, dtype=np.int64) for v in (lens, starts, logits_per))   # [S] each
+    tables = np.full((num_seqs, width), NULL_BLOCK, dtype=np.int64)                   # [S, width]
+    for s, table in enumerate(block_tables):
+        tables[s, : len(table)] = table
+    query_start = np.zeros(num_seqs + 1, dtype=np.int64)                              # [S + 1]
+    np.cumsum(lens, out=query_start[1:])
+    seq_of = np.repeat(np.arange(num_seqs), lens)                                     # [T] token -> sequence
+    within = np.arange(num_tokens) - query_start[seq_of]                              # [T] index in its chunk
+    positions = starts[seq_of] + within                                               # [T]
+    slots = tables[seq_of, positions // block_size] * block_size + positions % block_size
+    padded_index = np.zeros((num_seqs, max_q), dtype=np.int64)                        # [S, max_q]
+    padded_index[seq_of, within] = np.arange(num_tokens)
+    seq_of_logit = np.repeat(np.arange(num_seqs), logits_per)                         # [sum(num_logits)]
+    logit_start = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(logits_per, out=logit_start[1:])
+    logits_indices = ((query_start[1:] - logits_per)[seq_of_logit] + np.arange(len(seq_of_logit))
+                      - logit_start[seq_of_logit])
+    input_ids = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, num_tokens)
+    arrays = {"input_ids": input_ids, "positions": positions, "slot_mapping": slots, "block_tables": tables,
+              "seq_lens": starts + lens, "query_start_loc": query_start, "padded_token_index": padded_index,
+              "token_grid_index": seq_of * max_q + within, "logits_indices": logits_indices}
+    return {name: (a.ravel(), a.shape) for name, a in arrays.items()}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite on the GPU in SHARDS parallel pytest processes (default 4), one GPU shared:
+# the suite is bound by Numba compiling kernels on the CPU, which parallel processes spread over the
+# host's cores. Test files are dealt round-robin, largest first; each shard's log is under $OUT/suite.
+# Prints each shard's summary and every failure.
+#   PROTOSPEC_GIT_COMMIT=<sha> SHARDS=4 bash scripts/device/gpu_suite.sh [seconds per shard, default 420]
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+shards=${SHARDS:-4}
+limit=${1:-420}
+mkdir -p "$OUT/suite"
+mapfile -t files < <(ls -S tests/test_*.py)
+pids=()
+for ((i = 0; i < shards; i++)); do
+  mine=()
+  for ((j = i; j < ${#files[@]}; j += shards)); do mine+=("${files[j]}"); done
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider "${mine[@]}" > "$OUT/suite/shard$i.log" 2>&1 &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+for ((i = 0; i < shards; i++)); do
+  echo "shard $i: $(grep -E "passed|failed|error" "$OUT/suite/shard$i.log" | tail -1)"
+  grep -E "^(FAILED|ERROR)" "$OUT/suite/shard$i.log"
+done
