@@ -3,13 +3,13 @@
 # the suite is bound by Numba compiling kernels on the CPU, which parallel processes spread over the
 # host's cores. Test files are dealt round-robin, largest first; each shard's log is under $OUT/suite.
 # Prints each shard's summary and every failure.
-#   PROTOSPEC_GIT_COMMIT=<sha> SHARDS=4 bash scripts/device/gpu_suite.sh [seconds per shard, default 420]
+#   PROTOSPEC_GIT_COMMIT=<sha> SHARDS=4 bash scripts/device/gpu_suite.sh [seconds per shard, default 420] [test files]
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 shards=${SHARDS:-4}
 limit=${1:-420}
 mkdir -p "$OUT/suite"
-mapfile -t files < <(ls -S tests/test_*.py)
+if (($# > 1)); then files=("${@:2}"); else mapfile -t files < <(ls -S tests/test_*.py); fi
 pids=()
 for ((i = 0; i < shards; i++)); do
   mine=()
