@@ -164,7 +164,7 @@ def plot_sweep(sweep: dict, title: str):
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
     ks = sweep["ks"]
-    fig = Figure(figsize=(4 * len(ks), 4.2))
+    fig = Figure(figsize=(max(6.5, 4 * len(ks)), 4.2))  # one panel still leaves room for the title
     axes = fig.subplots(1, len(ks), squeeze=False, sharey=True)
     batches = sorted({p["batch_size"] for p in sweep["points"]})
     for ax, k in zip(axes[0], ks):
