@@ -174,3 +174,32 @@ def test_a_forced_attention_kernel_must_exist_run_and_serve_the_models(tiny_targ
         tiny_llm(tiny_target, device=DEV, layer_kernels=False, attention_kernel="by_row")
     with pytest.raises(ConfigError, match="'mma' cannot serve head_dim 16, dtype torch.float32"):  # fp16 only, head_dim 32k
         tiny_llm(tiny_target, device=DEV, dtype="float32", layer_kernels=True, attention_kernel="mma")
+
+
+def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch):
+    """float16, a model whose widths the tensor-core GEMV takes (K = 192, 384): linear="mma" sends every
+    linear layer through it (counted) and agrees with the same forward on torch's linear."""
+    from protospec.kernels import gemv_mma
+    from protospec.model.layer_kernels import LayerKernelForward
+
+    cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=192, intermediate_size=384, num_hidden_layers=1,
+                                         num_attention_heads=3, num_key_value_heads=1))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).place(DEV, torch.float16)
+    block_size, num_blocks = 4, 24
+    inputs = _uniform_batch(2, [9, 14], block_size, num_blocks, seed=3)
+    inputs.input_ids.copy_(torch.randint(3, cfg.vocab_size, inputs.input_ids.shape))
+    caches = [_randn(2, num_blocks, block_size, 1, cfg.head_dim, dtype=torch.float16, seed=1)]
+    mma_caches = [c.clone() for c in caches]
+    model.enable_layer_kernels()
+    expected = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
+    calls = []
+    real = gemv_mma.gemv_mma
+    monkeypatch.setattr(gemv_mma, "gemv_mma", lambda x, w: calls.append(tuple(w.shape)) or real(x, w))
+    model.layer_kernels = LayerKernelForward(model, linear="mma")
+    got = model(inputs.input_ids, inputs.positions, mma_caches, inputs.meta)
+    assert len(calls) == 5  # qkv, o, gate_up, down, LM head
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(mma_caches[0], caches[0], **TOL[torch.float16])
+    with pytest.raises(Exception, match="linear must be one of"):
+        LayerKernelForward(model, linear="cutlass")

@@ -1,6 +1,6 @@
 """Device time of one decode-shaped linear layer against its bytes floor: the Numba GEMV
-(kernels/gemv.py, each rows-per-warp x unroll variant asked for, 2-byte and 8-byte weight loads)
-beside torch's (cuBLAS).
+(kernels/gemv.py, each rows-per-warp x unroll variant asked for, 2-byte and 8-byte weight loads;
+kernels/gemv_mma.py on tensor cores, key "mma") beside torch's (cuBLAS).
 
     python -m protospec.bench.gemv_cost [--shapes 768x2304 768x6144 3072x768 768x768 768x32000]
                                         [--tokens 1 6] [--rows 1 2 4] [--unrolls 4 8] [--word-unrolls 2 3 6]
@@ -23,7 +23,7 @@ import torch
 from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, cuda_and_copy_bandwidth, time_calls
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels import gemv as kernel
-from protospec.kernels import layer_ops
+from protospec.kernels import gemv_mma, layer_ops
 
 SHAPES = ("768x2304", "768x6144", "3072x768", "768x768", "768x32000")  # llama-160m: qkv, gate_up, down, o, lm_head
 
@@ -67,6 +67,10 @@ def main(argv=None) -> dict:
             err = float((got - expected).abs().max())
             us = time_calls([lambda w=w: kernel.gemv(x, w, rows, unroll, words=words) for w in weights])
             row["numba"][f"{rows}x{unroll}{'w' if words else ''}"] = {"us": us, "x_floor": us / floor_us, "max_abs_err": err}
+        if gemv_mma.supports(k) and tokens <= gemv_mma.MAX_TOKENS:  # tensor cores (key "mma")
+            err = float((gemv_mma.gemv_mma(x, weights[0]).float() - expected).abs().max())
+            us = time_calls([lambda w=w: gemv_mma.gemv_mma(x, w) for w in weights])
+            row["numba"]["mma"] = {"us": us, "x_floor": us / floor_us, "max_abs_err": err}
         if args.norm and k % kernel.columns_per_step(8) == 0:
             g = torch.ones(k, device=dev, dtype=torch.float16)
             rows_idx = torch.arange(tokens, device=dev)

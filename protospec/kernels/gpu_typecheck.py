@@ -127,6 +127,9 @@ def _layers_and_gemv() -> None:
             gemv(torch.zeros(tokens, 256, dtype=dtype), w)
             gemv(torch.zeros(tokens, 256, dtype=dtype), w, norm_weight=torch.ones(256, dtype=dtype))
             gemv(torch.zeros(tokens, 256, dtype=dtype), w, unroll=2, words=True)
+    from protospec.kernels.gemv_mma import gemv_mma
+    for k in (768, 3072):  # 4 and 16 warps a block
+        gemv_mma(torch.zeros(6, k, dtype=torch.float16), torch.zeros(40, k, dtype=torch.float16))
 
 
 def _sampling_and_rejection() -> None:

@@ -20,10 +20,11 @@ import torch.nn.functional as F
 
 from protospec.errors import ConfigError
 from protospec.model.attention import AttentionMetadata
-from protospec.kernels import paged_attention as attention_kernel
+from protospec.kernels import gemv_mma, paged_attention as attention_kernel
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path
+LINEARS = ("cublas", "mma")  # the linear layers: torch's (cuBLAS), or the tensor-core GEMV for <= 8 fp16 rows
 
 
 def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: list, dtype: torch.dtype,
@@ -44,7 +45,7 @@ def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: lis
 class LayerKernelForward:
     """The kernel path of one LlamaForCausalLM (holds its RoPE tables in the activations' dtype)."""
 
-    def __init__(self, model, attention_path: str | None = None):
+    def __init__(self, model, attention_path: str | None = None, linear: str = "cublas"):
         cfg = model.config
         self.dtype = model.model.embed_tokens.weight.dtype
         if self.dtype not in ACTIVATION_DTYPES:
@@ -55,6 +56,15 @@ class LayerKernelForward:
         self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
         self.attention_path = attention_path  # None: paged_attention chooses by shape
         self._row_ids = torch.arange(4096, device=self.cos.device)  # [0, 1, ...]: "every row" for add_rms_norm
+        if linear not in LINEARS:
+            raise ConfigError(f"linear must be one of {LINEARS}, got {linear!r}")
+        self.linear = linear  # "mma": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [T, K] @ [N, K].T -> [T, N]
+        if (self.linear == "mma" and x.dtype == torch.float16 and x.shape[0] <= gemv_mma.MAX_TOKENS
+                and gemv_mma.supports(x.shape[1])):
+            return gemv_mma.gemv_mma(x if x.is_contiguous() else x.contiguous(), weight)
+        return F.linear(x, weight)
 
     def applies(self, meta: AttentionMetadata) -> bool:
         """A host-side decision (no device read): a uniform layout of a few tokens per sequence
@@ -73,13 +83,14 @@ class LayerKernelForward:
         for layer, kv_cache in zip(model.model.layers, kv_caches):
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
             h, residual = add_rms_norm(x, residual, norm1.weight, norm1.eps, rows)
-            q = rope_and_cache(F.linear(h, layer.qkv_weight), positions, self.cos, self.sin, kv_cache,
+            q = rope_and_cache(self._linear(h, layer.qkv_weight), positions, self.cos, self.sin, kv_cache,
                                meta.slot_mapping, self.num_heads)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
                                                     path=self.attention_path)
-            h, residual = add_rms_norm(F.linear(attn, layer.self_attn.o_proj.weight), residual, norm2.weight, norm2.eps, rows)
-            x = F.linear(silu_and_mul(F.linear(h, layer.gate_up_weight)), layer.mlp.down_proj.weight)
+            h, residual = add_rms_norm(self._linear(attn, layer.self_attn.o_proj.weight), residual, norm2.weight,
+                                       norm2.eps, rows)
+            x = self._linear(silu_and_mul(self._linear(h, layer.gate_up_weight)), layer.mlp.down_proj.weight)
         norm = model.model.norm
         wanted = meta.logits_indices if meta.logits_indices.is_contiguous() else meta.logits_indices.contiguous()
         h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # only the rows whose logits are wanted
-        return F.linear(h, model.lm_head.weight).float()
+        return self._linear(h, model.lm_head.weight).float()
