@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from protospec.errors import ConfigError, SamplingParamsError
-from protospec.layout import ATTENTION_PATHS
+from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
 from protospec.spec import registry
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -85,6 +85,11 @@ class EngineConfig:
     # one-block-per-row form measured slower than torch's kernels at batch 1 (figures in
     # data/results/README.md); the vocabulary-sliced form is yet to be measured against them.
     fused_sampling: bool = False
+    # The layer kernels' linear layers: "cublas" (torch's) or "mma", the tensor-core GEMV
+    # (kernels/gemv_mma.py) wherever it applies (float16, <= 8 token rows, K a multiple of 192).
+    # "cublas" by default until a whole generate has been timed with it (its forwards measured faster:
+    # data/results/README.md).
+    linear_kernel: str = "cublas"
     # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
     # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of
     # ~10 kernels per layer. True or "one": that kernel; "per_phase": the same phases as one ordinary
@@ -137,6 +142,8 @@ class EngineConfig:
             raise ConfigError(f"check_no_sync cannot hold with draft_loop={self.draft_loop!r}, which syncs every draft step")
         if self.persistent_decode not in (False, True, "one", "per_phase"):
             raise ConfigError(f"persistent_decode must be False, True / 'one' or 'per_phase', got {self.persistent_decode!r}")
+        if self.linear_kernel not in LINEAR_KERNELS:
+            raise ConfigError(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
         if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_PATHS:
             raise ConfigError(f"attention_kernel must be None or one of {ATTENTION_PATHS}, got {self.attention_kernel!r}")
         if self.acceptance not in registry.ACCEPTANCE_DOC:

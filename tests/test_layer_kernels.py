@@ -176,6 +176,19 @@ def test_a_forced_attention_kernel_must_exist_run_and_serve_the_models(tiny_targ
         tiny_llm(tiny_target, device=DEV, dtype="float32", layer_kernels=True, attention_kernel="mma")
 
 
+def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target, tiny_draft):
+    from tiny import tiny_llm
+
+    from protospec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="linear_kernel must be one of"):
+        tiny_llm(tiny_target, device=DEV, linear_kernel="cutlass")
+    with pytest.raises(ConfigError, match="linear_kernel='mma' needs the layer kernels"):
+        tiny_llm(tiny_target, device=DEV, layer_kernels=False, linear_kernel="mma")
+    llm = tiny_llm(tiny_target, tiny_draft, device=DEV, layer_kernels=True, linear_kernel="mma")
+    assert [m.model.layer_kernels.linear for m in (llm.engine.target, llm.engine.draft)] == ["mma", "mma"]
+
+
 def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch):
     """float16, a model whose widths the tensor-core GEMV takes (K = 192, 384): linear="mma" sends every
     linear layer through it (counted) and agrees with the same forward on torch's linear."""

@@ -63,6 +63,7 @@ class BenchSetup:
     speculative_disable_by_batch_size: int | None = None
     attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
     persistent_decode: bool | str = False  # EngineConfig.persistent_decode ("per_phase": its phases' kernels)
+    linear_kernel: str = "cublas"          # EngineConfig.linear_kernel ("mma": the tensor-core GEMV)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -81,7 +82,8 @@ class BenchSetup:
                    prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
                    dynamic_k=self.dynamic_k, draft_confidence_threshold=self.draft_confidence_threshold,
                    speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
-                   attention_kernel=self.attention_kernel, persistent_decode=self.persistent_decode)
+                   attention_kernel=self.attention_kernel, persistent_decode=self.persistent_decode,
+                   linear_kernel=self.linear_kernel)
 
 
 def _release_memory() -> None:

@@ -8,7 +8,7 @@ import torch
 
 from protospec.bench.ablation import MODES, PEERS, BenchSetup
 from protospec.bench.compare import TRAINED_PAIR
-from protospec.layout import ATTENTION_PATHS
+from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
 from protospec.spec import registry
 
 RUNS_DIR = "runs"             # ignored by git: where runs go unless recorded on purpose
@@ -109,7 +109,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                         "(one, the default when given alone) or as its phases' kernels, one launch each (per_phase)")
     p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
                    help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
-                        "mma where a KV head serves several fp16 rows; default: %(default)s)")
+                        "mma for fp16 in whole 16-key tiles; default: %(default)s)")
+    p.add_argument("--linear-kernel", default="cublas", choices=list(LINEAR_KERNELS),
+                   help="the layer kernels' linear layers: torch's (cublas) or the tensor-core GEMV where it "
+                        "applies (mma: float16, <= 8 token rows; default: %(default)s)")
     p.add_argument("--output-json", default=None,
                    help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
     p.add_argument("--profile", action="store_true", help="write a torch profiler trace of one timed call")
@@ -219,7 +222,7 @@ def setup_from(args) -> BenchSetup:
                       args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
                       args.speculative_disable_by_batch_size, attention_kernel_of(args.attention_kernel),
-                      args.persistent_decode)
+                      args.persistent_decode, args.linear_kernel)
 
 
 def attention_kernel_of(choice: str) -> str | None:

@@ -26,7 +26,7 @@ from protospec.spec.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
-from protospec.model.layer_kernels import check_attention_kernel
+from protospec.model.layer_kernels import check_attention_kernel, check_linear_kernel
 from protospec.model.loader import load_model
 from protospec.model.persistent_forward import enable_for_runners as enable_persistent_decode
 from protospec.model.runner import ModelRunner
@@ -66,10 +66,11 @@ class Engine:
         self.fused_sampling = self._resolve_kernel_flag("fused_sampling", config.fused_sampling)
         check_attention_kernel(config.attention_kernel, self.use_layer_kernels, [m for m in (target, draft) if m is not None],
                                self.dtype, config.block_size)
+        check_linear_kernel(config.linear_kernel, self.use_layer_kernels)
         if self.use_layer_kernels:
             for m in (target, draft):
                 if m is not None:
-                    m.enable_layer_kernels(config.attention_kernel)
+                    m.enable_layer_kernels(config.attention_kernel, config.linear_kernel)
         self.num_blocks = size_kv_pool(config, self.device, self.dtype, self.max_model_len + self.look.extra_positions,
                                        [m for m in (target, draft) if m is not None])
         self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None

@@ -19,12 +19,18 @@ import torch
 import torch.nn.functional as F
 
 from protospec.errors import ConfigError
+from protospec.layout import LINEAR_KERNELS
 from protospec.model.attention import AttentionMetadata
 from protospec.kernels import gemv_mma, paged_attention as attention_kernel
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path
-LINEARS = ("cublas", "mma")  # the linear layers: torch's (cuBLAS), or the tensor-core GEMV for <= 8 fp16 rows
+
+
+def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
+    """EngineConfig.linear_kernel: the tensor-core GEMV runs inside the layer kernels' forward."""
+    if linear != "cublas" and not layer_kernels_on:
+        raise ConfigError(f"linear_kernel={linear!r} needs the layer kernels (layer_kernels is off here)")
 
 
 def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: list, dtype: torch.dtype,
@@ -56,8 +62,8 @@ class LayerKernelForward:
         self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
         self.attention_path = attention_path  # None: paged_attention chooses by shape
         self._row_ids = torch.arange(4096, device=self.cos.device)  # [0, 1, ...]: "every row" for add_rms_norm
-        if linear not in LINEARS:
-            raise ConfigError(f"linear must be one of {LINEARS}, got {linear!r}")
+        if linear not in LINEAR_KERNELS:
+            raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
         self.linear = linear  # "mma": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [T, K] @ [N, K].T -> [T, N]

@@ -194,13 +194,14 @@ class LlamaForCausalLM(nn.Module):
         self.blocks = (torch.compile(pre_attention, dynamic=False), torch.compile(post_attention, dynamic=False))
         self.head = torch.compile(lm_head_logits, dynamic=False)
 
-    def enable_layer_kernels(self, attention_path: str | None = None) -> None:
+    def enable_layer_kernels(self, attention_path: str | None = None, linear: str = "cublas") -> None:
         """Run decode-shaped forwards (a few tokens per sequence) on the Numba layer kernels,
         9 kernels per layer instead of ~20 (layer_kernels.py); prefill keeps the torch path.
-        attention_path: one of layout.ATTENTION_PATHS, or None to choose by shape. Call after place()."""
+        attention_path: one of layout.ATTENTION_PATHS, or None to choose by shape; linear: one of
+        layout.LINEAR_KERNELS. Call after place()."""
         from protospec.model.layer_kernels import LayerKernelForward
 
-        self.layer_kernels = LayerKernelForward(self, attention_path)
+        self.layer_kernels = LayerKernelForward(self, attention_path, linear)
 
     def enable_persistent_decode(self, kv_stack: torch.Tensor, launches: str = "one") -> None:
         """Run forwards of one token per sequence whose caches are kv_stack's views as one persistent
