@@ -86,9 +86,10 @@ class EngineConfig:
     # data/results/README.md); the vocabulary-sliced form is yet to be measured against them.
     fused_sampling: bool = False
     # The layer kernels' linear layers: "cublas" (torch's) or "mma", the tensor-core GEMV
-    # (kernels/gemv_mma.py) wherever it applies (float16, <= 8 token rows, K a multiple of 192).
-    # "cublas" by default until a whole generate has been timed with it (its forwards measured faster:
-    # data/results/README.md).
+    # (kernels/gemv_mma.py) wherever it applies (float16, <= 8 token rows, K a multiple of 192);
+    # "mma_fused" also folds the norms, residual adds and SiLU x up into it (layout.LINEAR_KERNELS).
+    # "cublas" by default until a whole generate has been timed with them ("mma"'s forwards measured
+    # faster: data/results/README.md).
     linear_kernel: str = "cublas"
     # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
     # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of

@@ -34,6 +34,31 @@ def test_gemv_mma_sees_every_column_once():
         assert torch.equal(got.cpu(), x.cpu()[:, shift : shift + n])
 
 
+@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "no_residual"])
+@pytest.mark.parametrize("glu", [False, True], ids=["linear", "glu"])
+def test_gemv_mma_folds_the_norm_and_the_glu(with_residual, glu):
+    """The fused forms a decoder layer uses: norm (after the residual add) folded into x's loads, the
+    residual stream returned as a new tensor, and silu(gate) * up computed in the epilogue."""
+    gen = torch.Generator().manual_seed(7 + 2 * glu + with_residual)
+    tokens, k, n = 5, 2 * kernel.COLUMNS_PER_WARP, 21
+    x = torch.randn(tokens, k, generator=gen).half()
+    residual = torch.randn(tokens, k, generator=gen).half() if with_residual else None
+    g = (1 + 0.3 * torch.randn(k, generator=gen)).half()
+    w = (torch.randn(2 * n if glu else n, k, generator=gen) / k ** 0.5).half()
+    out, stream = kernel.gemv_mma_reference(x, w, norm_weight=g, residual=residual, eps=1e-6, glu=glu)
+    if glu:  # the twin itself, against the layer ops' definitions: add_rms_norm, linear, silu_and_mul
+        v = x.float() if residual is None else (x.float() + residual.float()).half().float()
+        h = (g.float() * v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)).half().float()
+        gate_up = (h @ w.float().T).half().float()
+        torch.testing.assert_close(out.float(), torch.nn.functional.silu(gate_up[:, :n]) * gate_up[:, n:],
+                                   atol=2e-3, rtol=2e-3)
+    got, got_stream = kernel.gemv_mma(x.to(DEV), w.to(DEV), norm_weight=g.to(DEV),
+                                      residual=None if residual is None else residual.to(DEV), eps=1e-6, glu=glu)
+    assert got.shape == (tokens, n) and got_stream.shape == (tokens, k)
+    assert torch.equal(got_stream.cpu(), stream)  # the residual stream exactly as add_rms_norm stores it
+    torch.testing.assert_close(got.float().cpu(), out.float(), atol=4e-3, rtol=4e-3)
+
+
 def test_gemv_mma_names_bad_arguments():
     k = kernel.COLUMNS_PER_WARP
     w = torch.zeros(16, k, dtype=torch.float16, device=DEV)
@@ -46,3 +71,10 @@ def test_gemv_mma_names_bad_arguments():
         kernel.gemv_mma(torch.zeros(kernel.MAX_TOKENS + 1, k, dtype=torch.float16, device=DEV), w)
     with pytest.raises(KernelArgumentError, match="columns"):
         kernel.gemv_mma(torch.zeros(1, 2 * k, dtype=torch.float16, device=DEV), w)
+    x = torch.zeros(2, k, dtype=torch.float16, device=DEV)
+    with pytest.raises(KernelArgumentError, match="only with the norm"):
+        kernel.gemv_mma(x, w, residual=x)
+    with pytest.raises(KernelArgumentError, match="must match x"):
+        kernel.gemv_mma(x, w, norm_weight=x[0], residual=x[:1])
+    with pytest.raises(KernelArgumentError, match="even count"):
+        kernel.gemv_mma(x, w[:15], glu=True)

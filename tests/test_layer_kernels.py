@@ -189,29 +189,40 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
     assert [m.model.layer_kernels.linear for m in (llm.engine.target, llm.engine.draft)] == ["mma", "mma"]
 
 
-def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch):
-    """float16, a model whose widths the tensor-core GEMV takes (K = 192, 384): linear="mma" sends every
-    linear layer through it (counted) and agrees with the same forward on torch's linear."""
+@pytest.mark.parametrize("linear,norms", [
+    ("mma", 3), ("mma_fused", 1)])
+def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms):
+    """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma" sends every
+    linear layer through it (counted), "mma_fused" also folds the layer's two norms into them (only the
+    final norm stays a kernel); both agree with the torch path's forward, logits and K/V."""
+    from protospec.model import layer_kernels
     from protospec.kernels import gemv_mma
     from protospec.model.layer_kernels import LayerKernelForward
 
-    cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=192, intermediate_size=384, num_hidden_layers=1,
-                                         num_attention_heads=3, num_key_value_heads=1))
+    cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=192, intermediate_size=192, num_hidden_layers=1,
+                                         num_attention_heads=3, num_key_value_heads=1, vocab_size=64))
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).place(DEV, torch.float16)
+    with torch.no_grad():  # norms that differ from each other, so a norm applied in the wrong place shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
     block_size, num_blocks = 4, 24
     inputs = _uniform_batch(2, [9, 14], block_size, num_blocks, seed=3)
     inputs.input_ids.copy_(torch.randint(3, cfg.vocab_size, inputs.input_ids.shape))
     caches = [_randn(2, num_blocks, block_size, 1, cfg.head_dim, dtype=torch.float16, seed=1)]
     mma_caches = [c.clone() for c in caches]
-    model.enable_layer_kernels()
-    expected = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
-    calls = []
-    real = gemv_mma.gemv_mma
-    monkeypatch.setattr(gemv_mma, "gemv_mma", lambda x, w: calls.append(tuple(w.shape)) or real(x, w))
-    model.layer_kernels = LayerKernelForward(model, linear="mma")
+    expected = model(inputs.input_ids, inputs.positions, caches, inputs.meta)  # the torch path
+    calls, norm_calls = [], []
+    # On the CPU the GEMV's torch twin stands in (the simulator takes a minute per forward; the kernel is
+    # held to the twin in test_gemv_mma.py): here the forward's plumbing is what is tested.
+    real = gemv_mma.gemv_mma if DEV != "cpu" else gemv_mma.gemv_mma_reference
+    real_norm = layer_kernels.add_rms_norm
+    monkeypatch.setattr(gemv_mma, "gemv_mma", lambda x, w, *a, **kw: calls.append(tuple(w.shape)) or real(x, w, *a, **kw))
+    monkeypatch.setattr(layer_kernels, "add_rms_norm", lambda *a: norm_calls.append(1) or real_norm(*a))
+    model.layer_kernels = LayerKernelForward(model, linear=linear)
     got = model(inputs.input_ids, inputs.positions, mma_caches, inputs.meta)
-    assert len(calls) == 5  # qkv, o, gate_up, down, LM head
+    assert len(calls) == 5 and len(norm_calls) == norms  # qkv, o, gate_up, down, LM head
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(mma_caches[0], caches[0], **TOL[torch.float16])
     with pytest.raises(Exception, match="linear must be one of"):

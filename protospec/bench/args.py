@@ -112,7 +112,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                         "mma for fp16 in whole 16-key tiles; default: %(default)s)")
     p.add_argument("--linear-kernel", default="cublas", choices=list(LINEAR_KERNELS),
                    help="the layer kernels' linear layers: torch's (cublas) or the tensor-core GEMV where it "
-                        "applies (mma: float16, <= 8 token rows; default: %(default)s)")
+                        "applies (mma: float16, <= 8 token rows; mma_fused: with the norms and SiLU folded in; "
+                        "default: %(default)s)")
     p.add_argument("--output-json", default=None,
                    help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
     p.add_argument("--profile", action="store_true", help="write a torch profiler trace of one timed call")

@@ -5,8 +5,8 @@
 Shapes: the model's (dummy weights, float16), batch 1, a context of --context keys, T = 1 (a draft
 decode step) and T = k + 1 = 6 (a verify). At T = 1 the row forward_persistent times the whole
 forward as one persistent kernel, its "torch" column the layer kernels' forward; forward_mma the layer
-kernels' forward with the tensor-core GEMV for its linear layers, its "torch" column the same forward on
-cuBLAS. Each case is captured 20 times in one CUDA graph and the
+kernels' forward with the tensor-core GEMV for its linear layers (forward_mma_fused: with the norms and
+SiLU folded into it), its "torch" column the same forward on cuBLAS. Each case is captured 20 times in one CUDA graph and the
 graph replayed; time per case = replay time / 20 (CUDA events): kernels plus the gaps between them,
 as the engine's graphs run them.
 """
@@ -66,7 +66,8 @@ def cases(model, tokens: int, context: int, block_size: int = 16) -> dict[str, t
         "silu_and_mul": (lambda: silu_and_mul(gate_up), lambda: F.silu(gate_up[:, : cfg.intermediate_size]) * gate_up[:, cfg.intermediate_size:]),
         "forward": _forward_case(model, inputs),
         **({"forward_persistent": _persistent_case(model, inputs)} if tokens == 1 else {}),
-        "forward_mma": _mma_linear_case(model, inputs),
+        "forward_mma": _mma_linear_case(model, inputs, "mma"),
+        "forward_mma_fused": _mma_linear_case(model, inputs, "mma_fused"),
         **_sampling_cases(cfg.vocab_size, tokens, dev),
     }
 
@@ -110,14 +111,14 @@ def _forward_case(model, inputs):
     return run(True), run(False)
 
 
-def _mma_linear_case(model, inputs):
-    """The layer kernels' forward with its linear layers on the tensor-core GEMV (kernels/gemv_mma.py),
-    beside the same forward on cuBLAS (the "torch" column of this row)."""
+def _mma_linear_case(model, inputs, linear: str):
+    """The layer kernels' forward with its linear layers on the tensor-core GEMV (kernels/gemv_mma.py;
+    mma_fused: the norms and SiLU folded into it), beside the same forward on cuBLAS (the "torch" column)."""
     from protospec.model.layer_kernels import LayerKernelForward
 
     on_cublas = _forward_case(model, inputs)[0]
     kernels = model.layer_kernels
-    mma = LayerKernelForward(model, kernels.attention_path, linear="mma")
+    mma = LayerKernelForward(model, kernels.attention_path, linear=linear)
     caches = [torch.zeros(2, inputs.meta.block_tables.shape[1] + 1, inputs.meta.block_size, model.config.num_key_value_heads,
                           model.config.head_dim, device="cuda", dtype=model.model.embed_tokens.weight.dtype)
               for _ in model.model.layers]

@@ -129,7 +129,11 @@ def _layers_and_gemv() -> None:
             gemv(torch.zeros(tokens, 256, dtype=dtype), w, unroll=2, words=True)
     from protospec.kernels.gemv_mma import gemv_mma
     for k in (768, 3072):  # 4 and 16 warps a block
-        gemv_mma(torch.zeros(6, k, dtype=torch.float16), torch.zeros(40, k, dtype=torch.float16))
+        x, w = torch.zeros(6, k, dtype=torch.float16), torch.zeros(40, k, dtype=torch.float16)
+        gemv_mma(x, w)
+        gemv_mma(x, w, norm_weight=x[0].clone(), residual=x.clone(), glu=True)  # a layer's gate/up
+    gemv_mma(x, w, norm_weight=x[0].clone())                                    # the first layer's qkv
+    gemv_mma(x, w, norm_weight=x[0].clone(), residual=x.clone())                # the others'
 
 
 def _sampling_and_rejection() -> None:

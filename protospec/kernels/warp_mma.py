@@ -30,8 +30,13 @@ def scratch_size(warps: int) -> int:
 
 
 if interop.SIMULATOR:
-    def _halves(word) -> np.ndarray:
-        return np.array([int(word) & 0xFFFFFFFF], dtype=np.uint32).view(np.float16).astype(np.float64)
+    # Where each operand element sits in the exchanged fragments [lane, register, half] (the layout above):
+    # A[row][k]: lane (row % 8) * 4 + (k % 8) // 2, register (row >= 8) + 2 (k >= 8), half k % 2
+    # B[k][col]: lane col * 4 + (k % 8) // 2,       register 4 + (k >= 8),            half k % 2
+    _ROW, _K = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    _A_AT = ((_ROW % 8) * 4 + (_K % 8) // 2, (_ROW >= 8) + 2 * (_K >= 8), _K % 2)          # [16, 16] each
+    _KB, _COL = np.meshgrid(np.arange(16), np.arange(8), indexing="ij")
+    _B_AT = (_COL * 4 + (_KB % 8) // 2, 4 + (_KB >= 8), _KB % 2)                          # [16, 8] each
 
     @cuda.jit(device=True)
     def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch, tid):
@@ -41,19 +46,12 @@ if interop.SIMULATOR:
         for slot, word in enumerate((a0, a1, a2, a3, b0, b1)):
             scratch[base + lane * SCRATCH_PER_LANE + slot] = int(word) & 0xFFFFFFFF
         cuda.syncthreads()
+        words = np.asarray(scratch[base : base + 32 * SCRATCH_PER_LANE], dtype=np.uint32)
+        halves = words.view(np.float16).astype(np.float64).reshape(32, SCRATCH_PER_LANE, 2)
+        a, b = halves[_A_AT], halves[_B_AT]  # [16, 16], [16, 8]; float64 sums of fp16 products are exact
         g, t = lane // 4, lane % 4
-
-        def a_at(row, k):  # A[row][k]: lane (row % 8) * 4 + (k % 8) // 2, register (row >= 8) + 2 (k >= 8)
-            word = scratch[base + ((row % 8) * 4 + (k % 8) // 2) * SCRATCH_PER_LANE + (row >= 8) + 2 * (k >= 8)]
-            return _halves(word)[k % 2]
-
-        def b_at(k, col):  # B[k][col]: lane col * 4 + (k % 8) // 2, register 4 + (k >= 8)
-            return _halves(scratch[base + (col * 4 + (k % 8) // 2) * SCRATCH_PER_LANE + 4 + (k >= 8)])[k % 2]
-
-        out = []
-        for i, c in enumerate((c0, c1, c2, c3)):
-            row, col = g + 8 * (i // 2), 2 * t + i % 2
-            out.append(np.float32(float(c) + sum(a_at(row, k) * b_at(k, col) for k in range(16))))
+        out = [np.float32(float(c) + float(a[g + 8 * (i // 2)] @ b[:, 2 * t + i % 2]))
+               for i, c in enumerate((c0, c1, c2, c3))]
         return out[0], out[1], out[2], out[3]
 
     @cuda.jit(device=True)

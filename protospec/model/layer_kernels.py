@@ -3,6 +3,8 @@
     embed -> per layer: add_rms_norm, qkv matmul, rope_and_cache, paged_attention, o matmul,
              add_rms_norm, gate_up matmul, silu_and_mul, down matmul
           -> add_rms_norm on the logits rows, LM head
+    linear="mma_fused" (float16, <= 8 tokens, widths the tensor-core GEMV takes): 6 per layer, the norms
+             and residual adds folded into the qkv and gate/up GEMVs, SiLU x up into gate/up's epilogue
 
 The draft loop, the verify and the target's decode feed a few tokens per sequence; at batch 1 such
 a forward costs its kernel count (a few microseconds each on the GPU, plus a gap between kernels
@@ -64,11 +66,16 @@ class LayerKernelForward:
         self._row_ids = torch.arange(4096, device=self.cos.device)  # [0, 1, ...]: "every row" for add_rms_norm
         if linear not in LINEAR_KERNELS:
             raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
-        self.linear = linear  # "mma": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
+        self.linear = linear  # "mma" / "mma_fused": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
+        self.fuses = (linear == "mma_fused" and self.dtype == torch.float16
+                      and gemv_mma.supports(cfg.hidden_size) and gemv_mma.supports(cfg.intermediate_size))
+
+    def _tensor_cores(self, x: torch.Tensor) -> bool:
+        return (self.linear != "cublas" and x.dtype == torch.float16 and x.shape[0] <= gemv_mma.MAX_TOKENS
+                and gemv_mma.supports(x.shape[1]))
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [T, K] @ [N, K].T -> [T, N]
-        if (self.linear == "mma" and x.dtype == torch.float16 and x.shape[0] <= gemv_mma.MAX_TOKENS
-                and gemv_mma.supports(x.shape[1])):
+        if self._tensor_cores(x):
             return gemv_mma.gemv_mma(x if x.is_contiguous() else x.contiguous(), weight)
         return F.linear(x, weight)
 
@@ -86,16 +93,25 @@ class LayerKernelForward:
         rows = self._row_ids[: x.shape[0]]
         tables = meta.block_tables if meta.block_tables.is_contiguous() else meta.block_tables.contiguous()
         residual = None
+        fused = self.fuses and x.shape[0] <= gemv_mma.MAX_TOKENS
         for layer, kv_cache in zip(model.model.layers, kv_caches):
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-            h, residual = add_rms_norm(x, residual, norm1.weight, norm1.eps, rows)
-            q = rope_and_cache(self._linear(h, layer.qkv_weight), positions, self.cos, self.sin, kv_cache,
-                               meta.slot_mapping, self.num_heads)  # [T, h, d]; K/V now in the cache
+            if fused:  # the norm (after the residual add) inside the GEMV that consumes it
+                qkv, residual = gemv_mma.gemv_mma(x, layer.qkv_weight, norm1.weight, residual, norm1.eps)
+            else:
+                h, residual = add_rms_norm(x, residual, norm1.weight, norm1.eps, rows)
+                qkv = self._linear(h, layer.qkv_weight)
+            q = rope_and_cache(qkv, positions, self.cos, self.sin, kv_cache, meta.slot_mapping,
+                               self.num_heads)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
                                                     path=self.attention_path)
-            h, residual = add_rms_norm(self._linear(attn, layer.self_attn.o_proj.weight), residual, norm2.weight,
-                                       norm2.eps, rows)
-            x = self._linear(silu_and_mul(self._linear(h, layer.gate_up_weight)), layer.mlp.down_proj.weight)
+            o = self._linear(attn, layer.self_attn.o_proj.weight)
+            if fused:  # and SiLU x up in the gate/up GEMV's epilogue
+                act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True)
+            else:
+                h, residual = add_rms_norm(o, residual, norm2.weight, norm2.eps, rows)
+                act = silu_and_mul(self._linear(h, layer.gate_up_weight))
+            x = self._linear(act, layer.mlp.down_proj.weight)
         norm = model.model.norm
         wanted = meta.logits_indices if meta.logits_indices.is_contiguous() else meta.logits_indices.contiguous()
         h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # only the rows whose logits are wanted
