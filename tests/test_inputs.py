@@ -5,7 +5,11 @@ from protospec.layout import NULL_BLOCK
 from protospec.model.inputs import prepare_inputs
 
 
-def test_prepare_inputs_ragged_batch_across_block_boundaries():
+@pytest.mark.parametrize("loop_max_tokens", [10**9, 0], ids=["by_token", "by_arrays"])
+def test_prepare_inputs_ragged_batch_across_block_boundaries(monkeypatch, loop_max_tokens):
+    from protospec.model import inputs
+
+    monkeypatch.setattr(inputs, "LOOP_MAX_TOKENS", loop_max_tokens)
     block_size = 4
     tables = [[7, 3], [5, 9, 2]]
     # seq 0: two new tokens at positions 3, 4 (crossing from block 7 into block 3)
@@ -31,36 +35,21 @@ def test_prepare_inputs_refuses_a_table_too_short():
         prepare_inputs([[1, 2]], [3], [[4]], 4, 1, torch.device("cpu"))
 
 
-def _per_token_reference(chunks, starts, tables, block_size, num_logits, width):
-    """The layout's definition, one token at a time (prepare_inputs computes it in array operations)."""
-    out = {k: [] for k in ("input_ids", "positions", "slot_mapping", "token_grid_index", "logits_indices")}
-    max_q = max(len(c) for c in chunks)
-    padded = [[0] * max_q for _ in chunks]
-    query_start, seq_lens = [0], []
-    for s, (chunk, start, table) in enumerate(zip(chunks, starts, tables)):
-        base = len(out["input_ids"])
-        for i, tok in enumerate(chunk):
-            pos = start + i
-            out["input_ids"].append(tok)
-            out["positions"].append(pos)
-            out["slot_mapping"].append(table[pos // block_size] * block_size + pos % block_size)
-            out["token_grid_index"].append(s * max_q + i)
-            padded[s][i] = base + i
-        out["logits_indices"].extend(range(base + len(chunk) - num_logits[s], base + len(chunk)))
-        query_start.append(len(out["input_ids"]))
-        seq_lens.append(start + len(chunk))
-    out.update(padded_token_index=padded, query_start_loc=query_start, seq_lens=seq_lens,
-               block_tables=[t + [NULL_BLOCK] * (width - len(t)) for t in tables])
-    return out
+def _fields(inputs) -> dict:
+    m = inputs.meta
+    return {"input_ids": inputs.input_ids, "positions": inputs.positions, "slot_mapping": m.slot_mapping,
+            "token_grid_index": m.token_grid_index, "logits_indices": m.logits_indices,
+            "padded_token_index": m.padded_token_index, "query_start_loc": m.query_start_loc,
+            "seq_lens": m.seq_lens, "block_tables": m.block_tables}
 
 
-@pytest.mark.parametrize("loop_max_tokens", [0, 10**9], ids=["by_arrays", "by_token"])
-def test_prepare_inputs_matches_its_per_token_definition_on_random_ragged_batches(monkeypatch, loop_max_tokens):
+def test_both_ways_to_the_layout_agree_on_random_ragged_batches(monkeypatch):
+    """The token loop (pinned by hand above, for both ways) and the array operations give the same
+    fields, shapes and dtypes for any batch; each is forced in turn through the size threshold."""
     import random
 
     from protospec.model import inputs
 
-    monkeypatch.setattr(inputs, "LOOP_MAX_TOKENS", loop_max_tokens)  # each way to the layout in turn
     rng = random.Random(0)
     for trial in range(40):
         block_size = rng.choice([1, 4, 16])
@@ -71,18 +60,17 @@ def test_prepare_inputs_matches_its_per_token_definition_on_random_ragged_batche
                   for c, st in zip(chunks, starts)]
         logits = [rng.randint(1, len(c)) for c in chunks]
         width = max(len(t) for t in tables) + trial % 3
-        got = prepare_inputs(chunks, starts, tables, block_size, logits, torch.device("cpu"), max_blocks=width)
-        want = _per_token_reference(chunks, starts, tables, block_size, logits, width)
-        m = got.meta
-        fields = {"input_ids": got.input_ids, "positions": got.positions, "slot_mapping": m.slot_mapping,
-                  "token_grid_index": m.token_grid_index, "logits_indices": m.logits_indices,
-                  "padded_token_index": m.padded_token_index, "query_start_loc": m.query_start_loc,
-                  "seq_lens": m.seq_lens, "block_tables": m.block_tables}
-        for name, tensor in fields.items():
-            assert tensor.tolist() == want[name], (trial, name)
+        built = []
+        for threshold in (10**9, 0):  # by token, then by arrays
+            monkeypatch.setattr(inputs, "LOOP_MAX_TOKENS", threshold)
+            built.append(prepare_inputs(chunks, starts, tables, block_size, logits, torch.device("cpu"), max_blocks=width))
+        by_token, by_arrays = (_fields(b) for b in built)
+        for name, tensor in by_token.items():
+            assert tensor.dtype == by_arrays[name].dtype and torch.equal(tensor, by_arrays[name]), (trial, name)
         uniform = len({len(c) for c in chunks}) == 1
-        assert m.uniform_query_len == (len(chunks[0]) if uniform else None)
-        assert got.query_len == (len(chunks[0]) if uniform and len(set(logits)) == 1 else None)
+        for b in built:
+            assert b.meta.uniform_query_len == (len(chunks[0]) if uniform else None)
+            assert b.query_len == (len(chunks[0]) if uniform and len(set(logits)) == 1 else None)
 
 
 def test_prepare_inputs_names_the_sequence_whose_table_is_short_and_the_width_overflow():

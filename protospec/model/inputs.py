@@ -68,7 +68,7 @@ def prepare_inputs(
     max_q = max(lens)
     num_tokens = sum(lens)
 
-    # Two ways to the same layout (tests/test_inputs.py holds both to its per-token definition): a
+    # Two ways to the same layout (tests/test_inputs.py pins both by hand and holds them equal): a
     # Python loop over tokens is cheapest for a decode step's few tokens; array operations win from a
     # few dozen tokens (a verify at batch 16, any prefill) and are an order of magnitude faster at
     # batch 64, where the loop cost the host more than the GPU's whole verify.
