@@ -19,6 +19,14 @@ half), and the lane's x word at the same columns of token g feeds B the same way
 zeros; rows past N read row N - 1 and are not written. The warps' D fragments are summed in shared
 memory and written as float16.
 
+Fused forms, for a decoder layer's chain (model/layer_kernels.py, linear="mma_fused"):
+  norm (+ residual): x + residual, then the RMSNorm, applied to x's words as they are loaded, with
+      layer_ops.add_rms_norm's roundings. Each warp's lanes hold its K range for their token, so the
+      sum of squares needs only two shuffles and one pass over the warps' sums in shared memory; block
+      0 also writes x + residual, the residual stream the next layer adds to.
+  glu: W = [gate; up] rows [2I, K]; a block multiplies 16 gate rows and the 16 matching up rows by the
+      same x fragments and writes silu(gate) * up, the input of the down projection.
+
 torch's twin: gemv_mma_reference (torch.nn.functional.linear with add_rms_norm's and silu_and_mul's
 roundings); bench.gemv_cost times the kernel against cuBLAS and the bytes floor.
 """
