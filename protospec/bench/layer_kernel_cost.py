@@ -95,10 +95,15 @@ def _sampling_cases(vocab: int, tokens: int, dev) -> dict[str, tuple]:
     return {"draft_sample": (lambda: sample_into(logits, st, 2, draft_probs, draft_ids, noise), torch_sample)}
 
 
+def _caches(model, inputs) -> list[torch.Tensor]:
+    """Zeroed per-layer K/V caches wide enough for the inputs' block tables."""
+    return [torch.zeros(2, inputs.meta.block_tables.shape[1] + 1, inputs.meta.block_size, model.config.num_key_value_heads,
+                        model.config.head_dim, device="cuda", dtype=model.model.embed_tokens.weight.dtype)
+            for _ in model.model.layers]
+
+
 def _forward_case(model, inputs):
-    caches = [torch.zeros(2, inputs.meta.block_tables.shape[1] + 1, inputs.meta.block_size, model.config.num_key_value_heads,
-                          model.config.head_dim, device="cuda", dtype=model.model.embed_tokens.weight.dtype)
-              for _ in model.model.layers]
+    caches = _caches(model, inputs)
     kernels = model.layer_kernels
 
     def run(use_kernels: bool):
@@ -119,9 +124,7 @@ def _mma_linear_case(model, inputs, linear: str):
     on_cublas = _forward_case(model, inputs)[0]
     kernels = model.layer_kernels
     mma = LayerKernelForward(model, kernels.attention_path, linear=linear)
-    caches = [torch.zeros(2, inputs.meta.block_tables.shape[1] + 1, inputs.meta.block_size, model.config.num_key_value_heads,
-                          model.config.head_dim, device="cuda", dtype=model.model.embed_tokens.weight.dtype)
-              for _ in model.model.layers]
+    caches = _caches(model, inputs)
 
     def fn():
         model.layer_kernels = mma
