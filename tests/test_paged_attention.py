@@ -150,12 +150,11 @@ def test_the_head_size_chooses_the_path_and_the_shape_the_split():
     sms = kernel._sm_count(dev)
     assert kernel.choose_path(64) == "by_kv_head"      # every served shape: it measured faster everywhere
     assert kernel.choose_path(24) == "by_row"          # 24 = 8 x 3 lanes: by_kv_head cannot split a key's dims
-    # Tensor cores where a KV head serves several rows of fp16 (a verify window, GQA), in whole 16-key tiles.
-    assert kernel.choose_path(64, torch.float16, 16, group_rows=6) == "mma"
-    assert kernel.choose_path(64, torch.float16, 16, group_rows=1) == "mma"   # one row too: it measured faster
-    assert kernel.choose_path(64, torch.float32, 16, group_rows=6) == "by_kv_head"
-    assert kernel.choose_path(64, torch.float16, 8, group_rows=6) == "by_kv_head"    # a tile would straddle blocks
-    assert kernel.choose_path(16, torch.float16, 16, group_rows=6) == "by_kv_head"
+    # Tensor cores for fp16 in whole 16-key tiles (verify windows, GQA and single decode rows alike).
+    assert kernel.choose_path(64, torch.float16, 16) == "mma"   # whatever the rows per KV head, one included
+    assert kernel.choose_path(64, torch.float32, 16) == "by_kv_head"
+    assert kernel.choose_path(64, torch.float16, 8) == "by_kv_head"    # a tile would straddle blocks
+    assert kernel.choose_path(16, torch.float16, 16) == "by_kv_head"
     target = kernel.BLOCKS_PER_SM * sms
     assert kernel.choose_splits(target, 4096, 32, dev) == 1             # enough groups: no split-K
     assert kernel.choose_splits(1, 1 << 20, 32, dev) == target          # few groups: spread wide

@@ -119,8 +119,7 @@ def main(argv=None) -> dict:
             calls, nbytes = make_calls(cfg, batch, queries, context, args.block_size, dev, path, splits)
             us = time_calls(calls)
             floor_us = nbytes / bandwidth / 1e3
-            chosen = kernel.choose_path(cfg.head_dim, torch.float16, args.block_size,
-                                        queries * cfg.num_attention_heads // cfg.num_key_value_heads, dev)
+            chosen = kernel.choose_path(cfg.head_dim, torch.float16, args.block_size, dev)
             row = {"batch": batch, "queries": queries, "context": context, "path": path or f"auto:{chosen}",
                    "splits": splits or "auto",
                    "bytes": nbytes, "floor_us": floor_us, "us": us, "x_floor": us / floor_us}

@@ -75,14 +75,13 @@ def _has_tensor_cores(device: torch.device) -> bool:
     return interop.SIMULATOR or torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def choose_path(head_dim: int, dtype: torch.dtype | None = None, block_size: int | None = None, group_rows: int = 1,
+def choose_path(head_dim: int, dtype: torch.dtype | None = None, block_size: int | None = None,
                 device: torch.device | None = None) -> str:
     """mma for fp16 it can hold (block size a multiple of its 16-key tile, tensor cores), even for a single
     row: at 320 keys it measured faster than by_kv_head at every batch timed, 6 rows and 1 alike
     (bench.attention_cost; at one row the product uses 1 of its 16 rows, but the kernel spends its time
     on address arithmetic and loads, not on the product). by_kv_head wherever it holds the head size
-    (faster than by_row at every shape timed); by_row for head sizes that are not 8 x a power of two.
-    group_rows (a KV head's query rows) no longer changes the choice; kept for callers that pass it."""
+    (faster than by_row at every shape timed); by_row for head sizes that are not 8 x a power of two."""
     if (dtype == torch.float16 and block_size is not None and by_mma.supports(head_dim, block_size)
             and (device is None or _has_tensor_cores(device))):
         return "mma"
@@ -135,7 +134,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         raise KernelArgumentError(f"paged_attention: {heads} heads of {head_dim} over {kv_heads} kv heads of "
                                   f"{kv_cache.shape[4]}, {tokens} tokens for {num_seqs} sequences x query_len {query_len}")
     if path is None:
-        path = choose_path(head_dim, q.dtype, kv_cache.shape[2], query_len * (heads // kv_heads), q.device)
+        path = choose_path(head_dim, q.dtype, kv_cache.shape[2], q.device)
     elif path not in PATHS:
         raise KernelArgumentError(f"paged_attention: path must be one of {PATHS}, got {path!r}")
     elif path == "by_row" and head_dim > by_row.MAX_HEAD_DIM:
