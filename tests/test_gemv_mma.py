@@ -78,3 +78,74 @@ def test_gemv_mma_names_bad_arguments():
         kernel.gemv_mma(x, w, norm_weight=x[0], residual=x[:1])
     with pytest.raises(KernelArgumentError, match="even count"):
         kernel.gemv_mma(x, w[:15], glu=True)
+    with pytest.raises(KernelArgumentError, match="out_dtype"):
+        kernel.gemv_mma(x, w, out_dtype=torch.bfloat16)
+    ids = torch.zeros(2, dtype=torch.int64, device=DEV)
+    tables = torch.zeros(4, 16, dtype=torch.float16, device=DEV)
+    cache = torch.zeros(2, 2, 4, 1, 16, dtype=torch.float16, device=DEV)
+    with pytest.raises(KernelArgumentError, match="16 weight rows are not 3 q heads"):
+        kernel.gemv_mma(x, w, rope=kernel.RopeCache(ids, tables, tables, cache, ids, 3))
+    with pytest.raises(KernelArgumentError, match="no glu"):
+        kernel.gemv_mma(x, torch.zeros(160, k, dtype=torch.float16, device=DEV), glu=True,
+                        rope=kernel.RopeCache(ids, tables, tables, cache, ids, 3))
+
+
+def _rope_case(tokens: int, seed: int):
+    """A qkv projection of 3 q heads and 1 kv head of 16 dims (K = 192), a paged cache, RoPE tables."""
+    gen = torch.Generator().manual_seed(seed)
+    heads, kv_heads, d, k, slots_total = 3, 1, 16, kernel.COLUMNS_PER_WARP, 32
+    x = torch.randn(tokens, k, generator=gen).half()
+    w = (torch.randn((heads + 2 * kv_heads) * d, k, generator=gen) / k ** 0.5).half()
+    angles = torch.arange(40).float()[:, None] * (0.3 ** torch.arange(d // 2).float())[None]
+    cos, sin = torch.cat([angles.cos()] * 2, 1).half(), torch.cat([angles.sin()] * 2, 1).half()  # [P, d]
+    cache = torch.randn(2, slots_total // 4, 4, kv_heads, d, generator=gen).half()
+    positions = torch.randint(0, 40, (tokens,), generator=gen)
+    slots = torch.randperm(slots_total, generator=gen)[:tokens]
+    slots[-1] = -1  # a graph's padding row: nothing may be stored for it
+    return x, w, cos, sin, cache, positions, slots, heads
+
+
+def test_gemv_mma_rope_epilogue_matches_the_separate_rope_and_cache():
+    """The qkv projection with RoPE and the cache store in its epilogue: q, the stored K/V, and nothing
+    stored for slot -1, against (1) the twin and (2) linear + layer_ops.rope_and_cache, the unfused path."""
+    from protospec.kernels.layer_ops import rope_and_cache
+
+    x, w, cos, sin, cache, positions, slots, heads = _rope_case(tokens=5, seed=11)
+    unfused_cache = cache.clone()
+    qkv = torch.nn.functional.linear(x.float(), w.float()).half()
+    q_unfused = rope_and_cache(qkv.to(DEV), positions.to(DEV), cos.to(DEV), sin.to(DEV), dev_cache := unfused_cache.to(DEV),
+                               slots.to(DEV), heads).cpu()
+    unfused_cache = dev_cache.cpu()
+    twin_cache = cache.clone()
+    q_twin = kernel.gemv_mma_reference(x, w, rope=kernel.RopeCache(positions, cos, sin, twin_cache, slots, heads))
+    torch.testing.assert_close(q_twin.float(), q_unfused.float(), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(twin_cache.float(), unfused_cache.float(), atol=2e-3, rtol=2e-3)
+    got_cache = cache.to(DEV)
+    got = kernel.gemv_mma(x.to(DEV), w.to(DEV), rope=kernel.RopeCache(
+        positions.to(DEV), cos.to(DEV), sin.to(DEV), got_cache, slots.to(DEV), heads))
+    assert got.shape == (5, heads, 16) and got.dtype == torch.float16
+    torch.testing.assert_close(got.float().cpu(), q_twin.float(), atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(got_cache.float().cpu(), twin_cache.float(), atol=3e-3, rtol=3e-3)
+    untouched = torch.ones(cache.view(2, -1, 1, 16).shape[1], dtype=torch.bool)
+    untouched[slots[slots >= 0]] = False
+    assert torch.equal(got_cache.cpu().view(2, -1, 1, 16)[:, untouched], cache.view(2, -1, 1, 16)[:, untouched])
+
+
+def test_gemv_mma_gathers_rows_and_writes_float32():
+    """x_rows: the embedding gathered by token ids (norm, no residual) and the LM head over the wanted
+    rows (norm after the residual add), its logits rounded to float16 and stored as float32."""
+    gen = torch.Generator().manual_seed(5)
+    k, n = kernel.COLUMNS_PER_WARP, 40
+    table = torch.randn(30, k, generator=gen).half()
+    residual = torch.randn(30, k, generator=gen).half()
+    g = (1 + 0.3 * torch.randn(k, generator=gen)).half()
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).half()
+    rows = torch.tensor([7, 0, 29, 7])
+    for res, out_dtype in ((None, torch.float16), (residual, torch.float32)):
+        want, want_stream = kernel.gemv_mma_reference(table[rows], w, g, None if res is None else res[rows], 1e-6)
+        got, stream = kernel.gemv_mma(table.to(DEV), w.to(DEV), g.to(DEV), None if res is None else res.to(DEV), 1e-6,
+                                      x_rows=rows.to(DEV), out_dtype=out_dtype)
+        assert got.dtype == out_dtype and got.shape == (4, n)
+        assert torch.equal(stream.cpu(), want_stream)   # the gathered residual stream (the embedding rows)
+        assert torch.equal(got.cpu().half().float(), got.cpu().float())  # float32 holding float16 values
+        torch.testing.assert_close(got.float().cpu(), want.float(), atol=3e-3, rtol=3e-3)

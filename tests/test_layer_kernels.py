@@ -189,12 +189,12 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
     assert [m.model.layer_kernels.linear for m in (llm.engine.target, llm.engine.draft)] == ["mma", "mma"]
 
 
-@pytest.mark.parametrize("linear,norms", [
-    ("mma", 3), ("mma_fused", 1)])
-def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms):
+@pytest.mark.parametrize("linear,norms,ropes", [
+    ("mma", 3, 1), ("mma_fused", 0, 0)])
+def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes):
     """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma" sends every
-    linear layer through it (counted), "mma_fused" also folds the layer's two norms into them (only the
-    final norm stays a kernel); both agree with the torch path's forward, logits and K/V."""
+    linear layer through it (counted), "mma_fused" also folds the norms, RoPE and the cache store into
+    them (no separate norm or RoPE kernel is left); both agree with the torch path's forward, logits and K/V."""
     from protospec.model import layer_kernels
     from protospec.kernels import gemv_mma
     from protospec.model.layer_kernels import LayerKernelForward
@@ -217,12 +217,13 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
     # On the CPU the GEMV's torch twin stands in (the simulator takes a minute per forward; the kernel is
     # held to the twin in test_gemv_mma.py): here the forward's plumbing is what is tested.
     real = gemv_mma.gemv_mma if DEV != "cpu" else gemv_mma.gemv_mma_reference
-    real_norm = layer_kernels.add_rms_norm
+    real_norm, real_rope, rope_calls = layer_kernels.add_rms_norm, layer_kernels.rope_and_cache, []
     monkeypatch.setattr(gemv_mma, "gemv_mma", lambda x, w, *a, **kw: calls.append(tuple(w.shape)) or real(x, w, *a, **kw))
     monkeypatch.setattr(layer_kernels, "add_rms_norm", lambda *a: norm_calls.append(1) or real_norm(*a))
+    monkeypatch.setattr(layer_kernels, "rope_and_cache", lambda *a: rope_calls.append(1) or real_rope(*a))
     model.layer_kernels = LayerKernelForward(model, linear=linear)
     got = model(inputs.input_ids, inputs.positions, mma_caches, inputs.meta)
-    assert len(calls) == 5 and len(norm_calls) == norms  # qkv, o, gate_up, down, LM head
+    assert len(calls) == 5 and len(norm_calls) == norms and len(rope_calls) == ropes  # qkv, o, gate_up, down, LM head
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(mma_caches[0], caches[0], **TOL[torch.float16])
     with pytest.raises(Exception, match="linear must be one of"):

@@ -3,9 +3,8 @@
     x [T, K] float16, W [N, K] float16 (nn.Linear's layout), y [T, N] float16; K a multiple of
     CHUNK x CHUNKS_PER_WARP (192: 768 and 3072 are), at most MAX_WARPS warps' worth.
 
-Why: at 6 tokens the CUDA-core GEMVs (gemv.py) do 6 multiply-adds per weight they load and lost to
-cuBLAS by 1.7-4x (bench.gemv_cost); a tensor-core product takes a 16x16 weight tile and 8 token
-columns in one instruction, so the loads, not the arithmetic, set the pace again.
+Why: at 6 tokens the CUDA-core GEMVs (gemv.py) do 6 multiply-adds per weight loaded and lost to cuBLAS;
+one tensor-core product takes a 16x16 weight tile and 8 token columns, so the loads set the pace again.
 
 Layout. One `mma.m16n8k16` (warp_mma.py) with A = a 16-row x 16-column weight tile, B = x^T (16
 columns x 8 tokens), D = 16 output rows x 8 tokens. A block owns 16 output rows; its warps split K,
@@ -16,8 +15,7 @@ loads wide: in a chunk, lane (g, t) (g = lane // 4, t = lane % 4) reads 16 conti
 (four 8-byte words) of rows g and g + 8, 64 contiguous columns per row across the lane group; word
 j of them feeds product j as the A fragment's "k = 2t" pair (low half) and "k = 2t + 8" pair (high
 half), and the lane's x word at the same columns of token g feeds B the same way. Tokens past T feed
-zeros; rows past N read row N - 1 and are not written. The warps' D fragments are summed in shared
-memory and written as float16.
+zeros; rows past N read row N - 1 and are not written. The warps' D fragments are summed in shared memory.
 
 Fused forms, for a decoder layer's chain (model/layer_kernels.py, linear="mma_fused"):
   norm (+ residual): x + residual, then the RMSNorm, applied to x's words as they are loaded, with
@@ -26,9 +24,13 @@ Fused forms, for a decoder layer's chain (model/layer_kernels.py, linear="mma_fu
       0 also writes x + residual, the residual stream the next layer adds to.
   glu: W = [gate; up] rows [2I, K]; a block multiplies 16 gate rows and the 16 matching up rows by the
       same x fragments and writes silu(gate) * up, the input of the down projection.
+  rope (the qkv projection): a tile's rows g and g + 8 are a head's dims i and i + d/2, the pair HF's
+      rotate-half RoPE mixes, so the lane holding D[g] holds its partner and rotates both in the epilogue:
+      q goes to y [T, h * d], k and v straight into the paged cache (layer_ops.rope_and_cache's work).
+  x_rows: token i's x row is x[x_rows[i]]: the embedding table gathered by token ids in the first
+      layer's qkv, the rows whose logits are wanted in the LM head (there with a float32 y).
 
-torch's twin: gemv_mma_reference (torch.nn.functional.linear with add_rms_norm's and silu_and_mul's
-roundings); bench.gemv_cost times the kernel against cuBLAS and the bytes floor.
+torch's twin: gemv_mma_twin.gemv_mma_reference; bench.gemv_cost times the kernel against cuBLAS.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
 from protospec.kernels.word_loads import load_flat, store_flat, unpack_f16x4
+from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference  # noqa: F401 (the twin lives beside)
 
 WARP = 32
 TILE_ROWS = 16        # output rows per block: the product's M
@@ -63,11 +66,16 @@ def warps_for(k: int) -> int:
 
 
 @functools.cache
-def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False):
+def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
+                    gather: bool = False, rope_dim: int = 0):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
-    the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight."""
+    the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
+    GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
+    q and k and stores k and v in the cache."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
-    NORM, RESIDUAL, GLU = norm, residual, glu  # noqa: N806 (compile-time constants)
+    NORM, RESIDUAL, GLU, GATHER, ROPE_DIM = norm, residual, glu, gather, rope_dim  # noqa: N806 (compile-time constants)
+    HALF = rope_dim // 2
+    GROUPS = max(1, HALF // 8)        # blocks (8 dim pairs each) per head
     SCRATCH = scratch_size(warps)     # array sizes must be literals to the typer: products taken here
     PRODUCTS = 2 if glu else 1
     PARTIALS = warps * WARP * 4 * PRODUCTS  # each lane's D fragments, per warp
@@ -76,17 +84,27 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     UP_WORDS = WORDS if glu else 1
 
     @cuda.jit(**options)
-    def gemv_mma(x64, res64, norm64, eps, w64, tokens, y, res_out64):
-        """x64, res64 [T, K / 4] int64 (float16 words); norm64 [K / 4] int64; w64 [N (2I with GLU), K / 4]
-        int64; y [T, N (I)] float16; res_out64 [T, K / 4] int64 <- x + residual (NORM; block 0 writes it)."""
+    def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots):
+        """x64, res64 [R, K / 4] int64 (float16 words; R = T unless GATHER); x_rows [T] int64 (GATHER);
+        norm64 [K / 4] int64; w64 [N (2I with GLU), K / 4] int64; y [T, N (I; h * d with ROPE)] float16
+        or float32; res_out64 [T, K / 4] int64 <- x + residual (NORM; block 0 writes it).
+        ROPE: positions [T] int64, cos / sin [P, d], kv_cache [2, blocks, block_size, kvh, d], slots [T]
+        int64 (-1: no store)."""
         n_rows, k_words = w64.shape[0] // PRODUCTS, w64.shape[1]
         tid = cuda.threadIdx.x
         warp, lane = tid // WARP, tid % WARP
         g, t = lane // 4, lane % 4
         n0 = cuda.blockIdx.x * TILE_ROWS
-        row_lo = min(n0 + g, n_rows - 1)
-        row_hi = min(n0 + g + 8, n_rows - 1)
+        head = cuda.blockIdx.x // GROUPS                             # ROPE: this block's head ...
+        dim = (cuda.blockIdx.x % GROUPS) * 8 + g                     # ... and the lane's dim pair (dim, dim + d/2)
+        if ROPE_DIM:
+            row_lo = head * ROPE_DIM + dim
+            row_hi = row_lo + HALF
+        else:
+            row_lo = min(n0 + g, n_rows - 1)
+            row_hi = min(n0 + g + 8, n_rows - 1)
         token = min(g, tokens - 1)                                   # a real row's words (zeroed below)
+        x_row = x_rows[token] if GATHER else token
         first = warp * (COLUMNS_PER_WARP // 4) + 4 * t               # this lane's first word in a row
         w_lo = cuda.local.array(WORDS, int64)
         w_hi = cuda.local.array(WORDS, int64)
@@ -108,9 +126,9 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 if GLU:
                     u_lo[c * 4 + j] = load_flat(w64, (n_rows + row_lo) * k_words + word)
                     u_hi[c * 4 + j] = load_flat(w64, (n_rows + row_hi) * k_words + word)
-                xw[c * 4 + j] = load_flat(x64, token * k_words + word)
+                xw[c * 4 + j] = load_flat(x64, x_row * k_words + word)
                 if RESIDUAL:
-                    rw[c * 4 + j] = load_flat(res64, token * k_words + word)
+                    rw[c * 4 + j] = load_flat(res64, x_row * k_words + word)
         inv_rms = float32(1.0)
         if NORM:  # v = x + residual, rounded as add_rms_norm stores it; 1 / rms over the block's K
             sq = float32(0.0)
@@ -145,8 +163,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             if g >= tokens:                                          # padding token columns: zeros
                 b_lo[i] = uint32(0)
                 b_hi[i] = uint32(0)
-        d0, d1, d2, d3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
-        e0, e1, e2, e3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+        d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = float32(0.0)
         for i in range(WORDS):
             a, b = w_lo[i], w_hi[i]
             d0, d1, d2, d3 = mma_f16(a & LOW32, b & LOW32, (a >> 32) & LOW32, (b >> 32) & LOW32,
@@ -167,7 +184,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             partials[base + 7] = e3
         cuda.syncthreads()
         if warp == 0:
-            for i in range(4):                                       # D[g + 8 (i // 2)][2t + i % 2]
+            sums = cuda.local.array(4, float32)                      # D[g + 8 (i // 2)][2t + i % 2]
+            for i in range(4):
                 s = float32(0.0)
                 up = float32(0.0)
                 for w in range(warps):
@@ -177,11 +195,42 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 if GLU:  # gate and up rounded as the separate path stores them, then silu(gate) * up
                     gate = float32(np.float16(s))
                     s = gate / (float32(1.0) + math.exp(-gate)) * float32(np.float16(up))
+                sums[i] = float32(np.float16(s))                     # float16, as the unfused path stores it
+            for i in range(4):
                 tok = 2 * t + i % 2
                 n = n0 + g + 8 * (i // 2)
-                if tok < tokens and n < n_rows:
-                    y[tok, n] = s
+                if ROPE_DIM:
+                    if i < 2 and tok < tokens:
+                        _rope_and_store(sums[i], sums[i + 2], tok, head, dim, HALF, positions, cos, sin, y,
+                                        kv_cache, slots)
+                elif tok < tokens and n < n_rows:
+                    y[tok, n] = sums[i]
     return gemv_mma
+
+
+@cuda.jit(device=True)
+def _rope_and_store(lo, hi, tok, head, dim, half, positions, cos, sin, y, kv_cache, slots):
+    """Token tok's (dim, dim + half) pair of `head` in qkv's row order: q heads are rotated into y
+    [T, h * d], k heads rotated and v heads as they are stored in the cache slot (layer_ops.rope_and_cache's
+    arithmetic)."""
+    head_dim = 2 * half
+    q_heads, kv_heads = y.shape[1] // head_dim, kv_cache.shape[3]
+    if head < q_heads + kv_heads:
+        pos = positions[tok]
+        c = float32(cos[pos, dim])
+        s = float32(sin[pos, dim])
+        lo, hi = lo * c - hi * s, hi * c + lo * s
+    if head < q_heads:
+        y[tok, head * head_dim + dim] = lo
+        y[tok, head * head_dim + dim + half] = hi
+    else:
+        slot = slots[tok]
+        if slot >= 0:  # -1: a CUDA graph's padding row
+            plane = 0 if head < q_heads + kv_heads else 1              # K, then V
+            kv_head = head - q_heads - plane * kv_heads
+            at = (plane * kv_cache.shape[1] * kv_cache.shape[2] + slot) * (kv_heads * head_dim) + kv_head * head_dim + dim
+            store_flat(kv_cache, at, lo)
+            store_flat(kv_cache, at + half, hi)
 
 
 @cuda.jit(device=True)
@@ -193,38 +242,28 @@ def _summed(x_word, r_word, e, residual):
     return v
 
 
-def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
-                       residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False):
-    """gemv_mma's torch twin, same arguments and results, rounding where the kernel and the separate
-    layer kernels round: x + residual and the normalised x to float16, gate and up to float16."""
-    stream = x.float() if residual is None else (x.float() + residual.float()).half().float()
-    h = x.float()
-    if norm_weight is not None:
-        h = (norm_weight.float() * (stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps))).half().float()
-    out = h @ weight.float().T
-    if glu:
-        gate, up = out.chunk(2, dim=-1)
-        gate, up = gate.half().float(), up.half().float()
-        out = gate * torch.sigmoid(gate) * up
-    return (out.half(), stream.half()) if norm_weight is not None else out.half()
-
-
 def supports(k: int) -> bool:
     return k % COLUMNS_PER_WARP == 0 and 1 <= warps_for(k) <= MAX_WARPS
 
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
-             residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False):
-    """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16.
+             residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
+             x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16):
+    """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
-    (gate rows, then up rows), y [T, I] = silu(gate) * up."""
+    (gate rows, then up rows), y [T, I] = silu(gate) * up. x_rows [T] int64: token i's x (and residual)
+    row is x_rows[i] (x [R, K], any R). rope: weight is a qkv projection; y is q [T, h, d], rotated, and
+    k (rotated) and v are stored in rope.kv_cache."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
-    tokens, k = x.shape
+    k = x.shape[1]
+    tokens = x.shape[0] if x_rows is None else x_rows.shape[0]
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     if weight.shape[1] != k:
         raise KernelArgumentError(f"gemv_mma: x has {k} columns, the weight {weight.shape[1]}")
+    if x_rows is not None:
+        check_tensor("gemv_mma x_rows", x_rows, torch.int64, 1)
     if not 1 <= tokens <= MAX_TOKENS:
         raise KernelArgumentError(f"gemv_mma: 1 to {MAX_TOKENS} token rows, got {tokens}")
     if not supports(k):
@@ -234,20 +273,29 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         raise KernelArgumentError(f"gemv_mma: glu takes gate and up rows, an even count, got {weight.shape[0]}")
     if residual is not None and norm_weight is None:
         raise KernelArgumentError("gemv_mma: a residual is added only with the norm (norm_weight)")
+    if out_dtype not in (torch.float16, torch.float32):
+        raise KernelArgumentError(f"gemv_mma: out_dtype float16 or float32, got {out_dtype}")
     if norm_weight is not None:
         check_tensor("gemv_mma norm_weight", norm_weight, torch.float16, 1, rows=k)
     if residual is not None:
         check_tensor("gemv_mma residual", residual, torch.float16, 2)
-        if residual.shape != x.shape:
-            raise KernelArgumentError(f"gemv_mma: residual {tuple(residual.shape)} must match x {tuple(x.shape)}")
-    y = torch.empty(tokens, n, dtype=torch.float16, device=x.device)
+    if residual is not None and residual.shape != x.shape:
+        raise KernelArgumentError(f"gemv_mma: residual {tuple(residual.shape)} must match x {tuple(x.shape)}")
+    if rope is not None:
+        rope.check(weight.shape[0], tokens, glu, out_dtype)
+    y = torch.empty(tokens, rope.num_heads * rope.head_dim if rope else n, dtype=out_dtype, device=x.device)
     x64 = x.view(torch.int64)
     norm = norm_weight is not None
-    res_out = torch.empty_like(x) if norm else y
+    res_out = torch.empty(tokens, k, dtype=torch.float16, device=x.device) if norm else y
     warps = warps_for(k)
-    kernel = gemv_mma_kernel(warps, norm, residual is not None, glu)
+    kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0)
+    index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
+    table = y if rope is None else rope.cos
     interop.launch_tensors(kernel, -(-n // TILE_ROWS), warps * WARP, [
-        x64, x64 if residual is None else residual.view(torch.int64),
+        x64, index, x64 if residual is None else residual.view(torch.int64),
         x64[0] if norm_weight is None else norm_weight.view(torch.int64), float(eps), weight.view(torch.int64),
-        tokens, y, res_out.view(torch.int64) if norm else x64])
-    return (y, res_out) if norm else y
+        tokens, y, res_out.view(torch.int64) if norm else x64,
+        index if rope is None else rope.positions, table, table if rope is None else rope.sin,
+        y.view(1, 1, 1, *y.shape) if rope is None else rope.kv_cache, index if rope is None else rope.slot_mapping])
+    out = y if rope is None else y.view(tokens, rope.num_heads, rope.head_dim)  # q [T, h, d] with rope
+    return (out, res_out) if norm else out

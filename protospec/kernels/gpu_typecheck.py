@@ -132,8 +132,15 @@ def _layers_and_gemv() -> None:
         x, w = torch.zeros(6, k, dtype=torch.float16), torch.zeros(40, k, dtype=torch.float16)
         gemv_mma(x, w)
         gemv_mma(x, w, norm_weight=x[0].clone(), residual=x.clone(), glu=True)  # a layer's gate/up
-    gemv_mma(x, w, norm_weight=x[0].clone())                                    # the first layer's qkv
-    gemv_mma(x, w, norm_weight=x[0].clone(), residual=x.clone())                # the others'
+    from protospec.kernels.gemv_mma import RopeCache
+    h = torch.zeros(8, 768, dtype=torch.float16)
+    ids, qkv_w = torch.zeros(6, dtype=torch.int64), torch.zeros(5 * 64, 768, dtype=torch.float16)
+    rope = RopeCache(ids, torch.zeros(16, 64, dtype=torch.float16), torch.zeros(16, 64, dtype=torch.float16),
+                     torch.zeros(2, 4, 16, 1, 64, dtype=torch.float16), ids, 3)
+    gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope)       # the first layer's qkv (embedding rows)
+    gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope)  # the others'
+    gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
+             x_rows=ids, out_dtype=torch.float32)                             # the LM head over the wanted rows
 
 
 def _sampling_and_rejection() -> None:

@@ -3,8 +3,9 @@
     embed -> per layer: add_rms_norm, qkv matmul, rope_and_cache, paged_attention, o matmul,
              add_rms_norm, gate_up matmul, silu_and_mul, down matmul
           -> add_rms_norm on the logits rows, LM head
-    linear="mma_fused" (float16, <= 8 tokens, widths the tensor-core GEMV takes): 6 per layer, the norms
-             and residual adds folded into the qkv and gate/up GEMVs, SiLU x up into gate/up's epilogue
+    linear="mma_fused" (float16, <= 8 tokens, widths the tensor-core GEMV takes): 5 per layer, the norms
+             and residual adds folded into the qkv and gate/up GEMVs, RoPE and the cache store into qkv's
+             epilogue, SiLU x up into gate/up's; the embedding and the final norm into the first and last GEMV
 
 The draft loop, the verify and the target's decode feed a few tokens per sequence; at batch 1 such
 a forward costs its kernel count (a few microseconds each on the GPU, plus a gap between kernels
@@ -24,6 +25,7 @@ from protospec.errors import ConfigError
 from protospec.layout import LINEAR_KERNELS
 from protospec.model.attention import AttentionMetadata
 from protospec.kernels import gemv_mma, paged_attention as attention_kernel
+from protospec.kernels.gemv_mma_twin import RopeCache
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path
@@ -67,7 +69,7 @@ class LayerKernelForward:
         if linear not in LINEAR_KERNELS:
             raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
         self.linear = linear  # "mma" / "mma_fused": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
-        self.fuses = (linear == "mma_fused" and self.dtype == torch.float16
+        self.fuses = (linear == "mma_fused" and self.dtype == torch.float16 and self.head_dim % 16 == 0
                       and gemv_mma.supports(cfg.hidden_size) and gemv_mma.supports(cfg.intermediate_size))
 
     def _tensor_cores(self, x: torch.Tensor) -> bool:
@@ -89,30 +91,45 @@ class LayerKernelForward:
 
     def forward(self, model, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:  # [num_logits, vocab] float32
+        tables = meta.block_tables if meta.block_tables.is_contiguous() else meta.block_tables.contiguous()
+        wanted = meta.logits_indices if meta.logits_indices.is_contiguous() else meta.logits_indices.contiguous()
+        if self.fuses and input_ids.shape[0] <= gemv_mma.MAX_TOKENS:
+            return self._fused_forward(model, input_ids, positions, kv_caches, meta, tables, wanted)
         x = model.model.embed_tokens(input_ids)  # [T, hidden]
         rows = self._row_ids[: x.shape[0]]
-        tables = meta.block_tables if meta.block_tables.is_contiguous() else meta.block_tables.contiguous()
         residual = None
-        fused = self.fuses and x.shape[0] <= gemv_mma.MAX_TOKENS
         for layer, kv_cache in zip(model.model.layers, kv_caches):
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-            if fused:  # the norm (after the residual add) inside the GEMV that consumes it
-                qkv, residual = gemv_mma.gemv_mma(x, layer.qkv_weight, norm1.weight, residual, norm1.eps)
-            else:
-                h, residual = add_rms_norm(x, residual, norm1.weight, norm1.eps, rows)
-                qkv = self._linear(h, layer.qkv_weight)
+            h, residual = add_rms_norm(x, residual, norm1.weight, norm1.eps, rows)
+            qkv = self._linear(h, layer.qkv_weight)
             q = rope_and_cache(qkv, positions, self.cos, self.sin, kv_cache, meta.slot_mapping,
                                self.num_heads)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
                                                     path=self.attention_path)
             o = self._linear(attn, layer.self_attn.o_proj.weight)
-            if fused:  # and SiLU x up in the gate/up GEMV's epilogue
-                act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True)
-            else:
-                h, residual = add_rms_norm(o, residual, norm2.weight, norm2.eps, rows)
-                act = silu_and_mul(self._linear(h, layer.gate_up_weight))
+            h, residual = add_rms_norm(o, residual, norm2.weight, norm2.eps, rows)
+            act = silu_and_mul(self._linear(h, layer.gate_up_weight))
             x = self._linear(act, layer.mlp.down_proj.weight)
         norm = model.model.norm
-        wanted = meta.logits_indices if meta.logits_indices.is_contiguous() else meta.logits_indices.contiguous()
         h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # only the rows whose logits are wanted
         return self._linear(h, model.lm_head.weight).float()
+
+    def _fused_forward(self, model, input_ids, positions, kv_caches, meta, tables, wanted) -> torch.Tensor:
+        """linear="mma_fused": 5 kernels a layer (qkv with the norm, RoPE and the cache store; attention;
+        o; gate/up with the norm and SiLU x up; down) and one for the whole head (norm, wanted rows,
+        LM head, float32): the embedding rows are gathered by the first qkv projection."""
+        x, x_rows, residual = model.model.embed_tokens.weight, input_ids, None  # [V, hidden]: rows by token id
+        for layer, kv_cache in zip(model.model.layers, kv_caches):
+            norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+            rope = RopeCache(positions, self.cos, self.sin, kv_cache, meta.slot_mapping, self.num_heads)
+            q, residual = gemv_mma.gemv_mma(x, layer.qkv_weight, norm1.weight, residual, norm1.eps, x_rows=x_rows,
+                                            rope=rope)  # [T, h, d]; K/V now in the cache
+            attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
+                                                    path=self.attention_path)
+            o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight)
+            act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True)
+            x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight), None
+        norm = model.model.norm
+        logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,
+                                      out_dtype=torch.float32)
+        return logits

@@ -1,0 +1,23 @@
+"""The fusion switch keeps the tokens: the seed configuration's pair (dummy float16 weights) decodes the
+same greedy and seeded tokens with the fused tensor-core linears (linear_kernel="mma_fused") as with
+cuBLAS and the separate norm, RoPE and SiLU kernels ("cublas"), in the fastest draft loop."""
+import pytest
+import torch
+
+from protospec.bench.ablation import BenchSetup
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tensor-core GEMV runs a minute per forward in the simulator")
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded"])
+def test_fused_and_unfused_linears_decode_the_same_tokens(temperature):
+    runs = {}
+    for linear in ("cublas", "mma_fused"):
+        setup = BenchSetup("JackFram/llama-160m", "JackFram/llama-68m", 5, 256, 128, 1, 0, 1, load_format="dummy",
+                           temperature=temperature, linear_kernel=linear)
+        llm = setup.llm(draft_loop="graph")
+        assert [m.model.layer_kernels.fuses for m in (llm.engine.target, llm.engine.draft)] == [linear == "mma_fused"] * 2
+        runs[linear] = [o.token_ids for o in llm.generate(setup.prompts(llm.engine.vocab_size), setup.params())]
+        del llm
+    assert len(runs["cublas"][0]) == 128
+    assert runs["mma_fused"] == runs["cublas"]
