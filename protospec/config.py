@@ -87,10 +87,10 @@ class EngineConfig:
     fused_sampling: bool = False
     # The layer kernels' linear layers: "cublas" (torch's) or "mma", the tensor-core GEMV
     # (kernels/gemv_mma.py) wherever it applies (float16, <= 8 token rows, K a multiple of 192);
-    # "mma_fused" also folds the norms, residual adds and SiLU x up into it (layout.LINEAR_KERNELS).
-    # "cublas" by default until a whole generate has been timed with them ("mma"'s forwards measured
-    # faster: data/results/README.md).
-    linear_kernel: str = "cublas"
+    # "mma_fused" also folds the norms, residual adds, RoPE with the cache store, SiLU x up, the embedding
+    # and the final norm into it (layout.LINEAR_KERNELS). None: "mma_fused" with the layer kernels (the
+    # fastest, measured: data/results/README.md), "cublas" without. "cublas" is the fusion's off switch.
+    linear_kernel: str | None = None
     # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
     # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of
     # ~10 kernels per layer. True or "one": that kernel; "per_phase": the same phases as one ordinary
@@ -143,8 +143,8 @@ class EngineConfig:
             raise ConfigError(f"check_no_sync cannot hold with draft_loop={self.draft_loop!r}, which syncs every draft step")
         if self.persistent_decode not in (False, True, "one", "per_phase"):
             raise ConfigError(f"persistent_decode must be False, True / 'one' or 'per_phase', got {self.persistent_decode!r}")
-        if self.linear_kernel not in LINEAR_KERNELS:
-            raise ConfigError(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
+        if self.linear_kernel is not None and self.linear_kernel not in LINEAR_KERNELS:
+            raise ConfigError(f"linear_kernel must be None or one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
         if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_PATHS:
             raise ConfigError(f"attention_kernel must be None or one of {ATTENTION_PATHS}, got {self.attention_kernel!r}")
         if self.acceptance not in registry.ACCEPTANCE_DOC:

@@ -30,7 +30,7 @@ def test_latency_run_prints_the_benchmark_latency_lines(tiny_target, tiny_draft,
 
 # On CUDA hf_compiled compiles with CUDA graphs, after which this process's own graph captures fail
 # (hf_peer.HFGenerate says why): there it runs in a process of its own (the test below).
-IN_PROCESS_PEERS = ["target_only", "hf_assisted", "hf_target_only"] + ([] if torch.cuda.is_available() else ["hf_compiled"])
+IN_PROCESS_PEERS = ["target_only", "hf_assisted", "hf_target_only", "unfused"] + ([] if torch.cuda.is_available() else ["hf_compiled"])
 
 
 def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_path, capsys):
@@ -42,6 +42,8 @@ def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_pa
     assert set(report["modes"]) == {"main", "sampler", "gpu_sync_commit", "gpu", "graph", *IN_PROCESS_PEERS}
     if not torch.cuda.is_available():
         assert "CUDA" in report["modes"]["graph"]["skipped"]  # CPU: the graph mode says why it did not run
+    # the tiny pair is float32 (and on a CPU has no layer kernels): no linear is fused, so nothing to switch off
+    assert "nothing to switch off" in report["modes"]["unfused"]["skipped"]
     for name, entry in report["modes"].items():
         if "skipped" in entry:
             continue
@@ -345,3 +347,21 @@ def test_a_forward_reads_the_weights_the_design_notes_count():
     target, draft = forward_mb("JackFram/llama-160m"), forward_mb("JackFram/llama-68m")
     assert abs(target - 276) < 1.5 and abs(draft - 87) < 1.5 and abs(5 * draft + target - 710) < 5
     assert abs(forward_mb("JackFram/llama-68m", tie_word_embeddings=True) - draft) < 0.01  # the head was the table
+
+
+def test_the_unfused_peer_times_the_fastest_mode_with_the_fusion_off(tiny_target, tiny_draft, monkeypatch):
+    """The unfused peer builds an engine of its own with linear_kernel="cublas" and times the mode it is
+    given (the fastest) on it; it runs only where some model runs fused linears (faked here: the tiny
+    pair is float32 on a CPU)."""
+    from types import SimpleNamespace
+
+    from protospec.bench.ablation import BenchSetup, run_peer
+
+    setup = BenchSetup(tiny_target, tiny_draft, 2, 8, 6, 1, 0, 2, load_format="dummy")
+    llm = setup.llm()
+    assert "skipped" in run_peer("unfused", setup, llm, fastest="gpu")
+    llm.engine.target.model.layer_kernels = SimpleNamespace(fuses=True)  # as a float16 engine's forward
+    built, real = [], BenchSetup.llm
+    monkeypatch.setattr(BenchSetup, "llm", lambda self, *a, **kw: built.append(self.linear_kernel) or real(self, *a, **kw))
+    entry = run_peer("unfused", setup, llm, fastest="gpu")
+    assert built == ["cublas"] and entry["mode"] == "gpu" and len(entry["latencies_s"]) == 2 and entry["p50_s"] > 0

@@ -181,12 +181,15 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
 
     from protospec.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="linear_kernel must be one of"):
+    with pytest.raises(ConfigError, match="linear_kernel must be None or one of"):
         tiny_llm(tiny_target, device=DEV, linear_kernel="cutlass")
     with pytest.raises(ConfigError, match="linear_kernel='mma' needs the layer kernels"):
         tiny_llm(tiny_target, device=DEV, layer_kernels=False, linear_kernel="mma")
     llm = tiny_llm(tiny_target, tiny_draft, device=DEV, layer_kernels=True, linear_kernel="mma")
     assert [m.model.layer_kernels.linear for m in (llm.engine.target, llm.engine.draft)] == ["mma", "mma"]
+    # None (the default) chooses: the fused tensor-core linears with the layer kernels, torch's without
+    assert tiny_llm(tiny_target, device=DEV, layer_kernels=True).engine.linear_kernel == "mma_fused"
+    assert tiny_llm(tiny_target, device=DEV, layer_kernels=False).engine.linear_kernel == "cublas"
 
 
 @pytest.mark.parametrize("linear,norms,ropes", [

@@ -10,6 +10,8 @@ peers   target_only     protospec without a draft
         hf_target_only  transformers generate() of the target alone
         hf_compiled     the same with a static KV cache, which makes generate() compile the forward with
                         torch.compile on CUDA (warmed up, so compiled, before the timed iterations)
+        unfused         the fastest mode again with the fusion off (linear_kernel="cublas": cuBLAS GEMMs
+                        and separate norm, RoPE and SiLU kernels): the fused linears' share of the speed-up
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import torch
 
 from protospec.bench.hf_peer import HFGenerate, compiled_graph_count, to_hf
 from protospec.bench.latency import LatencyResult, random_prompts, time_calls, time_generate
-from protospec.bench.report import BASELINE, PEER_NAMES
+from protospec.bench.report import BASELINE, PEER_NAMES, fastest_mode
 from protospec.config import SamplingParams
 from protospec.errors import ConfigError
 from protospec.engine.llm import LLM
@@ -63,7 +65,7 @@ class BenchSetup:
     speculative_disable_by_batch_size: int | None = None
     attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
     persistent_decode: bool | str = False  # EngineConfig.persistent_decode ("per_phase": its phases' kernels)
-    linear_kernel: str = "cublas"          # EngineConfig.linear_kernel ("mma": the tensor-core GEMV)
+    linear_kernel: str | None = None       # EngineConfig.linear_kernel (None: mma_fused with the layer kernels)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -125,8 +127,10 @@ def run_mode(llm: LLM, setup: BenchSetup, mode: str, breakdown: bool, progress=N
     return entry
 
 
-def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None) -> dict:
+def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None, fastest: str | None = None) -> dict:
     on_cuda = spec_llm.engine.device.type == "cuda"
+    if peer == "unfused":
+        return _run_unfused(setup, spec_llm, fastest, progress)
     if peer == "target_only":
         llm = setup.llm(speculative=False)
         entry = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup, setup.num_iters, progress).summary()
@@ -150,6 +154,22 @@ def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None) -> dict
     del target, assistant, fn
     _release_memory()
     return entry
+
+
+def _run_unfused(setup: BenchSetup, spec_llm: LLM, fastest: str | None, progress) -> dict:
+    """The fastest mode on an engine with the fusion switched off (its own engine: the forwards and
+    their CUDA graphs are built per linear kernel)."""
+    engine = spec_llm.engine
+    fused = engine.linear_kernel
+    runners = [r for r in (engine.target, engine.draft) if r is not None]
+    if not any(getattr(getattr(r.model, "layer_kernels", None), "fuses", False) for r in runners) or fastest is None:
+        return {"skipped": f"nothing to switch off: no model runs fused linears (linear_kernel {fused!r}, "
+                           f"{engine.dtype})" if fastest else "no mode was timed"}
+    llm = replace(setup, linear_kernel="cublas").llm()
+    entry = run_mode(llm, setup, fastest, breakdown=False, progress=progress)
+    del llm
+    _release_memory()
+    return entry | {"mode": fastest, "fused_linear_kernel": fused}
 
 
 def pool_rounds(rounds: list[dict]) -> dict:
@@ -181,13 +201,15 @@ def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = 
             results[mode] = run_mode(llm, setup, mode, breakdown and round_ == 0, progress)
         rounds.append(results)
     results = pool_rounds(rounds) if repeats > 1 else rounds[0]
+    fastest = fastest_mode(results)
     for peer in peers:
         log(f"  peer {peer} ...")
-        results[peer] = run_peer(peer, setup, llm, progress)
+        results[peer] = run_peer(peer, setup, llm, progress, fastest)
     device = llm.engine.device
     config = asdict(setup) | {"resolved_device": str(device), "resolved_dtype": str(llm.engine.dtype),
                               "cuda_graphs": llm.engine.use_cuda_graphs, "kv_blocks": llm.engine.num_blocks,
-                              "resolved_layer_kernels": llm.engine.use_layer_kernels}
+                              "resolved_layer_kernels": llm.engine.use_layer_kernels,
+                              "resolved_linear_kernel": llm.engine.linear_kernel}
     del llm
     _release_memory()
     return {"config": config | {"repeats": repeats}, "modes": results, "device_type": device.type}

@@ -110,10 +110,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
                    help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
                         "mma for fp16 in whole 16-key tiles; default: %(default)s)")
-    p.add_argument("--linear-kernel", default="cublas", choices=list(LINEAR_KERNELS),
-                   help="the layer kernels' linear layers: torch's (cublas) or the tensor-core GEMV where it "
-                        "applies (mma: float16, <= 8 token rows; mma_fused: with the norms and SiLU folded in; "
-                        "default: %(default)s)")
+    p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
+                   help="the layer kernels' linear layers: torch's (cublas: the fusion off) or the tensor-core GEMV "
+                        "where it applies (mma: float16, <= 8 token rows; mma_fused: with the norms, RoPE, SiLU, "
+                        "embedding and final norm folded in); auto = mma_fused with the layer kernels")
     p.add_argument("--output-json", default=None,
                    help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
     p.add_argument("--profile", action="store_true", help="write a torch profiler trace of one timed call")
@@ -223,9 +223,10 @@ def setup_from(args) -> BenchSetup:
                       args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
                       args.speculative_disable_by_batch_size, attention_kernel_of(args.attention_kernel),
-                      args.persistent_decode, args.linear_kernel)
+                      args.persistent_decode, attention_kernel_of(args.linear_kernel))
 
 
 def attention_kernel_of(choice: str) -> str | None:
-    """--attention-kernel's value as EngineConfig takes it ("auto": None, chosen by shape)."""
+    """--attention-kernel's (or --linear-kernel's) value as EngineConfig takes it ("auto": None, the
+    engine chooses)."""
     return None if choice == "auto" else choice

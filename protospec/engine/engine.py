@@ -67,10 +67,11 @@ class Engine:
         check_attention_kernel(config.attention_kernel, self.use_layer_kernels, [m for m in (target, draft) if m is not None],
                                self.dtype, config.block_size)
         check_linear_kernel(config.linear_kernel, self.use_layer_kernels)
+        self.linear_kernel = config.linear_kernel or ("mma_fused" if self.use_layer_kernels else "cublas")
         if self.use_layer_kernels:
             for m in (target, draft):
                 if m is not None:
-                    m.enable_layer_kernels(config.attention_kernel, config.linear_kernel)
+                    m.enable_layer_kernels(config.attention_kernel, self.linear_kernel)
         self.num_blocks = size_kv_pool(config, self.device, self.dtype, self.max_model_len + self.look.extra_positions,
                                        [m for m in (target, draft) if m is not None])
         self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None

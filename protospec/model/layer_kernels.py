@@ -32,8 +32,8 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
-    """EngineConfig.linear_kernel: the tensor-core GEMV runs inside the layer kernels' forward."""
-    if linear != "cublas" and not layer_kernels_on:
+    """EngineConfig.linear_kernel: the tensor-core GEMV runs inside the layer kernels' forward (None chooses)."""
+    if linear not in (None, "cublas") and not layer_kernels_on:
         raise ConfigError(f"linear_kernel={linear!r} needs the layer kernels (layer_kernels is off here)")
 
 
