@@ -39,6 +39,29 @@ def test_draft_step_sample_matches_the_torch_sampler(temperatures):
             assert draft_probs[b, step].sum() == 1 and draft_probs[b, step, logits[b].argmax()] == 1
 
 
+def test_more_slices_than_threads_are_combined_by_every_thread_in_turn(monkeypatch):
+    """A vocabulary of more slices than a block has threads (the last block's threads then take several
+    slices each when they combine them): the sample and the probabilities are still the torch sampler's,
+    and a greedy row's max in the very last slice is found."""
+    from protospec.kernels import interop, sampling
+
+    if interop.SIMULATOR:  # narrower blocks and slices (read at run time there), so the test stays small
+        monkeypatch.setattr(sampling, "THREADS", 8)
+        monkeypatch.setattr(sampling, "VOCAB_PER_BLOCK", 16)
+    vocab, k, step = (sampling.THREADS + 8) * sampling.VOCAB_PER_BLOCK, 2, 1
+    st = _tensors([0.8, 0.0], vocab)
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(6)) * 2
+    logits[1, vocab - 3] = 40.0
+    logits = logits.to(DEV)
+    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)
+    ref_ids, ref_probs = sample(logits, st, noise[:, step])
+    draft_ids = torch.zeros(2, k, dtype=torch.int64, device=DEV)
+    draft_probs = torch.zeros(2, k, vocab, device=DEV)
+    sample_into(logits, st, step, draft_probs, draft_ids, noise)
+    assert draft_ids[:, step].tolist() == ref_ids.tolist() and draft_ids[1, step] == vocab - 3
+    torch.testing.assert_close(draft_probs[:, step], ref_probs, atol=1e-6, rtol=1e-5)
+
+
 def test_masked_logits_spanning_whole_slices_of_the_vocabulary():
     """-inf logits over whole blocks' slices (a masked stretch of the vocabulary): those slices add
     nothing, the rest is the torch sampler's softmax and sample (no NaN from -inf - -inf)."""

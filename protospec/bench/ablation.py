@@ -66,6 +66,7 @@ class BenchSetup:
     attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
     persistent_decode: bool | str = False  # EngineConfig.persistent_decode ("per_phase": its phases' kernels)
     linear_kernel: str | None = None       # EngineConfig.linear_kernel (None: mma_fused with the layer kernels)
+    fused_sampling: bool = False           # EngineConfig.fused_sampling
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -85,7 +86,7 @@ class BenchSetup:
                    dynamic_k=self.dynamic_k, draft_confidence_threshold=self.draft_confidence_threshold,
                    speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
                    attention_kernel=self.attention_kernel, persistent_decode=self.persistent_decode,
-                   linear_kernel=self.linear_kernel)
+                   linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling)
 
 
 def _release_memory() -> None:
@@ -202,7 +203,7 @@ def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = 
         rounds.append(results)
     results = pool_rounds(rounds) if repeats > 1 else rounds[0]
     fastest = fastest_mode(results)
-    for peer in peers:
+    for peer in sorted(peers, key=PEER_NAMES.index):  # PEER_NAMES' order: hf_compiled last
         log(f"  peer {peer} ...")
         results[peer] = run_peer(peer, setup, llm, progress, fastest)
     device = llm.engine.device

@@ -173,6 +173,7 @@ def main(argv=None) -> dict:
                    help="split-K attention's combine folded into the attention kernel, or a kernel of its own")
     p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
                    help="the layer kernels' linear layers (cublas: the fusion off; auto = mma_fused)")
+    p.add_argument("--fused-sampling", action="store_true", help="the draft steps' and verify's sampling kernels")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
     check_writable(args.output_json)
@@ -182,7 +183,8 @@ def main(argv=None) -> dict:
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
-                       attention_kernel=attention_kernel_of(args.attention_kernel), linear_kernel=attention_kernel_of(args.linear_kernel))
+                       attention_kernel=attention_kernel_of(args.attention_kernel), linear_kernel=attention_kernel_of(args.linear_kernel),
+                       fused_sampling=args.fused_sampling)
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))
     print(f"weights per spec step: {floor['spec_step_weight_mb']:.0f} MB ({args.num_speculative_tokens} x draft "

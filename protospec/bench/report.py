@@ -9,13 +9,14 @@ from matplotlib.figure import Figure
 
 from protospec.spec import registry
 
-PEER_NAMES = ("target_only", "hf_assisted", "hf_target_only", "hf_compiled", "unfused")
+# In the order they run: hf_compiled last, as torch.compile's CUDA graphs break later captures in the process.
+PEER_NAMES = ("target_only", "unfused", "hf_assisted", "hf_target_only", "hf_compiled")
 PLOT_ORDER = (*registry.ARMS, *PEER_NAMES)
 BASELINE = registry.MAIN
 # One colour per mode in every plot: the baseline red, the device paths blues/greens (in the arms'
 # order), peers greys.
 MODE_COLORS = {**dict(zip(registry.ARMS, ("#d62728", "#ff7f0e", "#9ecae1", "#1f77b4", "#2ca02c"))),
-               **dict(zip(PEER_NAMES, ("#7f7f7f", "#b0b0b0", "#d9d9d9", "#525252", "#74c476")))}
+               **dict(zip(PEER_NAMES, ("#7f7f7f", "#74c476", "#b0b0b0", "#d9d9d9", "#525252")))}
 
 
 def mode_color(name: str) -> str:

@@ -7,7 +7,8 @@ split over blocks of VOCAB_PER_BLOCK entries (one block per row, an earlier vers
 row on one SM walking 32000 entries three times: slower than torch's kernels spread over the GPU):
   stats   each slice's max logit, its first index (torch.argmax's tie rule) and its sum of
           exp(x/T - slice max/T); the last slice block of a row to finish (an arrival count) combines
-          them: the row's max M, its index, and sum = sum_s sum_s' e^(m_s/T - M/T)
+          them, a slice per thread and two tree reductions: the row's max M, its index, and
+          sum = sum_s sum_s' e^(m_s/T - M/T)
   probs   greedy: one-hot at the max's index, which is also the sample; else p = exp(x/T - M/T) / sum,
           written, each slice's winner of p / noise (noise ~ Exp(1), drawn by SpecStepRandoms); the
           last slice block combines the winners into the sample
@@ -35,10 +36,11 @@ if TYPE_CHECKING:
     from protospec.spec.sampler import SamplingTensors
 
 # Threads per block (a power of two, for the tree reductions) and vocabulary entries per block: on a
-# GPU 8 entries a thread. The simulator runs a Python thread per CUDA thread: a narrow block, and
-# small slices so its tests span several blocks.
+# GPU 2 entries a thread, so a 32000-entry row spreads over 63 blocks (at 8 a thread its 16 blocks
+# left most SMs idle); the last block of a row combines the slices with all its threads. The simulator
+# runs a Python thread per CUDA thread: a narrow block, and small slices so its tests span several blocks.
 THREADS = 32 if interop.SIMULATOR else 256
-VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 2048
+VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
 
 
 @cuda.jit(device=True)
@@ -88,18 +90,27 @@ def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, par
     tree_sum(best_value, tid, THREADS)
     if tid == 0:
         part_max[row, piece], part_index[row, piece], part_sum[row, piece] = top, top_index, best_value[0]
-    if arrived_last(counters, row, slices, last, tid) and tid == 0:
+    if arrived_last(counters, row, slices, last, tid):  # the row's last block: its threads share the slices
         value, index = float32(-math.inf), int64(vocab)
-        for s in range(slices):
+        for s in range(tid, slices, THREADS):
             if _better(part_max[row, s], part_index[row, s], value, index):
                 value, index = part_max[row, s], part_index[row, s]
-        if index == vocab:  # every logit -inf: no slice found a max; torch.argmax gives 0
-            index = int64(0)
+        best_value[tid], best_index[tid] = value, index
+        cuda.syncthreads()
+        tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+        value, index = best_value[0], best_index[0]
+        cuda.syncthreads()
         total = float32(0.0)
-        for s in range(slices):
+        for s in range(tid, slices, THREADS):
             if part_sum[row, s] > float32(0.0):  # skips all -inf slices, whose e^(max - M) is NaN
                 total += part_sum[row, s] * math.exp(part_max[row, s] / t - value / t)
-        row_max[row], row_index[row], row_sum[row] = value, index, total
+        best_value[tid] = total
+        cuda.syncthreads()
+        tree_sum(best_value, tid, THREADS)
+        if tid == 0:
+            if index == vocab:  # every logit -inf: no slice found a max; torch.argmax gives 0
+                index = int64(0)
+            row_max[row], row_index[row], row_sum[row] = value, index, best_value[0]
 
 
 @cuda.jit
@@ -142,16 +153,20 @@ def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, row_ma
         tree_argmax(best_value, best_index, no_flags, tid, THREADS)
         if tid == 0:
             part_max[row, piece], part_index[row, piece] = best_value[0], best_index[0]
-        if arrived_last(counters, row, slices, last, tid) and tid == 0:
+        if arrived_last(counters, row, slices, last, tid):  # the row's last block combines the winners
             if not greedy:
                 value, index = float32(-1.0), int64(vocab)
-                for s in range(slices):
+                for s in range(tid, slices, THREADS):
                     if _better(part_max[row, s], part_index[row, s], value, index):
                         value, index = part_max[row, s], part_index[row, s]
-                chosen = index
-            ids_out[row, out_step] = chosen
-            if use_mirror:
-                mirror[row] = chosen
+                best_value[tid], best_index[tid] = value, index
+                cuda.syncthreads()
+                tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+                chosen = best_index[0]
+            if tid == 0:
+                ids_out[row, out_step] = chosen
+                if use_mirror:
+                    mirror[row] = chosen
 
 
 def fused_applies(st: SamplingTensors) -> bool:
