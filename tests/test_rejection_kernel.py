@@ -121,6 +121,42 @@ def test_array_fields_follow_numbas_layout_for_c_contiguous_arrays():
         assert fields[5:] == list(tensor.shape) + expected_strides
 
 
+def test_a_launch_parameter_block_holds_every_field_and_scalar_in_its_slot():
+    """TensorLaunch packs a launch's arguments into one buffer of 8-byte slots, one pointer per slot:
+    the tensors' fields as array_fields gives them (rank 1, 2 and 3) and each scalar as Numba types it
+    (an int32 or float32 fills the low 4 bytes of its slot). Refilled with other tensors of the same
+    signature, the block holds the new ones (the pointers stay)."""
+    import ctypes
+    import struct
+
+    from numba import types
+
+    from protospec.kernels.interop import _Parameters, array_fields
+
+    sig = [types.float32[:, ::1], types.int64, types.float32, types.int64[::1], types.int32, types.float64,
+           types.boolean, types.float16[:, :, ::1]]
+    def args_of(n):
+        return [torch.zeros(n, 3), 7 * n, 0.25, torch.zeros(5 + n, dtype=torch.int64), -3, 1.5, True,
+                torch.zeros(2, n, 4, dtype=torch.float16)]
+    params = _Parameters(sig, args_of(1))
+    for n in (1, 4):
+        args = args_of(n)
+        pointers = params.fill(args)
+        slots = [ctypes.string_at(p, 8) for p in pointers]
+        read = []
+        for a, ty in zip(args, sig):
+            if isinstance(a, torch.Tensor):
+                read += [struct.unpack("<q", slots.pop(0))[0] for _ in array_fields(a)]
+            else:
+                fmt = {"int64": "<q", "float64": "<d", "int32": "<i4x", "float32": "<f4x", "bool": "<?7x"}[str(ty)]
+                read.append(struct.unpack(fmt, slots.pop(0))[0])
+        assert not slots
+        expected = []
+        for a in args:
+            expected += array_fields(a) if isinstance(a, torch.Tensor) else [a]
+        assert read == expected
+
+
 def _with_fewer_proposals(args, num_proposed):
     """Zero the draft_probs rows past each row's proposals, as a proposer with fewer tokens leaves them."""
     k = args[0].shape[1]

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ctypes
+import struct
 import math
 
 import torch
@@ -129,6 +130,45 @@ def array_fields(t: torch.Tensor) -> list[int]:
     return [0, 0, t.numel(), itemsize, t.data_ptr(), *shape, *reversed(strides)]
 
 
+def _fields(t: torch.Tensor):
+    """array_fields, with the common ranks spelled out (a launch marshals a dozen tensors: the host's
+    time per launch is mostly this)."""
+    shape, itemsize = t.shape, t.element_size()
+    if len(shape) == 1:
+        return (0, 0, shape[0], itemsize, t.data_ptr(), shape[0], itemsize)
+    if len(shape) == 2:
+        rows, cols = shape
+        return (0, 0, rows * cols, itemsize, t.data_ptr(), rows, cols, cols * itemsize, itemsize)
+    return array_fields(t)
+
+
+class _Parameters:
+    """One launch signature's parameter block: every field and scalar in an 8-byte slot of one buffer,
+    written by a single struct.pack_into per launch, and the driver's array of pointers to the slots,
+    built once. Reusing the buffer is safe: cuLaunchKernel copies the parameters before it returns
+    (a graph capture too), and launches come from one host thread."""
+
+    def __init__(self, types, args):
+        fmt = ["<"]
+        for ty, a in zip(types, args):
+            fmt.append("q" * len(_fields(a)) if isinstance(a, torch.Tensor) else _SCALAR_SLOTS[str(ty)])
+        self.layout = struct.Struct("".join(fmt))
+        slots = self.layout.size // 8
+        self.buffer = ctypes.create_string_buffer(self.layout.size)
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * slots)(*range(base, base + 8 * slots, 8))
+
+    def fill(self, args):
+        values = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                values.extend(_fields(a))
+            else:
+                values.append(a)
+        self.layout.pack_into(self.buffer, 0, *values)
+        return self.pointers
+
+
 class TensorLaunch:
     """A Numba kernel launched with torch tensors whose storage changes from call to call.
 
@@ -153,28 +193,21 @@ class TensorLaunch:
     def _compile(self, args) -> tuple:
         compiled, function = _specialize(self.kernel, [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
         self.compiled_kernels[self._signature(args)] = compiled
-        return function, compiled.argument_types, compiled.cooperative
+        device = next(a for a in args if isinstance(a, torch.Tensor)).device
+        return function, _Parameters(compiled.argument_types, args), compiled.cooperative, device
 
     def __call__(self, grid: int, block: int, args: list) -> None:
         """args: C-contiguous CUDA tensors and Python ints (callers check them with check_tensor)."""
         key = self._signature(args)
         if key not in self._compiled:
             self._compiled[key] = self._compile(args)
-        function, types, cooperative = self._compiled[key]
-        values = []
-        for ty, a in zip(types, args):
-            if isinstance(a, torch.Tensor):
-                values += [ctypes.c_int64(v) for v in array_fields(a)]
-            else:
-                values.append(_CTYPES_SCALARS[str(ty)](a))
-        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        device = next(a for a in args if isinstance(a, torch.Tensor)).device
-        _cu_launch(function, grid, block, torch.cuda.current_stream(device).cuda_stream, params, cooperative)
+        function, parameters, cooperative, device = self._compiled[key]
+        _cu_launch(function, grid, block, torch.cuda.current_stream(device).cuda_stream, parameters.fill(args),
+                   cooperative)
 
 
-# How Numba passes each scalar type it infers from a Python int or float.
-_CTYPES_SCALARS = {"int64": ctypes.c_int64, "int32": ctypes.c_int32, "float64": ctypes.c_double,
-                   "float32": ctypes.c_float, "bool": ctypes.c_bool}
+# Each scalar type Numba infers from a Python int or float, as struct packs it into an 8-byte slot.
+_SCALAR_SLOTS = {"int64": "q", "int32": "i4x", "float64": "d", "float32": "f4x", "bool": "?7x"}
 
 _tensor_launchers: dict = {}
 
