@@ -74,8 +74,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     q and k and stores k and v in the cache."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM = norm, residual, glu, gather, rope_dim  # noqa: N806 (compile-time constants)
-    HALF = rope_dim // 2
-    GROUPS = max(1, HALF // 8)        # blocks (8 dim pairs each) per head
+    HALF, GROUPS = rope_dim // 2, max(1, rope_dim // 16)  # GROUPS: blocks (8 dim pairs each) per head
     SCRATCH = scratch_size(warps)     # array sizes must be literals to the typer: products taken here
     PRODUCTS = 2 if glu else 1
     PARTIALS = warps * WARP * 4 * PRODUCTS  # each lane's D fragments, per warp
