@@ -91,6 +91,10 @@ class EngineConfig:
     # and the final norm into it (layout.LINEAR_KERNELS). None: "mma_fused" with the layer kernels (the
     # fastest, measured: data/results/README.md), "cublas" without. "cublas" is the fusion's off switch.
     linear_kernel: str | None = None
+    # The tensor-core GEMVs launched as programmatic dependents (sm_90 and later): each starts while
+    # the kernel before it ends and loads its weights before it waits for that kernel's output
+    # (kernels/dependent_launch.py). Needs the tensor-core linears. Off until timed.
+    dependent_launch: bool = False
     # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
     # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of
     # ~10 kernels per layer. True or "one": that kernel; "per_phase": the same phases as one ordinary

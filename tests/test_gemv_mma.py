@@ -149,3 +149,51 @@ def test_gemv_mma_gathers_rows_and_writes_float32():
         assert torch.equal(stream.cpu(), want_stream)   # the gathered residual stream (the embedding rows)
         assert torch.equal(got.cpu().half().float(), got.cpu().float())  # float32 holding float16 values
         torch.testing.assert_close(got.float().cpu(), want.float(), atol=3e-3, rtol=3e-3)
+
+
+def test_dependent_launches_give_the_same_results():
+    """Launched as a programmatic dependent, the GEMV loads its weights, then waits, then reads x (here
+    gathered rows plus the residual, normalised): exactly the ordinary launch's results. On a GPU also a
+    chain of three, each reading the one before, captured in a CUDA graph and replayed, as a forward is."""
+    gen = torch.Generator().manual_seed(9)
+    k = kernel.COLUMNS_PER_WARP
+    table, residual = (torch.randn(6, k, generator=gen).half().to(DEV) for _ in range(2))
+    g = (1 + 0.3 * torch.randn(k, generator=gen)).half().to(DEV)
+    w = (torch.randn(24, k, generator=gen) / k ** 0.5).half().to(DEV)
+    rows = torch.tensor([4, 1, 4], device=DEV)
+    plain = kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows)
+    dependent = kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows, dependent_launch=True)
+    assert torch.equal(dependent[0], plain[0]) and torch.equal(dependent[1], plain[1])
+    if not torch.cuda.is_available():
+        return
+    ws = [(torch.randn(k, k, generator=gen) / k ** 0.5).half().to(DEV) for _ in range(3)]
+
+    def chain(dependent):
+        h = table
+        for w in ws:
+            h = kernel.gemv_mma(h, w, dependent_launch=dependent)
+        return h
+
+    expected = chain(False)
+    assert torch.equal(chain(True), expected)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(True)
+    out.zero_()
+    graph.replay()
+    assert torch.equal(out, expected)
+
+
+def test_a_dependent_launch_config_has_the_drivers_layout():
+    """cuLaunchKernelEx reads CUlaunchConfig and CUlaunchAttribute by offset: the structs must match
+    the driver's (attribute 72 bytes, its value at 8; config 56 bytes, stream at 32, attrs at 40)."""
+    import ctypes
+
+    from protospec.kernels import driver_launch as dl
+
+    assert ctypes.sizeof(dl._LaunchAttribute) == 72 and dl._LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(dl._LaunchConfig) == 56
+    assert (dl._LaunchConfig.stream.offset, dl._LaunchConfig.attrs.offset, dl._LaunchConfig.num_attrs.offset) == (32, 40, 48)
+    config = dl.dependent_launch_config(7, 128, 0xABC)
+    assert list(config.grid) == [7, 1, 1] and list(config.block) == [128, 1, 1] and config.stream == 0xABC
+    assert config.num_attrs == 1 and config.attrs[0].id == 6 and config.attrs[0].value == 1

@@ -231,3 +231,16 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
     torch.testing.assert_close(mma_caches[0], caches[0], **TOL[torch.float16])
     with pytest.raises(Exception, match="linear must be one of"):
         LayerKernelForward(model, linear="cutlass")
+
+
+def test_dependent_launch_is_checked_and_reaches_every_model(tiny_target, tiny_draft):
+    from tiny import tiny_llm
+
+    from protospec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="dependent_launch=True needs the tensor-core linears"):
+        tiny_llm(tiny_target, device=DEV, layer_kernels=False, dependent_launch=True)
+    with pytest.raises(ConfigError, match="'cublas'"):
+        tiny_llm(tiny_target, device=DEV, layer_kernels=True, linear_kernel="cublas", dependent_launch=True)
+    llm = tiny_llm(tiny_target, tiny_draft, device=DEV, layer_kernels=True, dependent_launch=True)
+    assert [m.model.layer_kernels.dependent for m in (llm.engine.target, llm.engine.draft)] == [True, True]

@@ -67,6 +67,7 @@ class BenchSetup:
     persistent_decode: bool | str = False  # EngineConfig.persistent_decode ("per_phase": its phases' kernels)
     linear_kernel: str | None = None       # EngineConfig.linear_kernel (None: mma_fused with the layer kernels)
     fused_sampling: bool = False           # EngineConfig.fused_sampling
+    dependent_launch: bool = False         # EngineConfig.dependent_launch
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -86,7 +87,8 @@ class BenchSetup:
                    dynamic_k=self.dynamic_k, draft_confidence_threshold=self.draft_confidence_threshold,
                    speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
                    attention_kernel=self.attention_kernel, persistent_decode=self.persistent_decode,
-                   linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling)
+                   linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling,
+                   dependent_launch=self.dependent_launch)
 
 
 def _release_memory() -> None:

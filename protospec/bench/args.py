@@ -117,6 +117,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--fused-sampling", action="store_true",
                    help="each draft step's softmax and sample (and the verify's softmax) as two Numba kernels "
                         "over vocabulary slices instead of torch's ops")
+    p.add_argument("--dependent-launch", action="store_true",
+                   help="the tensor-core GEMVs start while the kernel before them ends (sm_90 and later)")
     p.add_argument("--output-json", default=None,
                    help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
     p.add_argument("--profile", action="store_true", help="write a torch profiler trace of one timed call")
@@ -226,7 +228,8 @@ def setup_from(args) -> BenchSetup:
                       args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
                       args.speculative_disable_by_batch_size, attention_kernel_of(args.attention_kernel),
-                      args.persistent_decode, attention_kernel_of(args.linear_kernel), args.fused_sampling)
+                      args.persistent_decode, attention_kernel_of(args.linear_kernel), args.fused_sampling,
+                      args.dependent_launch)
 
 
 def attention_kernel_of(choice: str) -> str | None:

@@ -174,6 +174,7 @@ def main(argv=None) -> dict:
     p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
                    help="the layer kernels' linear layers (cublas: the fusion off; auto = mma_fused)")
     p.add_argument("--fused-sampling", action="store_true", help="the draft steps' and verify's sampling kernels")
+    p.add_argument("--dependent-launch", action="store_true", help="the tensor-core GEMVs as programmatic dependents")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
     check_writable(args.output_json)
@@ -184,7 +185,7 @@ def main(argv=None) -> dict:
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
                        attention_kernel=attention_kernel_of(args.attention_kernel), linear_kernel=attention_kernel_of(args.linear_kernel),
-                       fused_sampling=args.fused_sampling)
+                       fused_sampling=args.fused_sampling, dependent_launch=args.dependent_launch)
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))
     print(f"weights per spec step: {floor['spec_step_weight_mb']:.0f} MB ({args.num_speculative_tokens} x draft "

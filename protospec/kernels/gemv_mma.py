@@ -1,259 +1,32 @@
-"""y = x @ W.T on tensor cores for a verify window's few token rows (T <= 8), float16.
-
-    x [T, K] float16, W [N, K] float16 (nn.Linear's layout), y [T, N] float16; K a multiple of
-    CHUNK x CHUNKS_PER_WARP (192: 768 and 3072 are), at most MAX_WARPS warps' worth.
-
-Why: at 6 tokens the CUDA-core GEMVs (gemv.py) do 6 multiply-adds per weight loaded and lost to cuBLAS;
-one tensor-core product takes a 16x16 weight tile and 8 token columns, so the loads set the pace again.
-
-Layout. One `mma.m16n8k16` (warp_mma.py) with A = a 16-row x 16-column weight tile, B = x^T (16
-columns x 8 tokens), D = 16 output rows x 8 tokens. A block owns 16 output rows; its warps split K,
-each covering CHUNKS_PER_WARP chunks of 64 columns, and every weight word a warp needs is loaded
-before its first product (bytes in flight are what a memory-bound kernel needs). The sum over k does
-not care in which order the columns go into the products, so they go in the order that makes the
-loads wide: in a chunk, lane (g, t) (g = lane // 4, t = lane % 4) reads 16 contiguous columns
-(four 8-byte words) of rows g and g + 8, 64 contiguous columns per row across the lane group; word
-j of them feeds product j as the A fragment's "k = 2t" pair (low half) and "k = 2t + 8" pair (high
-half), and the lane's x word at the same columns of token g feeds B the same way. Tokens past T feed
-zeros; rows past N read row N - 1 and are not written. The warps' D fragments are summed in shared memory.
-
-Fused forms, for a decoder layer's chain (model/layer_kernels.py, linear="mma_fused"):
-  norm (+ residual): x + residual, then the RMSNorm, applied to x's words as they are loaded, with
-      layer_ops.add_rms_norm's roundings. Each warp's lanes hold its K range for their token, so the
-      sum of squares needs only two shuffles and one pass over the warps' sums in shared memory; block
-      0 also writes x + residual, the residual stream the next layer adds to.
-  glu: W = [gate; up] rows [2I, K]; a block multiplies 16 gate rows and the 16 matching up rows by the
-      same x fragments and writes silu(gate) * up, the input of the down projection.
-  rope (the qkv projection): a tile's rows g and g + 8 are a head's dims i and i + d/2, the pair HF's
-      rotate-half RoPE mixes, so the lane holding D[g] holds its partner and rotates both in the epilogue:
-      q goes to y [T, h * d], k and v straight into the paged cache (layer_ops.rope_and_cache's work).
-  x_rows: token i's x row is x[x_rows[i]]: the embedding table gathered by token ids in the first
-      layer's qkv, the rows whose logits are wanted in the LM head (there with a float32 y).
-
-torch's twin: gemv_mma_twin.gemv_mma_reference; bench.gemv_cost times the kernel against cuBLAS.
+"""y = x @ W.T on tensor cores for a verify window's few token rows (T <= 8), float16, with the
+fused forms a decoder layer uses (the norm and residual add, SiLU x up, RoPE with the cache store,
+gathered rows, float32 logits): the checked entry point. The kernel and its layout are in
+gemv_mma_kernel.py, its torch twin in gemv_mma_twin.py.
 """
 from __future__ import annotations
 
-import functools
-import math
-
-import numpy as np
 import torch
-from numba import float32, int64, uint32
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
-from protospec.kernels.interop import check_tensor, cuda
-from protospec.kernels.reductions import xor_exchange
-from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
-from protospec.kernels.word_loads import load_flat, store_flat, unpack_f16x4
-from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference  # noqa: F401 (the twin lives beside)
-
-WARP = 32
-TILE_ROWS = 16        # output rows per block: the product's M
-MAX_TOKENS = 8        # the product's N
-CHUNK = 64            # columns a lane group of 4 covers per chunk (16 each)
-CHUNKS_PER_WARP = 3   # a warp's chunks, every word loaded before the first product
-WORDS = CHUNKS_PER_WARP * 4  # 8-byte words a lane loads per weight row (and per x row)
-MAX_WARPS = 32
-LOW32 = 0xFFFFFFFF
-COLUMNS_PER_WARP = CHUNK * CHUNKS_PER_WARP
-
-
-def warps_for(k: int) -> int:
-    """Warps a block splits K over (K / 192)."""
-    return k // COLUMNS_PER_WARP
-
-
-@functools.cache
-def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
-                    gather: bool = False, rope_dim: int = 0):
-    """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
-    the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
-    GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
-    q and k and stores k and v in the cache."""
-    options = {} if interop.SIMULATOR else {"fastmath": True}
-    NORM, RESIDUAL, GLU, GATHER, ROPE_DIM = norm, residual, glu, gather, rope_dim  # noqa: N806 (compile-time constants)
-    HALF, GROUPS = rope_dim // 2, max(1, rope_dim // 16)  # GROUPS: blocks (8 dim pairs each) per head
-    SCRATCH = scratch_size(warps)     # array sizes must be literals to the typer: products taken here
-    PRODUCTS = 2 if glu else 1
-    PARTIALS = warps * WARP * 4 * PRODUCTS  # each lane's D fragments, per warp
-    SQUARES = warps * MAX_TOKENS      # each warp's sum of squares per token
-    THREADS = warps * WARP
-    UP_WORDS = WORDS if glu else 1
-
-    @cuda.jit(**options)
-    def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots):
-        """x64, res64 [R, K / 4] int64 (float16 words; R = T unless GATHER); x_rows [T] int64 (GATHER);
-        norm64 [K / 4] int64; w64 [N (2I with GLU), K / 4] int64; y [T, N (I; h * d with ROPE)] float16
-        or float32; res_out64 [T, K / 4] int64 <- x + residual (NORM; block 0 writes it).
-        ROPE: positions [T] int64, cos / sin [P, d], kv_cache [2, blocks, block_size, kvh, d], slots [T]
-        int64 (-1: no store)."""
-        n_rows, k_words = w64.shape[0] // PRODUCTS, w64.shape[1]
-        tid = cuda.threadIdx.x
-        warp, lane = tid // WARP, tid % WARP
-        g, t = lane // 4, lane % 4
-        n0 = cuda.blockIdx.x * TILE_ROWS
-        head = cuda.blockIdx.x // GROUPS                             # ROPE: this block's head ...
-        dim = (cuda.blockIdx.x % GROUPS) * 8 + g                     # ... and the lane's dim pair (dim, dim + d/2)
-        if ROPE_DIM:
-            row_lo = head * ROPE_DIM + dim
-            row_hi = row_lo + HALF
-        else:
-            row_lo = min(n0 + g, n_rows - 1)
-            row_hi = min(n0 + g + 8, n_rows - 1)
-        token = min(g, tokens - 1)                                   # a real row's words (zeroed below)
-        x_row = x_rows[token] if GATHER else token
-        first = warp * (COLUMNS_PER_WARP // 4) + 4 * t               # this lane's first word in a row
-        w_lo = cuda.local.array(WORDS, int64)
-        w_hi = cuda.local.array(WORDS, int64)
-        u_lo = cuda.local.array(UP_WORDS, int64)                     # GLU: the up rows (gate rows in w_*)
-        u_hi = cuda.local.array(UP_WORDS, int64)
-        xw = cuda.local.array(WORDS, int64)
-        rw = cuda.local.array(WORDS, int64)
-        b_lo = cuda.local.array(WORDS, uint32)                       # B fragments: x (normalised) pairs
-        b_hi = cuda.local.array(WORDS, uint32)
-        mma_scratch = cuda.shared.array(SCRATCH, uint32)             # the simulator's products
-        shuffle_scratch = cuda.shared.array(THREADS, float32)        # the simulator's shuffles
-        partials = cuda.shared.array(PARTIALS, float32)
-        squares = cuda.shared.array(SQUARES, float32)
-        for c in range(CHUNKS_PER_WARP):                             # every load before any product
-            for j in range(4):
-                word = first + 16 * c + j
-                w_lo[c * 4 + j] = load_flat(w64, row_lo * k_words + word)
-                w_hi[c * 4 + j] = load_flat(w64, row_hi * k_words + word)
-                if GLU:
-                    u_lo[c * 4 + j] = load_flat(w64, (n_rows + row_lo) * k_words + word)
-                    u_hi[c * 4 + j] = load_flat(w64, (n_rows + row_hi) * k_words + word)
-                xw[c * 4 + j] = load_flat(x64, x_row * k_words + word)
-                if RESIDUAL:
-                    rw[c * 4 + j] = load_flat(res64, x_row * k_words + word)
-        inv_rms = float32(1.0)
-        if NORM:  # v = x + residual, rounded as add_rms_norm stores it; 1 / rms over the block's K
-            sq = float32(0.0)
-            for i in range(WORDS):
-                for e in range(4):
-                    v = _summed(xw[i], rw[i], e, RESIDUAL)
-                    sq += v * v
-            sq = sq if g < tokens else float32(0.0)
-            sq += xor_exchange(sq, 1, shuffle_scratch, tid)          # the 4 lanes of token g: the warp's K
-            sq += xor_exchange(sq, 2, shuffle_scratch, tid)
-            if t == 0:
-                squares[warp * MAX_TOKENS + g] = sq
-            cuda.syncthreads()
-            total = float32(0.0)
-            for w in range(warps):
-                total += squares[w * MAX_TOKENS + g]
-            inv_rms = float32(1.0) / math.sqrt(total / float32(4 * k_words) + float32(eps))
-        for i in range(WORDS):
-            if NORM:
-                word = first + 16 * (i // 4) + i % 4
-                gw = load_flat(norm64, word)
-                v0, v1 = _summed(xw[i], rw[i], 0, RESIDUAL), _summed(xw[i], rw[i], 1, RESIDUAL)
-                v2, v3 = _summed(xw[i], rw[i], 2, RESIDUAL), _summed(xw[i], rw[i], 3, RESIDUAL)
-                if cuda.blockIdx.x == 0 and g < tokens:              # the residual stream, once
-                    store_flat(res_out64, g * k_words + word, int64(pack_half2(v0, v1)) | (int64(pack_half2(v2, v3)) << 32))
-                n0_, n1_, n2_, n3_ = unpack_f16x4(gw)
-                b_lo[i] = pack_half2(n0_ * (v0 * inv_rms), n1_ * (v1 * inv_rms))
-                b_hi[i] = pack_half2(n2_ * (v2 * inv_rms), n3_ * (v3 * inv_rms))
-            else:
-                b_lo[i] = uint32(xw[i] & LOW32)
-                b_hi[i] = uint32((xw[i] >> 32) & LOW32)
-            if g >= tokens:                                          # padding token columns: zeros
-                b_lo[i] = uint32(0)
-                b_hi[i] = uint32(0)
-        d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = float32(0.0)
-        for i in range(WORDS):
-            a, b = w_lo[i], w_hi[i]
-            d0, d1, d2, d3 = mma_f16(a & LOW32, b & LOW32, (a >> 32) & LOW32, (b >> 32) & LOW32,
-                                     b_lo[i], b_hi[i], d0, d1, d2, d3, mma_scratch, tid)
-            if GLU:
-                a, b = u_lo[i], u_hi[i]
-                e0, e1, e2, e3 = mma_f16(a & LOW32, b & LOW32, (a >> 32) & LOW32, (b >> 32) & LOW32,
-                                         b_lo[i], b_hi[i], e0, e1, e2, e3, mma_scratch, tid)
-        base = tid * 4 * PRODUCTS
-        partials[base] = d0
-        partials[base + 1] = d1
-        partials[base + 2] = d2
-        partials[base + 3] = d3
-        if GLU:
-            partials[base + 4] = e0
-            partials[base + 5] = e1
-            partials[base + 6] = e2
-            partials[base + 7] = e3
-        cuda.syncthreads()
-        if warp == 0:
-            sums = cuda.local.array(4, float32)                      # D[g + 8 (i // 2)][2t + i % 2]
-            for i in range(4):
-                s = float32(0.0)
-                up = float32(0.0)
-                for w in range(warps):
-                    s += partials[(w * WARP + lane) * 4 * PRODUCTS + i]
-                    if GLU:
-                        up += partials[(w * WARP + lane) * 4 * PRODUCTS + 4 + i]
-                if GLU:  # gate and up rounded as the separate path stores them, then silu(gate) * up
-                    gate = float32(np.float16(s))
-                    s = gate / (float32(1.0) + math.exp(-gate)) * float32(np.float16(up))
-                sums[i] = float32(np.float16(s))                     # float16, as the unfused path stores it
-            for i in range(4):
-                tok = 2 * t + i % 2
-                n = n0 + g + 8 * (i // 2)
-                if ROPE_DIM:
-                    if i < 2 and tok < tokens:
-                        _rope_and_store(sums[i], sums[i + 2], tok, head, dim, HALF, positions, cos, sin, y,
-                                        kv_cache, slots)
-                elif tok < tokens and n < n_rows:
-                    y[tok, n] = sums[i]
-    return gemv_mma
-
-
-@cuda.jit(device=True)
-def _rope_and_store(lo, hi, tok, head, dim, half, positions, cos, sin, y, kv_cache, slots):
-    """Token tok's (dim, dim + half) pair of `head` in qkv's row order: q heads are rotated into y
-    [T, h * d], k heads rotated and v heads as they are stored in the cache slot (layer_ops.rope_and_cache's
-    arithmetic)."""
-    head_dim = 2 * half
-    q_heads, kv_heads = y.shape[1] // head_dim, kv_cache.shape[3]
-    if head < q_heads + kv_heads:
-        pos = positions[tok]
-        c = float32(cos[pos, dim])
-        s = float32(sin[pos, dim])
-        lo, hi = lo * c - hi * s, hi * c + lo * s
-    if head < q_heads:
-        y[tok, head * head_dim + dim] = lo
-        y[tok, head * head_dim + dim + half] = hi
-    else:
-        slot = slots[tok]
-        if slot >= 0:  # -1: a CUDA graph's padding row
-            plane = 0 if head < q_heads + kv_heads else 1              # K, then V
-            kv_head = head - q_heads - plane * kv_heads
-            at = (plane * kv_cache.shape[1] * kv_cache.shape[2] + slot) * (kv_heads * head_dim) + kv_head * head_dim + dim
-            store_flat(kv_cache, at, lo)
-            store_flat(kv_cache, at + half, hi)
-
-
-@cuda.jit(device=True)
-def _summed(x_word, r_word, e, residual):
-    """Element e of x's word (plus the residual's, rounded to float16 as add_rms_norm stores it), float32."""
-    v = unpack_f16x4(x_word)[e]
-    if residual:
-        v = float32(np.float16(v + unpack_f16x4(r_word)[e]))
-    return v
-
-
-def supports(k: int) -> bool:
-    return k % COLUMNS_PER_WARP == 0 and 1 <= warps_for(k) <= MAX_WARPS
+from protospec.kernels.dependent_launch import supported as dependents_supported
+from protospec.kernels.gemv_mma_kernel import (COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS, TILE_ROWS, WARP,  # noqa: F401
+                                               gemv_mma_kernel, supports, warps_for)
+from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference  # noqa: F401 (the twin, beside)
+from protospec.kernels.interop import check_tensor
 
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
-             x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16):
+             x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16,
+             dependent_launch: bool = False):
     """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
     (gate rows, then up rows), y [T, I] = silu(gate) * up. x_rows [T] int64: token i's x (and residual)
     row is x_rows[i] (x [R, K], any R). rope: weight is a qkv projection; y is q [T, h, d], rotated, and
-    k (rotated) and v are stored in rope.kv_cache."""
+    k (rotated) and v are stored in rope.kv_cache. dependent_launch: start while the kernel before
+    it ends, its weight loads overlapping that kernel (sm_90 and later: dependent_launch.py)."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
     k = x.shape[1]
@@ -272,6 +45,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         raise KernelArgumentError(f"gemv_mma: glu takes gate and up rows, an even count, got {weight.shape[0]}")
     if residual is not None and norm_weight is None:
         raise KernelArgumentError("gemv_mma: a residual is added only with the norm (norm_weight)")
+    if dependent_launch and not dependents_supported(x.device):
+        raise KernelArgumentError(f"gemv_mma: dependent_launch needs compute capability 9.0 or later ({x.device})")
     if out_dtype not in (torch.float16, torch.float32):
         raise KernelArgumentError(f"gemv_mma: out_dtype float16 or float32, got {out_dtype}")
     if norm_weight is not None:
@@ -287,7 +62,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     norm = norm_weight is not None
     res_out = torch.empty(tokens, k, dtype=torch.float16, device=x.device) if norm else y
     warps = warps_for(k)
-    kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0)
+    kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
+                             dependent_launch)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     interop.launch_tensors(kernel, -(-n // TILE_ROWS), warps * WARP, [
@@ -295,6 +71,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         x64[0] if norm_weight is None else norm_weight.view(torch.int64), float(eps), weight.view(torch.int64),
         tokens, y, res_out.view(torch.int64) if norm else x64,
         index if rope is None else rope.positions, table, table if rope is None else rope.sin,
-        y.view(1, 1, 1, *y.shape) if rope is None else rope.kv_cache, index if rope is None else rope.slot_mapping])
+        y.view(1, 1, 1, *y.shape) if rope is None else rope.kv_cache, index if rope is None else rope.slot_mapping],
+        dependent=dependent_launch)
     out = y if rope is None else y.view(tokens, rope.num_heads, rope.head_dim)  # q [T, h, d] with rope
     return (out, res_out) if norm else out

@@ -66,8 +66,8 @@ class RopeCache:
 def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                        residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
                        x_rows: torch.Tensor | None = None, rope: RopeCache | None = None,
-                       out_dtype: torch.dtype = torch.float16):
-    """gemv_mma in torch (same arguments, same results)."""
+                       out_dtype: torch.dtype = torch.float16, dependent_launch: bool = False):
+    """gemv_mma in torch (same arguments, same results; dependent_launch is a launch detail, unused)."""
     if x_rows is not None:
         x = x[x_rows]
         residual = None if residual is None else residual[x_rows]

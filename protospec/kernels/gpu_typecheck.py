@@ -83,12 +83,14 @@ def install() -> None:
     # it; with no driver there is no current device, so name the target's.
     cuda_dispatcher.get_current_device = lambda: _TargetDevice()
     interop.KERNEL_DEVICE_TYPE = "cpu"
-    interop.launch_tensors = lambda kernel, grid, block, args: build(kernel, args)
+    interop.launch_tensors = lambda kernel, grid, block, args, dependent=False: build(kernel, args)
     interop.launch = lambda kernel, num_threads, args: build(kernel, args)
     interop.BoundLaunch = _BuildOnly
     interop.max_cooperative_blocks = lambda kernel, threads, args: SM_COUNT
     paged_attention._sm_count = lambda device: SM_COUNT
     paged_attention._has_tensor_cores = lambda device: True
+    from protospec.kernels import gemv_mma
+    gemv_mma.dependents_supported = lambda device: True  # the target is sm_90
 
 
 def _attention() -> None:
@@ -141,6 +143,9 @@ def _layers_and_gemv() -> None:
     gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope)  # the others'
     gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
              x_rows=ids, out_dtype=torch.float32)                             # the LM head over the wanted rows
+    gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
+    gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope, dependent_launch=True)
+    gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True)
 
 
 def _sampling_and_rejection() -> None:

@@ -25,6 +25,7 @@ SIMULATOR = choose_numba_cuda_target()
 from numba import cuda  # noqa: E402  (after the simulator decision)
 
 from protospec.errors import KernelArgumentError  # noqa: E402
+from protospec.kernels.driver_launch import cu_launch as _cu_launch  # noqa: E402
 
 if SIMULATOR:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimulatedDeviceArray
@@ -196,14 +197,15 @@ class TensorLaunch:
         device = next(a for a in args if isinstance(a, torch.Tensor)).device
         return function, _Parameters(compiled.argument_types, args), compiled.cooperative, device
 
-    def __call__(self, grid: int, block: int, args: list) -> None:
-        """args: C-contiguous CUDA tensors and Python ints (callers check them with check_tensor)."""
+    def __call__(self, grid: int, block: int, args: list, dependent: bool = False) -> None:
+        """args: C-contiguous CUDA tensors and Python ints (callers check them with check_tensor).
+        dependent: launch as a programmatic dependent (kernels/dependent_launch.py)."""
         key = self._signature(args)
         if key not in self._compiled:
             self._compiled[key] = self._compile(args)
         function, parameters, cooperative, device = self._compiled[key]
         _cu_launch(function, grid, block, torch.cuda.current_stream(device).cuda_stream, parameters.fill(args),
-                   cooperative)
+                   cooperative, dependent)
 
 
 # Each scalar type Numba infers from a Python int or float, as struct packs it into an 8-byte slot.
@@ -212,7 +214,7 @@ _SCALAR_SLOTS = {"int64": "q", "int32": "i4x", "float64": "d", "float32": "f4x",
 _tensor_launchers: dict = {}
 
 
-def launch_tensors(kernel, grid: int, block: int, args: list) -> None:
+def launch_tensors(kernel, grid: int, block: int, args: list, dependent: bool = False) -> None:
     """Launch a Numba kernel over torch tensors (checked, C-contiguous) and Python scalars: in the
     simulator through Numba's own dispatch on device-array wrappers of the tensors' memory, on a GPU through a TensorLaunch kept per
     kernel (one cuLaunchKernel on torch's current stream, so CUDA graphs capture it)."""
@@ -222,7 +224,7 @@ def launch_tensors(kernel, grid: int, block: int, args: list) -> None:
     launcher = _tensor_launchers.get(kernel)
     if launcher is None:
         launcher = _tensor_launchers[kernel] = TensorLaunch(kernel)
-    launcher(grid, block, args)
+    launcher(grid, block, args, dependent)
 
 
 def max_cooperative_blocks(kernel, threads_per_block: int, args: list) -> int:
@@ -257,36 +259,6 @@ def _specialize(kernel, numba_args: list) -> tuple:
     """Compile `kernel` for these arguments' types: (Numba's compiled kernel, its CUfunction handle)."""
     compiled = next(iter(kernel.specialize(*numba_args).overloads.values()))
     return compiled, ctypes.c_void_p(_handle_as_int(compiled._codelibrary.get_cufunc().handle))
-
-
-def _cu_launch(function, grid: int, block: int, stream_handle: int, params, cooperative: bool = False) -> None:
-    """One cuLaunchKernel (1-D grid and block, no dynamic shared memory) on the given stream; a kernel
-    that syncs its whole grid (cuda.cg.this_grid().sync()) needs cuLaunchCooperativeKernel instead,
-    which also checks that every block of the grid can be resident at once."""
-    if cooperative:
-        rc = _libcuda().cuLaunchCooperativeKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params)
-        what = "cuLaunchCooperativeKernel"
-    else:
-        rc = _libcuda().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params, None)
-        what = "cuLaunchKernel"
-    if rc != 0:
-        raise RuntimeError(f"{what} failed with CUresult {rc}")
-
-
-_LIBCUDA = None
-
-
-def _libcuda():
-    """The CUDA driver library, loaded once (torch has already initialised the driver)."""
-    global _LIBCUDA
-    if _LIBCUDA is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        lib.cuLaunchKernel.restype = ctypes.c_int
-        lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        lib.cuLaunchCooperativeKernel.restype = ctypes.c_int
-        lib.cuLaunchCooperativeKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 2
-        _LIBCUDA = lib
-    return _LIBCUDA
 
 
 def _handle_as_int(handle) -> int:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from protospec.errors import ConfigError
 from protospec.layout import LINEAR_KERNELS
 from protospec.model.attention import AttentionMetadata
-from protospec.kernels import gemv_mma, paged_attention as attention_kernel
+from protospec.kernels import dependent_launch, gemv_mma, paged_attention as attention_kernel
 from protospec.kernels.gemv_mma_twin import RopeCache
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 
@@ -35,6 +35,18 @@ def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
     """EngineConfig.linear_kernel: the tensor-core GEMV runs inside the layer kernels' forward (None chooses)."""
     if linear not in (None, "cublas") and not layer_kernels_on:
         raise ConfigError(f"linear_kernel={linear!r} needs the layer kernels (layer_kernels is off here)")
+
+
+def check_dependent_launch(dependent: bool, linear: str, layer_kernels_on: bool, device: torch.device) -> None:
+    """EngineConfig.dependent_launch: only the tensor-core GEMVs launch as dependents, on sm_90 or later."""
+    if not dependent:
+        return
+    if not layer_kernels_on or linear == "cublas":
+        raise ConfigError(f"dependent_launch=True needs the tensor-core linears (layer kernels on, linear_kernel "
+                          f"mma or mma_fused; here layer kernels {'on' if layer_kernels_on else 'off'}, {linear!r})")
+    if not dependent_launch.supported(device):
+        raise ConfigError(f"dependent_launch=True needs compute capability {dependent_launch.MIN_CAPABILITY} or "
+                          f"later; {device} has {torch.cuda.get_device_capability(device)}")
 
 
 def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: list, dtype: torch.dtype,
@@ -55,7 +67,7 @@ def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: lis
 class LayerKernelForward:
     """The kernel path of one LlamaForCausalLM (holds its RoPE tables in the activations' dtype)."""
 
-    def __init__(self, model, attention_path: str | None = None, linear: str = "cublas"):
+    def __init__(self, model, attention_path: str | None = None, linear: str = "cublas", dependent_launch: bool = False):
         cfg = model.config
         self.dtype = model.model.embed_tokens.weight.dtype
         if self.dtype not in ACTIVATION_DTYPES:
@@ -69,6 +81,7 @@ class LayerKernelForward:
         if linear not in LINEAR_KERNELS:
             raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
         self.linear = linear  # "mma" / "mma_fused": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
+        self.dependent = dependent_launch  # the tensor-core GEMVs as programmatic dependents (kernels/dependent_launch.py)
         self.fuses = (linear == "mma_fused" and self.dtype == torch.float16 and self.head_dim % 16 == 0
                       and gemv_mma.supports(cfg.hidden_size) and gemv_mma.supports(cfg.intermediate_size))
 
@@ -78,7 +91,7 @@ class LayerKernelForward:
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [T, K] @ [N, K].T -> [T, N]
         if self._tensor_cores(x):
-            return gemv_mma.gemv_mma(x if x.is_contiguous() else x.contiguous(), weight)
+            return gemv_mma.gemv_mma(x if x.is_contiguous() else x.contiguous(), weight, dependent_launch=self.dependent)
         return F.linear(x, weight)
 
     def applies(self, meta: AttentionMetadata) -> bool:
@@ -119,17 +132,19 @@ class LayerKernelForward:
         o; gate/up with the norm and SiLU x up; down) and one for the whole head (norm, wanted rows,
         LM head, float32): the embedding rows are gathered by the first qkv projection."""
         x, x_rows, residual = model.model.embed_tokens.weight, input_ids, None  # [V, hidden]: rows by token id
+        dep = self.dependent
         for layer, kv_cache in zip(model.model.layers, kv_caches):
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
             rope = RopeCache(positions, self.cos, self.sin, kv_cache, meta.slot_mapping, self.num_heads)
             q, residual = gemv_mma.gemv_mma(x, layer.qkv_weight, norm1.weight, residual, norm1.eps, x_rows=x_rows,
-                                            rope=rope)  # [T, h, d]; K/V now in the cache
+                                            rope=rope, dependent_launch=dep)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
                                                     path=self.attention_path)
-            o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight)
-            act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True)
-            x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight), None
+            o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep)
+            act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True,
+                                              dependent_launch=dep)
+            x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep), None
         norm = model.model.norm
         logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,
-                                      out_dtype=torch.float32)
+                                      out_dtype=torch.float32, dependent_launch=dep)
         return logits

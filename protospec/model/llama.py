@@ -194,14 +194,16 @@ class LlamaForCausalLM(nn.Module):
         self.blocks = (torch.compile(pre_attention, dynamic=False), torch.compile(post_attention, dynamic=False))
         self.head = torch.compile(lm_head_logits, dynamic=False)
 
-    def enable_layer_kernels(self, attention_path: str | None = None, linear: str = "cublas") -> None:
+    def enable_layer_kernels(self, attention_path: str | None = None, linear: str = "cublas",
+                             dependent_launch: bool = False) -> None:
         """Run decode-shaped forwards (a few tokens per sequence) on the Numba layer kernels,
-        9 kernels per layer instead of ~20 (layer_kernels.py); prefill keeps the torch path.
+        5-9 kernels per layer instead of ~20 (layer_kernels.py); prefill keeps the torch path.
         attention_path: one of layout.ATTENTION_PATHS, or None to choose by shape; linear: one of
-        layout.LINEAR_KERNELS. Call after place()."""
+        layout.LINEAR_KERNELS; dependent_launch: the tensor-core GEMVs start while the kernel before
+        them ends (kernels/dependent_launch.py). Call after place()."""
         from protospec.model.layer_kernels import LayerKernelForward
 
-        self.layer_kernels = LayerKernelForward(self, attention_path, linear)
+        self.layer_kernels = LayerKernelForward(self, attention_path, linear, dependent_launch)
 
     def enable_persistent_decode(self, kv_stack: torch.Tensor, launches: str = "one") -> None:
         """Run forwards of one token per sequence whose caches are kv_stack's views as one persistent
