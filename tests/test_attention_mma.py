@@ -83,6 +83,9 @@ def test_tensor_core_attention_matches_the_torch_path(case):
     torch.testing.assert_close(got, expected, **TOL[torch.float16])
     if fused is not None and not SIMULATOR:  # folded or separate combine: the same bits
         assert torch.equal(got, _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=not fused))
+    if case is CASES[0] or not SIMULATOR:  # launched as a programmatic dependent (it waits first): the same bits
+        assert torch.equal(got, _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=fused,
+                                        dependent_launch=True))
 
 
 def test_stale_nan_slots_and_padding_rows_stay_out_of_real_rows():

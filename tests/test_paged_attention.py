@@ -50,9 +50,10 @@ def _poisoned(inputs, cache, lengths):
     return poisoned
 
 
-def _kernel(inputs, cache, q, path=None, splits=None, fused_combine=None):
+def _kernel(inputs, cache, q, path=None, splits=None, fused_combine=None, dependent_launch=False):
     return kernel.paged_attention(q, cache, inputs.meta.block_tables, inputs.positions, inputs.meta.uniform_query_len,
-                                  q.shape[2] ** -0.5, path=path, splits=splits, fused_combine=fused_combine)
+                                  q.shape[2] ** -0.5, path=path, splits=splits, fused_combine=fused_combine,
+                                  dependent_launch=dependent_launch)
 
 
 CASES = [

@@ -31,6 +31,7 @@ from numba import float32, int32, int64, uint32
 from protospec.kernels import interop
 from protospec.kernels.attention_combine import row_group_block, row_group_writer
 from protospec.kernels.attention_mma_tile import tile_functions
+from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
@@ -96,21 +97,23 @@ def keys_per_split(warps: int) -> int:
     return keys_in_flight(warps) * TILES_PER_SPLIT
 
 
-def attention_kernel(group_rows: int, head_dim: int, warps: int, group: int):
+def attention_kernel(group_rows: int, head_dim: int, warps: int, group: int, dependent: bool = False):
     """The kernel for a row group of `group_rows` (query tokens x `group` heads sharing a KV head),
-    compiled on first use."""
-    return _compiled(rows_per_chunk(group_rows), head_dim, warps, group, FASTMATH, MIN_BLOCKS_PER_SM)
+    compiled on first use; dependent: it waits for the kernel before it, then lets the next one launch
+    (a programmatic dependent launch: dependent_launch.py)."""
+    return _compiled(rows_per_chunk(group_rows), head_dim, warps, group, FASTMATH, MIN_BLOCKS_PER_SM, dependent)
 
 
 @functools.cache
-def _compiled(rows: int, head_dim: int, warps: int, group: int, fastmath: bool, min_blocks: int | None):
+def _compiled(rows: int, head_dim: int, warps: int, group: int, fastmath: bool, min_blocks: int | None,
+              dependent: bool = False):
     options = {} if interop.SIMULATOR else {"fastmath": fastmath}
     if min_blocks and not interop.SIMULATOR:
         options["launch_bounds"] = (32 * warps, min_blocks)
-    return _make_mma_kernel(rows // 8, head_dim, warps, group, options)
+    return _make_mma_kernel(rows // 8, head_dim, warps, group, options, dependent)
 
 
-def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict):  # noqa: N803 (Numba freezes them as constants)
+def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPENDENT: bool = False):  # noqa: N803 (Numba freezes them as constants)
     R = 8 * RH                 # rows per chunk: g (and g + 8 when RH = 2) for lane 4 g + t
     KT = D // 16               # k-tiles of S = Q K^T (16 dims each)
     NT = D // 8                # n-tiles of O = P V (8 dims each)
@@ -140,6 +143,9 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict):  #
         block_tables [S, W] int32; positions [T] int64; query_len, scale, out, part_*, counters, fused:
         as by_kv_head's kernel. Grid: S * kvh * chunks * splits blocks of R rows, as by_kv_head's.
         """
+        if DEPENDENT:  # everything below may be the previous kernel's output (q, the new K/V)
+            grid_dependency_wait()
+            allow_dependent_launch()
         splits = part_max.shape[1]
         kv_heads = kv64.shape[3]
         seq, kv_head, chunk, split, group, group_rows = row_group_block(R, GROUP, kv_heads, query_len, splits)

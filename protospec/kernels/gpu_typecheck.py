@@ -91,6 +91,7 @@ def install() -> None:
     paged_attention._has_tensor_cores = lambda device: True
     from protospec.kernels import gemv_mma
     gemv_mma.dependents_supported = lambda device: True  # the target is sm_90
+    paged_attention.dependents.supported = lambda device: True
 
 
 def _attention() -> None:
@@ -110,6 +111,9 @@ def _attention() -> None:
         kv = torch.zeros(2, blocks, block_size, kv_heads, head_dim, dtype=dtype)
         positions = torch.arange(2 * query_len, dtype=torch.int64) + 20
         paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, fused_combine=fused)
+        if path == "mma":  # launched as a programmatic dependent
+            paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, fused_combine=fused,
+                            dependent_launch=True)
 
 
 def _layers_and_gemv() -> None:

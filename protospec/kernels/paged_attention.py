@@ -34,7 +34,7 @@ from numba import float32
 from protospec.errors import KernelArgumentError
 from protospec.layout import ATTENTION_PATHS
 from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row
-from protospec.kernels import attention_mma as by_mma
+from protospec.kernels import attention_mma as by_mma, dependent_launch as dependents
 from protospec.kernels import interop
 from protospec.kernels.attention_combine import attention_combine_kernel
 from protospec.kernels.interop import check_tensor, cuda
@@ -115,11 +115,12 @@ def arrival_counters(dev: torch.device, groups: int, user: str = "attention") ->
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
                     query_len: int, scale: float, path: str | None = None, splits: int | None = None,
-                    fused_combine: bool | None = None) -> torch.Tensor:
+                    fused_combine: bool | None = None, dependent_launch: bool = False) -> torch.Tensor:
     """q [T, h, d] (K/V of these tokens already in the cache) -> [T, h * d].
     path: one of PATHS; None chooses by shape (choose_path).
     splits: the split-K factor of by_kv_head and mma (None: choose_splits); by_row's chunks follow the table width.
-    fused_combine: by_kv_head's and mma's split-K partials combined inside their kernel (None: FUSED_COMBINE)."""
+    fused_combine: by_kv_head's and mma's split-K partials combined inside their kernel (None: FUSED_COMBINE).
+    dependent_launch: mma's kernel launched as a programmatic dependent (dependent_launch.py)."""
     check_tensor("q", q, q.dtype, 3)
     check_tensor("kv_cache", kv_cache, q.dtype, 5)
     check_tensor("block_tables", block_tables, torch.int32, 2)
@@ -149,6 +150,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     elif path == "mma" and not _has_tensor_cores(q.device):
         raise KernelArgumentError(f"paged_attention: mma needs tensor cores of compute capability 8.0 or later, "
                                   f"{q.device} has {torch.cuda.get_device_capability(q.device)}")
+    if dependent_launch and not dependents.supported(q.device):
+        raise KernelArgumentError(f"paged_attention: dependent_launch needs compute capability 9.0 or later ({q.device})")
     if splits is not None and splits < 1:
         raise KernelArgumentError(f"paged_attention: splits must be >= 1, got {splits}")
     dev = q.device
@@ -171,8 +174,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         warps = (by_mma.SIMULATOR_WARPS if interop.SIMULATOR
                  else by_mma.warps_per_block(groups, _sm_count(dev), group_rows, head_dim))
         parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(warps), dev, by_mma.BLOCKS_PER_SM)
-        kernel, grid, threads = (by_mma.attention_kernel(group_rows, head_dim, warps, heads // kv_heads), groups * parts,
-                                 32 * warps)
+        kernel, grid, threads = (by_mma.attention_kernel(group_rows, head_dim, warps, heads // kv_heads, dependent_launch),
+                                 groups * parts, 32 * warps)
     if path != "by_row" and parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)
         part_acc = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)
@@ -189,7 +192,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         words = (q.view(torch.int64), kv_cache.view(torch.int64)) if path == "mma" else (q, kv_cache)
         args = [*words, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum,
                 counters, int(fused)]
-    interop.launch_tensors(kernel, grid, threads, args)
+    interop.launch_tensors(kernel, grid, threads, args, dependent=dependent_launch and path == "mma")
     if (part_max.shape[1] > 1 and not fused) or path == "by_row":
         interop.launch_tensors(attention_combine_kernel, tokens * heads, min(128, head_dim),
                                [part_acc, part_max, part_sum, out])

@@ -139,7 +139,7 @@ class LayerKernelForward:
             q, residual = gemv_mma.gemv_mma(x, layer.qkv_weight, norm1.weight, residual, norm1.eps, x_rows=x_rows,
                                             rope=rope, dependent_launch=dep)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
-                                                    path=self.attention_path)
+                                                    path=self.attention_path, dependent_launch=dep)
             o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep)
             act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True,
                                               dependent_launch=dep)

@@ -8,7 +8,7 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 mkdir -p "$OUT/res"
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gemv_mma.py tests/test_layer_kernels.py \
-  tests/test_fused_linears_tokens.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
+  tests/test_attention_mma.py tests/test_fused_linears_tokens.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
 for flag in "" --dependent-launch; do
   name=${flag:-ordinary}; name=${name#--}
   timeout 90 python3 -m protospec.bench.kernel_census --modes graph $flag \
