@@ -40,6 +40,8 @@ def cu_launch(function, grid: int, block: int, stream_handle: int, params, coope
     which also checks that every block of the grid can be resident at once; a dependent launch
     (dependent_launch.py) goes through cuLaunchKernelEx with the programmatic serialization attribute."""
     if dependent and not cooperative:
+        if not hasattr(_libcuda(), "cuLaunchKernelEx"):
+            raise RuntimeError("this CUDA driver has no cuLaunchKernelEx (CUDA 11.8 or later): no dependent launches")
         config = dependent_launch_config(grid, block, stream_handle)
         rc = _libcuda().cuLaunchKernelEx(ctypes.byref(config), function, params, None)
         what = "cuLaunchKernelEx"
@@ -65,7 +67,8 @@ def _libcuda():
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         lib.cuLaunchCooperativeKernel.restype = ctypes.c_int
         lib.cuLaunchCooperativeKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 2
-        lib.cuLaunchKernelEx.restype = ctypes.c_int
-        lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p] * 4
+        if hasattr(lib, "cuLaunchKernelEx"):  # CUDA 11.8 and later; only dependent launches need it
+            lib.cuLaunchKernelEx.restype = ctypes.c_int
+            lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p] * 4
         _LIBCUDA = lib
     return _LIBCUDA
