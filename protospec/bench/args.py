@@ -227,12 +227,12 @@ def setup_from(args) -> BenchSetup:
                       {"auto": None, "on": True, "off": False}[args.layer_kernels], args.enforce_eager,
                       args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
-                      args.speculative_disable_by_batch_size, attention_kernel_of(args.attention_kernel),
-                      args.persistent_decode, attention_kernel_of(args.linear_kernel), args.fused_sampling,
+                      args.speculative_disable_by_batch_size, auto_as_none(args.attention_kernel),
+                      args.persistent_decode, auto_as_none(args.linear_kernel), args.fused_sampling,
                       args.dependent_launch)
 
 
-def attention_kernel_of(choice: str) -> str | None:
-    """--attention-kernel's (or --linear-kernel's) value as EngineConfig takes it ("auto": None, the
-    engine chooses)."""
+def auto_as_none(choice: str) -> str | None:
+    """A kernel choice (--attention-kernel, --linear-kernel) as EngineConfig takes it: "auto" is None,
+    the engine's choice."""
     return None if choice == "auto" else choice

@@ -23,7 +23,7 @@ import torch
 
 from protospec.spec import registry
 from protospec.bench.ablation import MODES, BenchSetup, apply_mode
-from protospec.bench.args import attention_kernel_of
+from protospec.bench.args import auto_as_none
 from protospec.layout import LINEAR_KERNELS
 from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.provenance import check_writable, provenance, write_report
@@ -184,7 +184,7 @@ def main(argv=None) -> dict:
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
-                       attention_kernel=attention_kernel_of(args.attention_kernel), linear_kernel=attention_kernel_of(args.linear_kernel),
+                       attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
                        fused_sampling=args.fused_sampling, dependent_launch=args.dependent_launch)
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))
