@@ -67,7 +67,7 @@ def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: lis
 class LayerKernelForward:
     """The kernel path of one LlamaForCausalLM (holds its RoPE tables in the activations' dtype)."""
 
-    def __init__(self, model, attention_path: str | None = None, linear: str = "cublas", dependent_launch: bool = False):
+    def __init__(self, model, attention_path: str | None = None, linear: str = "cublas", dependent: bool = False):
         cfg = model.config
         self.dtype = model.model.embed_tokens.weight.dtype
         if self.dtype not in ACTIVATION_DTYPES:
@@ -81,7 +81,7 @@ class LayerKernelForward:
         if linear not in LINEAR_KERNELS:
             raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
         self.linear = linear  # "mma" / "mma_fused": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
-        self.dependent = dependent_launch  # the tensor-core GEMVs as programmatic dependents (kernels/dependent_launch.py)
+        self.dependent = dependent  # the tensor-core GEMVs as programmatic dependents (kernels/dependent_launch.py)
         self.fuses = (linear == "mma_fused" and self.dtype == torch.float16 and self.head_dim % 16 == 0
                       and gemv_mma.supports(cfg.hidden_size) and gemv_mma.supports(cfg.intermediate_size))
 
