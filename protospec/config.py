@@ -105,6 +105,12 @@ class EngineConfig:
     # spec step's draft step 1 is built on the device and queued before the commit's host sync, so
     # the device works while the host commits), False = synced. The CPU-prepared loops are synced.
     overlap_commit: bool = True
+    # A spec step the overlapped commit launched runs whole as one CUDA graph (spec/step_graph.py):
+    # draft steps 1..k, the verify's inputs built on the device, the verify, the rejection sampler and
+    # the commit's row. Applies to the graph draft loop with a draft model, k >= 2, fixed k and the
+    # overlapped commit. None: on wherever it applies; False: stage by stage (the off switch); True:
+    # on, and an error where it cannot apply.
+    spec_step_graph: bool | None = None
     # Which draft tokens a spec step keeps (spec/acceptance.py): "rejection" (lossless) or "typical"
     # (Medusa's typical acceptance, lossy; posterior_threshold and posterior_alpha as vLLM names them).
     acceptance: str = registry.REJECTION

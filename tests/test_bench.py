@@ -204,7 +204,9 @@ def test_the_phase_plot_groups_phases_and_puts_the_floors_where_weights_are_read
     fig = plot_phases({"before": before, "after": _census("bbb", {"verify": 0.3})})
     ax = fig.axes[0]
     assert len(ax.patches) == 2 * len(GROUPS)  # a bar per group per census
-    assert len(ax.collections) == 2 * 2  # floor ticks: draft forwards and verify, per census
+    assert len(ax.collections) == 2 * 3  # floor ticks: draft forwards, verify and the whole step, per census
+    whole = phase_rows(_census("ddd", {"step_graph": 0.7, "commit": 0.01}))["whole step graph"]
+    assert whole["busy_ms"] == 0.7 and whole["floor_ms"] == pytest.approx(5 * 80 / 4000 + 0.05)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["before (aaa)", "after (bbb)"]
     old = _census("ccc", {})
     del old["modes"]["graph"]["busy_ms_per_spec_step_by_phase"]

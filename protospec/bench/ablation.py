@@ -68,6 +68,7 @@ class BenchSetup:
     linear_kernel: str | None = None       # EngineConfig.linear_kernel (None: mma_fused with the layer kernels)
     fused_sampling: bool = False           # EngineConfig.fused_sampling
     dependent_launch: bool = False         # EngineConfig.dependent_launch
+    spec_step_graph: bool | None = None    # EngineConfig.spec_step_graph (None: wherever it applies)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -88,7 +89,7 @@ class BenchSetup:
                    speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
                    attention_kernel=self.attention_kernel, persistent_decode=self.persistent_decode,
                    linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling,
-                   dependent_launch=self.dependent_launch)
+                   dependent_launch=self.dependent_launch, spec_step_graph=self.spec_step_graph)
 
 
 def _release_memory() -> None:

@@ -23,7 +23,7 @@ import torch
 
 from protospec.spec import registry
 from protospec.bench.ablation import MODES, BenchSetup, apply_mode
-from protospec.bench.args import auto_as_none
+from protospec.bench.args import ON_OFF, auto_as_none
 from protospec.layout import LINEAR_KERNELS
 from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.provenance import check_writable, provenance, write_report
@@ -175,6 +175,8 @@ def main(argv=None) -> dict:
                    help="the layer kernels' linear layers (cublas: the fusion off; auto = mma_fused)")
     p.add_argument("--fused-sampling", action="store_true", help="the draft steps' and verify's sampling kernels")
     p.add_argument("--dependent-launch", action="store_true", help="the tensor-core GEMVs as programmatic dependents")
+    p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
+                   help="a launched spec step whole as one CUDA graph (off: each phase's kernels attributed apart)")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
     check_writable(args.output_json)
@@ -185,7 +187,8 @@ def main(argv=None) -> dict:
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
                        attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
-                       fused_sampling=args.fused_sampling, dependent_launch=args.dependent_launch)
+                       fused_sampling=args.fused_sampling, dependent_launch=args.dependent_launch,
+                       spec_step_graph=ON_OFF[args.spec_step_graph])
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))
     print(f"weights per spec step: {floor['spec_step_weight_mb']:.0f} MB ({args.num_speculative_tokens} x draft "

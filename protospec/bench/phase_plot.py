@@ -6,7 +6,7 @@
 Each census (python -m protospec.bench.kernel_census) splits busy time by the phase that launched each
 kernel; phases group here into the draft's forwards (draft_forward and the captured draft_loop_graph,
 which also samples), the verify, sampling, rejection, and the rest (prepare, commit, begin, outside a
-spec step). The floor of the draft group is k draft forwards' weights, of the verify one target
+spec step); a spec step replayed whole (step_graph) is its own group, its floor both forwards'. The floor of the draft group is k draft forwards' weights, of the verify one target
 forward's, at the census's copy bandwidth; the other groups move kilobytes. Two censuses side by side
 (before and after a change) show which phase moved.
 """
@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from protospec.spec import registry
 
 GROUPS = {"draft forwards": ("draft_forward", "draft_loop_graph"), "verify": ("verify",), "sampling": ("sampling",),
-          "rejection": ("rejection",), "rest": ("prepare", "commit", "begin", "outside_spec_step")}
+          "rejection": ("rejection",), "whole step graph": ("step_graph",), "rest": ("prepare", "commit", "begin", "outside_spec_step")}
 
 
 def phase_rows(census: dict, mode: str = registry.GRAPH) -> dict[str, dict]:
@@ -33,6 +33,7 @@ def phase_rows(census: dict, mode: str = registry.GRAPH) -> dict[str, dict]:
     floor, k = census["floor"], census["config"]["num_speculative_tokens"]
     bandwidth = floor["copy_bandwidth_gbs"]
     floors = {"draft forwards": k * floor["draft_weight_mb"] / bandwidth, "verify": floor["target_weight_mb"] / bandwidth}
+    floors["whole step graph"] = floors["draft forwards"] + floors["verify"]
     grouped = {g: sum(by_phase.get(p, 0.0) for p in phases) for g, phases in GROUPS.items()}
     grouped["rest"] += sum(v for p, v in by_phase.items() if not any(p in ps for ps in GROUPS.values()))
     return {g: {"busy_ms": busy, "floor_ms": floors.get(g)} for g, busy in grouped.items()}

@@ -33,6 +33,7 @@ from protospec.model.runner import ModelRunner
 from protospec.spec.sampler import SamplingTensors, exponential_noise, sample
 from protospec.engine.sequence import Sequence
 from protospec.spec.step import SpeculativeStep
+from protospec.spec.step_graph import step_graph_applies
 from protospec.spec.sync_guard import forbid_host_sync
 
 
@@ -151,7 +152,9 @@ class Engine:
         acceptance = make_acceptance(cfg.acceptance, fused, cfg.posterior_threshold, cfg.posterior_alpha)
         dynamic_k = make_dynamic_k(cfg.dynamic_k, self.k, cfg.draft_confidence_threshold)
         return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
-                               fused_sampling=self.fused_sampling, dynamic_k=dynamic_k)
+                               fused_sampling=self.fused_sampling, dynamic_k=dynamic_k,
+                               step_graph=step_graph_applies(cfg.spec_step_graph, loop.kind.name, cfg.proposer,
+                                                             self.k, cfg.dynamic_k, commit.name))
 
     def _draft_loop(self, name: str, reason: str, kind: registry.DraftLoopKind) -> DraftLoop:
         """The proposer's loop for a draft-loop way, built once (its buffers and graphs are kept)."""

@@ -1,5 +1,6 @@
 """The device ways of the draft loop: inputs advanced in place by the advance_step kernel (gpu),
-and the same with steps 2..k replayed as one CUDA graph (graph).
+and the same with steps 2..k replayed as one CUDA graph (graph); in the graph way, a draft step 1
+the overlapped commit built on the device joins that replay (steps 1..k, one launch).
 
 Each owns its persistent buffers (DraftDecodeState for steps 2..k, FirstStepState for a draft
 step 1 built on the device by the overlapped commit), so the kernels' arguments are bound once and
@@ -72,13 +73,24 @@ class DeviceGraphLoop(DeviceAdvanceLoop):
         super().__init__(*args, **kwargs)
         self.graphs: dict[tuple, DraftLoopGraph] = {}
 
-    def _graph(self, batch: int, width: int, st: SamplingTensors) -> DraftLoopGraph:
+    def _graph(self, batch: int, width: int, st: SamplingTensors, from_first_step: bool = False) -> DraftLoopGraph:
+        """The steps 2..k graph, or (from_first_step) the steps 1..k graph over the first-step buffers;
+        both write the same output buffers."""
         rows = bucket(batch, self.decode.max_num_seqs)
         width = bucket(width, self.decode.buffers.max_blocks, smallest=8)
-        key = DraftLoopGraph.key(rows, width, st)
+        key = DraftLoopGraph.key(rows, width, st, from_first_step)
         if key not in self.graphs:
-            self.graphs[key] = DraftLoopGraph(self.draft, self.decode, self.look.k, rows, width, st, self.fused_sampling)
+            args = (self.draft, self.decode, self.look.k, rows, width, st, self.fused_sampling)
+            if from_first_step:
+                self.graphs[key] = DraftLoopGraph(*args, first=self.first_step.buffers,
+                                                  share=self._graph(batch, width, st))
+            else:
+                self.graphs[key] = DraftLoopGraph(*args)
         return self.graphs[key]
+
+    def first_step_graph(self, batch: int, max_blocks: int, st: SamplingTensors) -> DraftLoopGraph:
+        """The steps 1..k graph over the first-step buffers (a spec step graph records its steps)."""
+        return self._graph(batch, max_blocks, st, from_first_step=True)
 
     def _outputs(self, batch: int, max_blocks: int, st: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.advances:
@@ -87,11 +99,18 @@ class DeviceGraphLoop(DeviceAdvanceLoop):
         return graph.draft_ids[:batch], graph.draft_probs[:batch]
 
     def draft_step(self, s: StepState, draw_randoms: DrawRandoms) -> ForwardInputs | None:
-        if s.step != 1 or not self.advances:
+        if not self.advances or s.step > 1:
             return super().draft_step(s, draw_randoms)
+        # Draft step 1 built on the device (a launched step): steps 1..k in one replay.
+        from_first_step = s.step == 0 and s.first_inputs is not None and s.first_inputs.persistent is self.first_step.buffers
+        if s.step == 0 and not from_first_step:
+            return super().draft_step(s, draw_randoms)
+        if s.randoms is None:
+            s.randoms = draw_randoms(s)
         with self.timer.phase("draft_loop_graph"):
-            self._graph(len(s.seqs), s.max_blocks, s.st).run(s.st, s.randoms.draft_noise, len(s.seqs))
+            self._graph(len(s.seqs), s.max_blocks, s.st, from_first_step).run(s.st, s.randoms.draft_noise, len(s.seqs))
         self.draft.counters["gpu_advance"] += self.look.k - 1  # inside the replay
         self.draft.counters["draft_loop_graph"] += 1
+        self.draft.counters["draft_loop_graph:from_first_step"] += from_first_step
         s.step = self.look.k
         return None

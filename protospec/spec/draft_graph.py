@@ -1,4 +1,5 @@
-"""The "graph" draft loop: steps 2..k (advance_step -> draft forward -> sampling) as ONE CUDA graph.
+"""The "graph" draft loop: steps 2..k (advance_step -> draft forward -> sampling) as ONE CUDA graph,
+and, where draft step 1's inputs were built on the device, steps 1..k as one graph.
 
 In the gpu mode each draft step still costs the CPU a few dozen launches (an advance, a graph
 replay for the forward, the sampling ops). Here the whole tail of the loop is one replay, so the
@@ -9,12 +10,18 @@ over persistent buffers, and sampling from Exp(1) noise drawn before the loop (S
 Everything the graph reads or writes lives in persistent buffers of `rows` (the batch padded to a
 bucket): the sampling settings and noise are copied in before a replay, and the draft ids and
 probabilities of all k steps are read out of `draft_ids` / `draft_probs` after it.
+
+A step launched by the overlapped commit has its draft step 1 inputs in persistent buffers already
+(FirstStepState, written by the first_draft_step kernel): given those (`first`), the replay runs
+step 1's forward and sample too, so the host's per-step cost of draft step 1 (a forward replay and
+a dozen sampling launches) becomes part of the one replay.
 """
 from __future__ import annotations
 
 import torch
 
 from protospec.model.graphs import sync_allowed
+from protospec.model.persistent_inputs import PersistentInputs
 from protospec.model.runner import ModelRunner
 from protospec.spec.decode_state import DraftDecodeState
 from protospec.spec.draft_sampling import sample_draft_step
@@ -23,41 +30,64 @@ from protospec.spec.sampler import SamplingTensors
 
 class DraftLoopGraph:
     def __init__(self, runner: ModelRunner, decode: DraftDecodeState, k: int, rows: int, width: int, st: SamplingTensors,
-                 fused_sampling: bool = False):
+                 fused_sampling: bool = False, first: PersistentInputs | None = None,
+                 share: "DraftLoopGraph | None" = None):
+        """share: a graph of the same rows whose output, noise and settings buffers this one uses too
+        (the steps 1..k graph writes where a spec step made for the 2..k graph reads)."""
         device, vocab = runner.device, runner.vocab_size
         self.runner, self.decode, self.k, self.rows, self.width = runner, decode, k, rows, width
-        self.draft_ids = torch.zeros(rows, k, dtype=torch.int64, device=device)         # [rows, k]
-        self.draft_probs = torch.zeros(rows, k, vocab, dtype=torch.float32, device=device)  # [rows, k, V]
-        self.noise = torch.ones(rows, k, vocab, dtype=torch.float32, device=device)     # [rows, k, V] Exp(1)
-        # Padding rows sample with harmless settings (temperature 1, no filter).
-        self.st = SamplingTensors(
-            temperature=torch.ones(rows, device=device), is_greedy=torch.zeros(rows, dtype=torch.bool, device=device),
-            top_k=torch.full((rows,), vocab, dtype=torch.int64, device=device), top_p=torch.ones(rows, device=device),
-            generators=[], all_greedy=st.all_greedy, any_greedy=st.any_greedy, needs_filter=st.needs_filter,
-        )
+        if share is not None:
+            self.draft_ids, self.draft_probs, self.noise, self.st = share.draft_ids, share.draft_probs, share.noise, share.st
+            self._settings_of = share._settings_of
+        else:
+            self.draft_ids = torch.zeros(rows, k, dtype=torch.int64, device=device)         # [rows, k]
+            self.draft_probs = torch.zeros(rows, k, vocab, dtype=torch.float32, device=device)  # [rows, k, V]
+            self.noise = torch.ones(rows, k, vocab, dtype=torch.float32, device=device)     # [rows, k, V] Exp(1)
+            # Padding rows sample with harmless settings (temperature 1, no filter).
+            self.st = SamplingTensors(
+                temperature=torch.ones(rows, device=device), is_greedy=torch.zeros(rows, dtype=torch.bool, device=device),
+                top_k=torch.full((rows,), vocab, dtype=torch.int64, device=device), top_p=torch.ones(rows, device=device),
+                generators=[], all_greedy=st.all_greedy, any_greedy=st.any_greedy, needs_filter=st.needs_filter,
+            )
+            # Which SamplingTensors self.st holds now: the engine builds one per batch and never writes
+            # to it, so a replay for the same batch skips the four copies.
+            self._settings_of: list = [None]
         self.fused = fused_sampling  # how the captured steps sample (draft_sampling.sample_draft_step)
+        self.first = first  # draft step 1's device-built buffers: the replay starts at step 1 (None: step 2)
         self.graph: torch.cuda.CUDAGraph | None = None
 
     @staticmethod
-    def key(rows: int, width: int, st: SamplingTensors) -> tuple:
-        return rows, width, st.all_greedy, st.any_greedy, st.needs_filter
+    def key(rows: int, width: int, st: SamplingTensors, from_first_step: bool = False) -> tuple:
+        return rows, width, st.all_greedy, st.any_greedy, st.needs_filter, from_first_step
 
     def _steps(self) -> None:
-        decode, model = self.decode, self.runner.model
+        decode, model, kv_caches = self.decode, self.runner.model, self.runner.kv_caches
         inputs = decode.inputs(self.rows, self.width)
-        sampled = decode.sampled_ids[: self.rows]
+        sampled = decode.sampled_ids[: self.rows]  # [rows] int64: each step's ids, read by advance_step
+        noise = None if self.st.all_greedy else self.noise
+        if self.first is not None:  # draft step 1: its 2-token rows, the last one's logits
+            first = self.first.view(self.rows, self.width)
+            logits = model(first.input_ids, first.positions, kv_caches, first.meta)  # [rows, V]
+            sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused)
         for step in range(1, self.k):
             decode.advance()
-            logits = model(inputs.input_ids, inputs.positions, self.runner.kv_caches, inputs.meta)  # [rows, V]
-            noise = None if self.st.all_greedy else self.noise
+            logits = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)  # [rows, V]
             sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused)
 
-    def run(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
-        """Steps 2..k for the first `batch` rows. draft_noise: [batch, k, V] or None (greedy)."""
-        for name in ("temperature", "is_greedy", "top_k", "top_p"):
-            getattr(self.st, name)[:batch].copy_(getattr(st, name))
+    def load(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
+        """The first `batch` rows' sampling settings (when the batch changed) and draft noise
+        ([batch, k, V], None when greedy) into the graph's buffers."""
+        if self._settings_of[0] is not st:
+            for name in ("temperature", "is_greedy", "top_k", "top_p"):
+                getattr(self.st, name)[:batch].copy_(getattr(st, name))
+            self._settings_of[0] = st
         if draft_noise is not None:
             self.noise[:batch].copy_(draft_noise)
+
+    def run(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
+        """Steps 2..k (1..k with `first`) for the first `batch` rows. draft_noise: [batch, k, V] or None
+        (greedy)."""
+        self.load(st, draft_noise, batch)
         if self.graph is not None:
             self.graph.replay()
             return

@@ -12,7 +12,8 @@ from collections import defaultdict
 
 import torch
 
-PHASES = ("begin", "prepare", "draft_forward", "sampling", "draft_loop_graph", "verify", "rejection", "commit")
+PHASES = ("begin", "prepare", "draft_forward", "sampling", "draft_loop_graph", "step_graph", "verify", "rejection",
+          "commit")
 
 
 class PhaseTimer:

@@ -26,6 +26,7 @@ from protospec.spec.randoms import SpecStepRandoms
 from protospec.spec.acceptance import RejectionSampling
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.spec.sampler import SamplingTensors
+from protospec.spec.step_graph import SpecStepGraph, commit_row
 from protospec.spec.step_state import StepState
 
 
@@ -35,7 +36,7 @@ class SpeculativeStep:
 
     def __init__(self, target: ModelRunner, draft_loop: DraftLoop, commit_policy: SyncedCommit,
                  block_manager: BlockManager, loop_guard=None, acceptance=None, fused_sampling: bool = False,
-                 dynamic_k=None):
+                 dynamic_k=None, step_graph: bool = False):
         self.target, self.draft_loop, self.commit_policy = target, draft_loop, commit_policy
         self.block_manager = block_manager
         self.acceptance = acceptance or RejectionSampling()  # acceptance.py: which draft tokens are kept
@@ -45,6 +46,10 @@ class SpeculativeStep:
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.device = target.device
         self.fused_sampling = fused_sampling  # kernels/sampling.py: the verify's probabilities in two launches
+        # A step launched by the overlapped commit runs whole as one CUDA graph (step_graph.py); the
+        # engine turns it on only where it applies (graph draft loop, k > 1, fixed k, the draft proposer).
+        self.step_graph = step_graph
+        self._step_graphs: dict[int, SpecStepGraph] = {}  # id(its draft graph) -> the step graph over it
         self.timer = NULL_TIMER
 
     @property
@@ -83,6 +88,8 @@ class SpeculativeStep:
 
     def verify(self, s: StepState) -> torch.Tensor:
         """Target forward over k+1 positions per sequence -> target probs [B, k+1, V]."""
+        if s.target_probs is not None:  # a step graph ran the verify already
+            return s.target_probs
         batch, seqs, width = len(s.seqs), s.seqs, self.look.verify_len
         with self.timer.phase("verify"):
             self.dynamic_k.limit(s)  # after the previous step's commit: its outcome is known
@@ -101,6 +108,8 @@ class SpeculativeStep:
         return s.target_probs
 
     def reject(self, s: StepState) -> RejectionOutput:
+        if s.result is not None:  # a step graph sampled it already
+            return s.result
         with self.timer.phase("rejection"):
             s.result = self.acceptance(s.draft_ids, s.draft_probs, s.target_probs, s.randoms, s.num_proposed)
         return s.result
@@ -111,15 +120,9 @@ class SpeculativeStep:
         k); then the device-built inputs' error flag (0 = none). Queued before any work of the next
         step, so the commit waits for this copy only."""
         with self.timer.phase("commit"):
-            r = s.result
-            columns = [r.output_token_ids, r.num_accepted[:, None], r.passed_mask.sum(-1, keepdim=True)]
-            if s.num_proposed is not None:
-                columns.append(s.num_proposed[:, None])
-            parts = [torch.cat(columns, 1).flatten()]
-            flag = self.draft_loop.error_flag()
-            if flag is not None:
-                parts.append(flag.long())
-            flat = torch.cat(parts)  # [B * (k + 3) (+ 1)] int64
+            flat = s.commit_row
+            if flat is None:
+                flat = commit_row(s.result, s.num_proposed, self.draft_loop.error_flag())  # [B * (k + 3) (+ 1)] int64
             if flat.device.type != "cuda":
                 s.commit_copy = (flat, None)
                 return
@@ -128,6 +131,32 @@ class SpeculativeStep:
             done = torch.cuda.Event()
             done.record()
             s.commit_copy = (host, done)
+
+    def launch_step_graph(self, s: StepState) -> bool:
+        """Run a launched step (its draft step 1's inputs built on the device) whole as one replay:
+        draft steps 1..k, verify, rejection and the commit's row (step_graph.py). False where the
+        step graph is off; the step then runs stage by stage."""
+        if not self.step_graph:
+            return False
+        batch = len(s.seqs)
+        draft_graph = self.draft_loop.first_step_graph(batch, s.max_blocks, s.st)
+        graph = self._step_graphs.get(id(draft_graph))
+        if graph is None:
+            graph = SpecStepGraph(draft_graph, self.target, self.acceptance, self.fused_sampling,
+                                  self.draft_loop.error_flag())
+            self._step_graphs[id(draft_graph)] = graph
+        s.randoms = self.draw_randoms(s)
+        with self.timer.phase("step_graph"):
+            probs, result, s.commit_row = graph.run(s.st, s.randoms, batch)
+        s.target_probs = probs[:batch]
+        s.result = RejectionOutput(result.output_token_ids[:batch], result.num_accepted[:batch],
+                                   result.accepted_mask[:batch], result.passed_mask[:batch])
+        s.step = self.k
+        counters = self.draft_loop.counters
+        counters["spec_step_graph"] += 1
+        counters["draft_loop_graph"] += 1  # the draft tail is inside this replay too
+        counters["gpu_advance"] += self.k - 1  # inside the replay
+        return True
 
     def launch_next(self, s: StepState) -> None:
         """The commit policy's chance to queue the next spec step's work before the host sync."""

@@ -26,4 +26,5 @@ class StepState:
     step: int = 0                             # draft steps done
     target_probs: torch.Tensor | None = None  # [B, k+1, V] after verify
     result: RejectionOutput | None = None     # after reject
+    commit_row: torch.Tensor | None = None  # int64 [rows * (k + 3) + 1]: the commit's row, where a step graph made it
     commit_copy: tuple[torch.Tensor, torch.cuda.Event | None] | None = None  # (host int64 copy, its event): what commit reads

@@ -1,0 +1,111 @@
+"""A launched spec step as ONE CUDA graph: draft steps 1..k, the verify's inputs, the verify, the
+target's probabilities, the rejection sampler and the commit's row, one replay.
+
+The overlapped commit (commit.py) builds the next spec step's draft step 1 on the device from the
+rejection output, before the host has read it. From there nothing the step does needs the host:
+the draft loop advances on the device (draft_graph.py), the verify's inputs follow from draft step
+1's buffers and the draft ids (verify_inputs.py), and the rejection sampler reads random numbers
+drawn up front. So the whole step is captured once per batch layout and replayed: per spec step the
+host launches the first_draft_step kernel, draws the step's keys, copies the random numbers in,
+replays, and queues the commit's copy. The commit then runs while the device works on the next step.
+
+Everything lives in fixed buffers of `rows` (the batch padded to a bucket); the draft side shares
+the steps 1..k draft graph's buffers (settings, noise, draft ids and probabilities). The outputs
+(target probabilities, the rejection output, the commit's row) are the graph's own tensors,
+overwritten by the next replay: the host reads a step's outcome from the commit's copy.
+"""
+from __future__ import annotations
+
+import torch
+
+from protospec.errors import ConfigError
+from protospec.layout import RejectionOutput
+from protospec.model.graphs import sync_allowed
+from protospec.model.persistent_inputs import PersistentInputs
+from protospec.model.runner import ModelRunner
+from protospec.spec.draft_graph import DraftLoopGraph
+from protospec.spec.draft_sampling import target_probs
+from protospec.spec import registry
+from protospec.spec.randoms import SpecStepRandoms
+from protospec.spec.verify_inputs import build_verify_inputs
+
+
+def step_graph_applies(setting: bool | None, draft_loop: str, proposer: str | None, k: int, dynamic_k: str,
+                       commit: str) -> bool:
+    """EngineConfig.spec_step_graph resolved for an engine's draft loop (None: wherever it applies);
+    True where it cannot apply is an error that names what is missing."""
+    missing = [need for need, absent in (
+        ("the graph draft loop", draft_loop != registry.GRAPH),
+        ("a draft model", proposer != registry.DRAFT),
+        ("k >= 2", k < 2),
+        ("fixed k (dynamic_k='off')", dynamic_k != registry.DYNAMIC_K_OFF),
+        ("the overlapped commit", commit != registry.OVERLAPPED)) if absent]
+    if setting and missing:
+        raise ConfigError(f"spec_step_graph=True needs {', '.join(missing)}")
+    return setting is not False and not missing
+
+
+def commit_row(result: RejectionOutput, num_proposed: torch.Tensor | None, error_flag: torch.Tensor | None) -> torch.Tensor:
+    """What the commit reads, as one int64 vector: per row the k + 1 output ids, the accepted and the
+    passed counts (and the proposed count, where a proposer may offer fewer than k); then the error
+    flag of device-built inputs (0 = none). [B * (k + 3) (+ B) (+ 1)] int64."""
+    columns = [result.output_token_ids, result.num_accepted[:, None], result.passed_mask.sum(-1, keepdim=True)]
+    if num_proposed is not None:
+        columns.append(num_proposed[:, None])
+    parts = [torch.cat(columns, 1).flatten()]
+    if error_flag is not None:
+        parts.append(error_flag.long())
+    return torch.cat(parts)
+
+
+class SpecStepGraph:
+    def __init__(self, draft_graph: DraftLoopGraph, target: ModelRunner, acceptance, fused_sampling: bool,
+                 error_row: torch.Tensor):
+        """draft_graph: the steps 1..k graph (its `first` buffers set); acceptance: the step's rule
+        (spec/acceptance.py), called on the padded batch; error_row: [1] int32 the step's device-built
+        inputs flag a bad position in."""
+        if draft_graph.first is None:
+            raise ValueError("a spec step graph starts at draft step 1: its draft graph needs the first-step buffers")
+        self.draft, self.target, self.acceptance = draft_graph, target, acceptance
+        self.fused, self.error_row = fused_sampling, error_row
+        rows, width, k, vocab, device = draft_graph.rows, draft_graph.width, draft_graph.k, target.vocab_size, target.device
+        self.rows, self.width, self.k = rows, width, k
+        self.verify = PersistentInputs("spec_step_graph_verify", rows, k + 1, width, k + 1, target.block_size, device)
+        # The rejection sampler's random numbers; greedy graphs keep these neutral values (never copied).
+        self.uniforms = torch.zeros(rows, k, device=device)                    # [rows, k] U[0, 1)
+        self.recovered_noise = torch.ones(rows, k, vocab, device=device)       # [rows, k, V] Exp(1)
+        self.bonus_noise = torch.ones(rows, vocab, device=device)              # [rows, V] Exp(1)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.outputs: tuple | None = None  # (target probs [rows, k+1, V], RejectionOutput, commit row) of the replays
+
+    def _record(self) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
+        d, rows, k = self.draft, self.rows, self.k
+        d._steps()
+        build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row)
+        v = self.verify.view(rows, self.width)
+        logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
+        probs = target_probs(logits, d.st, k + 1, self.fused).view(rows, k + 1, -1)         # [rows, k+1, V]
+        randoms = SpecStepRandoms(self.uniforms, self.recovered_noise, self.bonus_noise, noise_block=None)
+        result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms)
+        return probs, result, commit_row(result, None, self.error_row)
+
+    def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
+        """The step for the first `batch` rows: (target probs, rejection output, commit row), each of
+        the padded batch; rows past `batch` are padding."""
+        if not st.all_greedy:
+            self.uniforms[:batch].copy_(randoms.uniforms)
+            self.recovered_noise[:batch].copy_(randoms.recovered_noise)
+            self.bonus_noise[:batch].copy_(randoms.bonus_noise)
+        if self.graph is not None:
+            self.draft.load(st, randoms.draft_noise, batch)
+            self.graph.replay()
+            return self.outputs
+        # First use: the step's real work eagerly (it also makes the rejection kernel's cached
+        # buffers outside the capture), then the capture for every later launched step.
+        self.draft.load(st, randoms.draft_noise, batch)
+        eager = self._record()
+        with sync_allowed():
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.outputs = self._record()
+        return eager

@@ -1,0 +1,117 @@
+"""A launched spec step as one CUDA graph: the verify's inputs built on the device (held to the CPU
+prepare), the commit's row, when the step graph applies, and its tokens against the stage-by-stage step."""
+import random
+
+import pytest
+import torch
+from tiny import random_prompts, tiny_llm
+
+from protospec import SamplingParams
+from protospec.errors import ConfigError
+from protospec.layout import NULL_BLOCK, PAD_SLOT_ID, RejectionOutput
+from protospec.model.inputs import prepare_inputs
+from protospec.model.persistent_inputs import PersistentInputs
+from protospec.spec import registry
+from protospec.spec.step_graph import commit_row, step_graph_applies
+from protospec.spec.verify_inputs import build_verify_inputs
+
+ON_GPU = torch.cuda.is_available()
+
+
+def _first_step(rows, width, block_size, lengths, last_tokens, tables):
+    """Draft step 1's buffers as the first_draft_step kernel leaves them (padding rows: seq_lens 0)."""
+    first = PersistentInputs("first", rows, 2, width, 1, block_size, torch.device("cpu"))
+    first.input_ids.fill_(99)
+    for r, (length, last, table) in enumerate(zip(lengths, last_tokens, tables)):
+        first.seq_lens[r] = length
+        first.input_ids[2 * r + 1] = last
+        first.block_tables[r, : len(table)] = torch.tensor(table, dtype=torch.int32)
+    return first
+
+
+@pytest.mark.parametrize("batch,rows,k,block_size", [(1, 1, 5, 16), (3, 4, 4, 4), (6, 8, 2, 8)])
+def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows, k, block_size):
+    rng = random.Random(batch * 10 + k)
+    free = list(range(1, 500))
+    rng.shuffle(free)
+    lengths = [rng.randint(2, 40) for _ in range(batch)]
+    tables = [[free.pop() for _ in range(-(-(n + k) // block_size))] for n in lengths]
+    width = max(len(t) for t in tables)
+    last = [rng.randint(3, 200) for _ in range(batch)]
+    drafts = torch.randint(3, 200, (rows, k))
+    first = _first_step(rows, width, block_size, lengths, last, tables)
+    verify = PersistentInputs("verify", rows, k + 1, width, k + 1, block_size, torch.device("cpu"))
+    verify.slot_mapping.fill_(123)  # stale slots a padding row must not keep
+    error = torch.zeros(1, dtype=torch.int32)
+    build_verify_inputs(first, drafts, verify, rows, width, error)
+
+    cpu = prepare_inputs([[t] + drafts[r].tolist() for r, t in enumerate(last)], [n - 1 for n in lengths], tables,
+                         block_size, k + 1, torch.device("cpu"), width)
+    real = batch * (k + 1)
+    assert verify.input_ids[:real].tolist() == cpu.input_ids.tolist()
+    assert verify.positions[:real].tolist() == cpu.positions.tolist()
+    assert verify.slot_mapping[:real].tolist() == cpu.meta.slot_mapping.tolist()
+    assert verify.seq_lens[:batch].tolist() == [n + k for n in lengths]
+    assert torch.equal(verify.block_tables[:batch, :width], cpu.meta.block_tables)
+    assert (verify.slot_mapping[real:] == PAD_SLOT_ID).all() and (verify.seq_lens[batch:] == 0).all()
+    assert error.item() == 0
+
+
+def test_verify_inputs_flag_a_position_past_the_table():
+    block_size, k = 4, 3
+    tables = [[5, 6, 7], [8, NULL_BLOCK, NULL_BLOCK]]  # row 1 holds 4 positions only
+    lengths, last = [6, 3], [11, 12]
+    first = _first_step(2, 3, block_size, lengths, last, tables)
+    verify = PersistentInputs("verify", 2, k + 1, 3, k + 1, block_size, torch.device("cpu"))
+    error = torch.zeros(1, dtype=torch.int32)
+    build_verify_inputs(first, torch.full((2, k), 7), verify, 2, 3, error)
+    assert error.item() == 2  # row 1, + 1
+    assert verify.slot_mapping[k + 1 :].tolist() == [8 * 4 + 2, 8 * 4 + 3, PAD_SLOT_ID, PAD_SLOT_ID]
+    assert verify.slot_mapping[: k + 1].tolist() == [6 * 4 + 1, 6 * 4 + 2, 6 * 4 + 3, 7 * 4 + 0]
+
+
+def test_commit_row_lays_out_ids_counts_and_the_flag():
+    out = torch.tensor([[4, 5, -1], [6, -1, -1]])
+    result = RejectionOutput(out, torch.tensor([1, 0]), torch.tensor([[True, False], [False, False]]),
+                             torch.tensor([[True, True], [False, True]]))
+    row = commit_row(result, None, torch.tensor([2], dtype=torch.int32))
+    assert row.tolist() == [4, 5, -1, 1, 2, 6, -1, -1, 0, 1, 2]
+    assert commit_row(result, torch.tensor([2, 1]), None).tolist() == [4, 5, -1, 1, 2, 2, 6, -1, -1, 0, 1, 1]
+
+
+def test_the_step_graph_applies_only_where_it_can_and_says_why_not():
+    args = dict(draft_loop=registry.GRAPH, proposer=registry.DRAFT, k=5, dynamic_k=registry.DYNAMIC_K_OFF,
+                commit=registry.OVERLAPPED)
+    assert step_graph_applies(None, **args) and step_graph_applies(True, **args)
+    assert not step_graph_applies(False, **args)
+    assert not step_graph_applies(None, **(args | {"k": 1}))
+    with pytest.raises(ConfigError, match="the graph draft loop, .*the overlapped commit"):
+        step_graph_applies(True, **(args | {"draft_loop": registry.GPU, "commit": registry.SYNCED}))
+    with pytest.raises(ConfigError, match="fixed k"):
+        step_graph_applies(True, **(args | {"dynamic_k": registry.DYNAMIC_K_HEURISTIC}))
+
+
+def test_asking_for_the_step_graph_on_a_cpu_engine_names_what_is_missing(tiny_target, tiny_draft):
+    with pytest.raises(ConfigError, match="spec_step_graph=True needs the graph draft loop"):
+        tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="main", spec_step_graph=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature):
+    """Requests of different lengths share two batch slots, so launched steps are discarded and graphs
+    of several batch sizes replay; with the step graph on or off the tokens are the same."""
+    prompts = random_prompts(5, seed=6)
+    params = [SamplingParams(temperature=temperature, top_k=40, max_tokens=n, seed=20 + i, ignore_eos=True)
+              for i, n in enumerate((40, 61, 33, 18, 29))]
+    outs, counters = {}, {}
+    for setting in (False, None):
+        llm = tiny_llm(tiny_target, tiny_draft, k=4, device="cuda", dtype="float16", draft_loop="graph",
+                       max_num_seqs=2, spec_step_graph=setting, check_no_sync=True)
+        outs[setting] = [o.token_ids for o in llm.generate(prompts, params)]
+        counters[setting] = llm.counters["draft"]
+        bm = llm.engine.block_manager
+        assert bm.num_free_blocks == bm.num_usable_blocks
+    assert outs[None] == outs[False]
+    assert counters[None]["spec_step_graph"] > 0 and "spec_step_graph" not in counters[False]
