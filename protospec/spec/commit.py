@@ -76,7 +76,8 @@ class OverlappedCommit(SyncedCommit):
         nxt = loop.new_state(seqs, s.st, max(len(seq.block_table) for seq in seqs))
         with step.timer.phase("prepare"):
             nxt.first_inputs = loop.build_first_inputs(s.result, seqs)
-        loop.draft_step(nxt, step.draw_randoms)
+        if not step.launch_step_graph(nxt):  # the whole step as one replay, where it applies
+            loop.draft_step(nxt, step.draw_randoms)
         self.pending = nxt
 
     def take(self, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
