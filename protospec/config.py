@@ -93,8 +93,9 @@ class EngineConfig:
     linear_kernel: str | None = None
     # The tensor-core GEMVs launched as programmatic dependents (sm_90 and later): each starts while
     # the kernel before it ends and loads its weights before it waits for that kernel's output
-    # (kernels/dependent_launch.py). Needs the tensor-core linears. Off until timed.
-    dependent_launch: bool = False
+    # (kernels/dependent_launch.py). None: on wherever the tensor-core linears run on sm_90 or later
+    # (measured faster: data/results/README.md); False: ordinary launches; True: on, or an error.
+    dependent_launch: bool | None = None
     # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
     # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of
     # ~10 kernels per layer. True or "one": that kernel; "per_phase": the same phases as one ordinary
@@ -108,9 +109,10 @@ class EngineConfig:
     # A spec step the overlapped commit launched runs whole as one CUDA graph (spec/step_graph.py):
     # draft steps 1..k, the verify's inputs built on the device, the verify, the rejection sampler and
     # the commit's row. Applies to the graph draft loop with a draft model, k >= 2, fixed k and the
-    # overlapped commit. None: on wherever it applies; False: stage by stage (the off switch); True:
-    # on, and an error where it cannot apply.
-    spec_step_graph: bool | None = None
+    # overlapped commit. False (default): stage by stage; None: on wherever it applies; True: on, and
+    # an error where it cannot apply. Off by default: at batch 1 on an H200 the device, not the host,
+    # bounds the launched steps, and the graph's verify-input ops add device time (data/results/README.md).
+    spec_step_graph: bool | None = False
     # Which draft tokens a spec step keeps (spec/acceptance.py): "rejection" (lossless) or "typical"
     # (Medusa's typical acceptance, lossy; posterior_threshold and posterior_alpha as vLLM names them).
     acceptance: str = registry.REJECTION

@@ -122,12 +122,17 @@ def test_cuda_graph_replays_give_the_eager_tokens(tiny_target, tiny_draft, mode)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_graph_mode_replays_the_whole_draft_tail(tiny_target, tiny_draft):
-    llm = _llm(tiny_target, tiny_draft, "cuda", "graph", k=4, check_no_sync=True)
+@pytest.mark.parametrize("step_graph", [False, None], ids=["stage_by_stage", "step_graph"])
+def test_graph_mode_replays_the_whole_draft_tail(tiny_target, tiny_draft, step_graph):
+    llm = _llm(tiny_target, tiny_draft, "cuda", "graph", k=4, check_no_sync=True, spec_step_graph=step_graph)
     llm.generate(random_prompts(4), SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True, seed=2))
     draft = llm.counters["draft"]
-    steps = llm.counters["target"]["cpu_prepare:verify"] + draft["spec_step_graph"]  # a step graph builds its own
-    assert draft["spec_step_graph"] > 0 and draft["draft_loop_graph"] == steps and draft["gpu_advance"] == 3 * steps
+    whole = draft.get("spec_step_graph", 0)  # a step graph builds its verify's inputs itself
+    steps = llm.counters["target"]["cpu_prepare:verify"] + whole
+    assert (whole > 0) == (step_graph is None)
+    # Stage by stage, a draft step 1 built on the device joins the replay of steps 2..k.
+    assert (draft.get("draft_loop_graph:from_first_step", 0) > 0) == (step_graph is False)
+    assert draft["draft_loop_graph"] == steps and draft["gpu_advance"] == 3 * steps
     assert draft["cpu_prepare:first_draft_step"] + draft["gpu_first_step"] == steps and draft["gpu_first_step"] > 0
     assert not any(key.startswith("fallback:") for key in draft)
 

@@ -67,8 +67,8 @@ class BenchSetup:
     persistent_decode: bool | str = False  # EngineConfig.persistent_decode ("per_phase": its phases' kernels)
     linear_kernel: str | None = None       # EngineConfig.linear_kernel (None: mma_fused with the layer kernels)
     fused_sampling: bool = False           # EngineConfig.fused_sampling
-    dependent_launch: bool = False         # EngineConfig.dependent_launch
-    spec_step_graph: bool | None = None    # EngineConfig.spec_step_graph (None: wherever it applies)
+    dependent_launch: bool | None = None   # EngineConfig.dependent_launch (None: wherever it applies)
+    spec_step_graph: bool | None = False   # EngineConfig.spec_step_graph (None: wherever it applies)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)

@@ -117,9 +117,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--fused-sampling", action="store_true",
                    help="each draft step's softmax and sample (and the verify's softmax) as two Numba kernels "
                         "over vocabulary slices instead of torch's ops")
-    p.add_argument("--dependent-launch", action="store_true",
-                   help="the tensor-core GEMVs start while the kernel before them ends (sm_90 and later)")
-    p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
+    p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
+                   help="the tensor-core GEMVs start while the kernel before them ends (auto: on sm_90 and later)")
+    p.add_argument("--spec-step-graph", default="off", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (auto: wherever it applies)")
     p.add_argument("--output-json", default=None,
                    help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
@@ -231,7 +231,7 @@ def setup_from(args) -> BenchSetup:
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
                       args.speculative_disable_by_batch_size, auto_as_none(args.attention_kernel),
                       args.persistent_decode, auto_as_none(args.linear_kernel), args.fused_sampling,
-                      args.dependent_launch, ON_OFF[args.spec_step_graph])
+                      ON_OFF[args.dependent_launch], ON_OFF[args.spec_step_graph])
 
 
 ON_OFF = {"auto": None, "on": True, "off": False}  # a three-way engine setting as EngineConfig takes it

@@ -174,8 +174,9 @@ def main(argv=None) -> dict:
     p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
                    help="the layer kernels' linear layers (cublas: the fusion off; auto = mma_fused)")
     p.add_argument("--fused-sampling", action="store_true", help="the draft steps' and verify's sampling kernels")
-    p.add_argument("--dependent-launch", action="store_true", help="the tensor-core GEMVs as programmatic dependents")
-    p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
+    p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
+                   help="the tensor-core GEMVs as programmatic dependents (auto: on sm_90 and later)")
+    p.add_argument("--spec-step-graph", default="off", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (off: each phase's kernels attributed apart)")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
@@ -187,7 +188,7 @@ def main(argv=None) -> dict:
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
                        attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
-                       fused_sampling=args.fused_sampling, dependent_launch=args.dependent_launch,
+                       fused_sampling=args.fused_sampling, dependent_launch=ON_OFF[args.dependent_launch],
                        spec_step_graph=ON_OFF[args.spec_step_graph])
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))

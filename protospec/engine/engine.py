@@ -26,7 +26,7 @@ from protospec.spec.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
-from protospec.model.layer_kernels import check_attention_kernel, check_dependent_launch, check_linear_kernel
+from protospec.model.layer_kernels import check_attention_kernel, check_linear_kernel, resolve_dependent_launch
 from protospec.model.loader import load_model
 from protospec.model.persistent_forward import enable_for_runners as enable_persistent_decode
 from protospec.model.runner import ModelRunner
@@ -69,11 +69,12 @@ class Engine:
                                self.dtype, config.block_size)
         check_linear_kernel(config.linear_kernel, self.use_layer_kernels)
         self.linear_kernel = config.linear_kernel or ("mma_fused" if self.use_layer_kernels else "cublas")
-        check_dependent_launch(config.dependent_launch, self.linear_kernel, self.use_layer_kernels, self.device)
+        self.dependent_launch = resolve_dependent_launch(config.dependent_launch, self.linear_kernel,
+                                                         self.use_layer_kernels, self.device)
         if self.use_layer_kernels:
             for m in (target, draft):
                 if m is not None:
-                    m.enable_layer_kernels(config.attention_kernel, self.linear_kernel, config.dependent_launch)
+                    m.enable_layer_kernels(config.attention_kernel, self.linear_kernel, self.dependent_launch)
         self.num_blocks = size_kv_pool(config, self.device, self.dtype, self.max_model_len + self.look.extra_positions,
                                        [m for m in (target, draft) if m is not None])
         self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None

@@ -37,16 +37,21 @@ def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
         raise ConfigError(f"linear_kernel={linear!r} needs the layer kernels (layer_kernels is off here)")
 
 
-def check_dependent_launch(dependent: bool, linear: str, layer_kernels_on: bool, device: torch.device) -> None:
-    """EngineConfig.dependent_launch: only the tensor-core GEMVs launch as dependents, on sm_90 or later."""
-    if not dependent:
-        return
-    if not layer_kernels_on or linear == "cublas":
+def resolve_dependent_launch(setting: bool | None, linear: str, layer_kernels_on: bool, device: torch.device) -> bool:
+    """EngineConfig.dependent_launch: only the tensor-core GEMVs launch as dependents, on sm_90 or later.
+    None: wherever that holds on a CUDA device; True where it does not is an error naming why."""
+    tensor_core_linears = layer_kernels_on and linear != "cublas"
+    if setting is None:
+        return tensor_core_linears and device.type == "cuda" and dependent_launch.supported(device)
+    if not setting:
+        return False
+    if not tensor_core_linears:
         raise ConfigError(f"dependent_launch=True needs the tensor-core linears (layer kernels on, linear_kernel "
                           f"mma or mma_fused; here layer kernels {'on' if layer_kernels_on else 'off'}, {linear!r})")
     if not dependent_launch.supported(device):
         raise ConfigError(f"dependent_launch=True needs compute capability {dependent_launch.MIN_CAPABILITY} or "
                           f"later; {device} has {torch.cuda.get_device_capability(device)}")
+    return True
 
 
 def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: list, dtype: torch.dtype,

@@ -111,6 +111,7 @@ class DeviceGraphLoop(DeviceAdvanceLoop):
             self._graph(len(s.seqs), s.max_blocks, s.st, from_first_step).run(s.st, s.randoms.draft_noise, len(s.seqs))
         self.draft.counters["gpu_advance"] += self.look.k - 1  # inside the replay
         self.draft.counters["draft_loop_graph"] += 1
-        self.draft.counters["draft_loop_graph:from_first_step"] += from_first_step
+        if from_first_step:
+            self.draft.counters["draft_loop_graph:from_first_step"] += 1
         s.step = self.look.k
         return None

@@ -9,8 +9,8 @@ source "$(dirname "$0")/env.sh"
 mkdir -p "$OUT/res"
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gemv_mma.py tests/test_layer_kernels.py \
   tests/test_attention_mma.py tests/test_fused_linears_tokens.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
-for flag in "" --dependent-launch; do
-  name=${flag:-ordinary}; name=${name#--}
+for flag in "--dependent-launch off" "--dependent-launch on"; do
+  name=${flag##* }
   timeout 90 python3 -m protospec.bench.kernel_census --modes graph $flag \
     --output-json "$OUT/res/kernel_census_$name.json" 2>&1 | quiet | grep -E "busy per spec step|graph:"
   timeout 90 python3 -m protospec.bench --load-format dummy --draft-loop graph --num-iters-warmup 3 --num-iters 30 \

@@ -9,10 +9,10 @@ mkdir -p "$OUT/res"
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_step_graph.py tests/test_draft_loop.py \
   tests/test_overlap_commit.py tests/test_fused_linears_tokens.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -12
 bench="python3 -m protospec.bench --load-format dummy --draft-loop graph --num-iters-warmup 3 --num-iters 30"
-for flags in "--spec-step-graph off" "--spec-step-graph auto" "--spec-step-graph auto --dependent-launch" \
-             "--spec-step-graph off --dependent-launch"; do
+for flags in "--spec-step-graph off --dependent-launch off" "--spec-step-graph auto --dependent-launch off" \
+             "--spec-step-graph auto --dependent-launch on" "--spec-step-graph off --dependent-launch on"; do
   name=$(echo "$flags" | tr -d '-' | tr ' ' '_')
   echo "[$flags] $(timeout 90 $bench $flags --output-json "$OUT/res/latency_$name.json" 2>&1 | quiet | grep -E "^50% percentile")"
 done
-timeout 90 python3 -m protospec.bench.kernel_census --modes graph --dependent-launch \
+timeout 90 python3 -m protospec.bench.kernel_census --modes graph --dependent-launch on --spec-step-graph auto \
   --output-json "$OUT/res/kernel_census_step_graph.json" 2>&1 | quiet | grep -E "busy per spec step|graph:"
