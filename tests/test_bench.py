@@ -158,6 +158,8 @@ def test_kernel_census_counts_engine_steps_not_the_requests_steps():
               (15, 19, "verify")]
     assert engine_spec_steps(phases, request_steps=6) == 2
     assert engine_spec_steps([], request_steps=6) == 6   # nothing recorded: the requests' count
+    # a step replayed whole as one graph has no verify phase of its own
+    assert engine_spec_steps(phases + [(20, 30, "step_graph"), (30, 35, "commit")], request_steps=9) == 3
 
 
 def test_kernel_census_charges_each_idle_gap_to_the_phase_that_ended_it():
@@ -172,12 +174,14 @@ def test_kernel_census_charges_each_idle_gap_to_the_phase_that_ended_it():
 
 
 def test_kernel_census_charges_each_kernel_to_the_innermost_phase_that_launched_it():
-    from protospec.bench.kernel_census import busy_by_phase
+    from protospec.bench.kernel_census import busy_by_phase, merged_busy_us
 
-    kernels = [(0, 4), (10, 13), (12, 20), (50, 51), (90, 95)]
+    # (12, 20) starts while (10, 13) runs (a dependent launch): the overlap is charged once, to the first
+    kernels = [(0, 4), (10, 13), (12, 20), (50, 51), (90, 95), (91, 93)]
     ranges = [(0, 21, "draft_loop_graph"), (11, 21, "sampling"), (40, 60, "verify")]  # sampling nests in the graph
-    assert busy_by_phase(kernels, ranges) == {"draft_loop_graph": 4 + 3, "sampling": 8, "verify": 1,
-                                              "outside_spec_step": 5}
+    by_phase = busy_by_phase(kernels, ranges)
+    assert by_phase == {"draft_loop_graph": 4 + 3, "sampling": 7, "verify": 1, "outside_spec_step": 5}
+    assert sum(by_phase.values()) == merged_busy_us(kernels)
     # a phase whose first kernel also opens its parent's device range: the inner one (the shorter) wins
     assert busy_by_phase([(0, 2), (5, 9)], [(0, 10, "draft_loop_graph"), (0, 4, "sampling")]) == {
         "sampling": 2, "draft_loop_graph": 4}

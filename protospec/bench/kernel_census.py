@@ -33,10 +33,10 @@ from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
 
 
 def engine_spec_steps(phases: list[tuple[float, float, str]], request_steps: int) -> int:
-    """The engine's spec steps: one verify phase each. Not the requests' summed steps (request_steps,
-    the fallback where no phase was recorded): a step at batch 64 serves 64 requests and reads the
-    weights once, so per-step figures divide by this."""
-    return sum(1 for *_, name in phases if name == "verify") or request_steps
+    """The engine's spec steps: one verify phase each, or one step_graph phase (a whole step replayed).
+    Not the requests' summed steps (request_steps, the fallback where no phase was recorded): a step at
+    batch 64 serves 64 requests and reads the weights once, so per-step figures divide by this."""
+    return sum(1 for *_, name in phases if name in ("verify", "step_graph")) or request_steps
 
 
 def merged_busy_us(intervals: list[tuple[float, float]]) -> float:
@@ -80,12 +80,18 @@ def busy_by_phase(kernels: list[tuple[float, float]], annotations: list[tuple[fl
     """Device time (us) of each kernel charged to the host phase that launched it: the profiler
     projects each phase's range onto the device (from its first kernel's start to its last one's end),
     and a kernel belongs to the innermost projected range holding its start (latest start where they
-    nest); kernels outside every range are "outside_spec_step"."""
+    nest); kernels outside every range are "outside_spec_step". A kernel is charged only the time no
+    earlier kernel covers, so the phases add up to the merged busy time: a programmatic dependent
+    starts (and waits) while the kernel before it still runs, and that overlap is counted once."""
     out: dict[str, float] = {}
-    for start, end in kernels:
+    end_so_far = float("-inf")
+    for start, end in sorted(kernels):
+        if end <= end_so_far:
+            continue
         covering = [a for a in annotations if a[0] <= start < a[1]]
         name = innermost(covering)
-        out[name] = out.get(name, 0.0) + (end - start)
+        out[name] = out.get(name, 0.0) + (end - max(start, end_so_far))
+        end_so_far = end
     return out
 
 
