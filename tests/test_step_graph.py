@@ -7,7 +7,7 @@ import torch
 from tiny import random_prompts, tiny_llm
 
 from protospec import SamplingParams
-from protospec.errors import ConfigError
+from protospec.errors import ConfigError, KernelArgumentError
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID, RejectionOutput
 from protospec.model.inputs import prepare_inputs
 from protospec.model.persistent_inputs import PersistentInputs
@@ -29,8 +29,12 @@ def _first_step(rows, width, block_size, lengths, last_tokens, tables):
     return first
 
 
+WAYS = [pytest.param(True, id="kernel"), pytest.param(False, id="torch_twin")]
+
+
+@pytest.mark.parametrize("use_kernel", WAYS)
 @pytest.mark.parametrize("batch,rows,k,block_size", [(1, 1, 5, 16), (3, 4, 4, 4), (6, 8, 2, 8)])
-def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows, k, block_size):
+def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows, k, block_size, use_kernel):
     rng = random.Random(batch * 10 + k)
     free = list(range(1, 500))
     rng.shuffle(free)
@@ -43,7 +47,7 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     verify = PersistentInputs("verify", rows, k + 1, width, k + 1, block_size, torch.device("cpu"))
     verify.slot_mapping.fill_(123)  # stale slots a padding row must not keep
     error = torch.zeros(1, dtype=torch.int32)
-    build_verify_inputs(first, drafts, verify, rows, width, error)
+    build_verify_inputs(first, drafts, verify, rows, width, error, use_kernel=use_kernel)
 
     cpu = prepare_inputs([[t] + drafts[r].tolist() for r, t in enumerate(last)], [n - 1 for n in lengths], tables,
                          block_size, k + 1, torch.device("cpu"), width)
@@ -57,17 +61,30 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     assert error.item() == 0
 
 
-def test_verify_inputs_flag_a_position_past_the_table():
+@pytest.mark.parametrize("use_kernel", WAYS)
+def test_verify_inputs_flag_a_position_past_the_table(use_kernel):
     block_size, k = 4, 3
     tables = [[5, 6, 7], [8, NULL_BLOCK, NULL_BLOCK]]  # row 1 holds 4 positions only
     lengths, last = [6, 3], [11, 12]
     first = _first_step(2, 3, block_size, lengths, last, tables)
     verify = PersistentInputs("verify", 2, k + 1, 3, k + 1, block_size, torch.device("cpu"))
     error = torch.zeros(1, dtype=torch.int32)
-    build_verify_inputs(first, torch.full((2, k), 7), verify, 2, 3, error)
+    build_verify_inputs(first, torch.full((2, k), 7), verify, 2, 3, error, use_kernel=use_kernel)
     assert error.item() == 2  # row 1, + 1
     assert verify.slot_mapping[k + 1 :].tolist() == [8 * 4 + 2, 8 * 4 + 3, PAD_SLOT_ID, PAD_SLOT_ID]
     assert verify.slot_mapping[: k + 1].tolist() == [6 * 4 + 1, 6 * 4 + 2, 6 * 4 + 3, 7 * 4 + 0]
+
+
+def test_the_verify_inputs_kernel_names_a_bad_argument():
+    first = _first_step(2, 3, 4, [5, 6], [9, 9], [[1, 2], [3, 4]])
+    verify = PersistentInputs("verify", 2, 4, 3, 4, 4, torch.device("cpu"))
+    error = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(KernelArgumentError, match="draft_ids: dtype torch.int32, expected torch.int64"):
+        build_verify_inputs(first, torch.zeros(2, 3, dtype=torch.int32), verify, 2, 3, error, use_kernel=True)
+    with pytest.raises(KernelArgumentError, match="width 4 outside 1..3"):
+        build_verify_inputs(first, torch.zeros(2, 3, dtype=torch.int64), verify, 2, 4, error, use_kernel=True)
+    with pytest.raises(ValueError, match="verify buffers hold 4 tokens a row, the step needs k \\+ 1 = 3"):
+        build_verify_inputs(first, torch.zeros(2, 2, dtype=torch.int64), verify, 2, 3, error, use_kernel=True)
 
 
 def test_commit_row_lays_out_ids_counts_and_the_flag():

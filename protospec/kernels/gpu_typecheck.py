@@ -9,7 +9,7 @@ Here the kernels' wrappers are called with small CPU tensors while the launchers
 launching, run Numba's CUDA pipeline (typing, then lowering to LLVM IR for sm_90; only the last step
 to PTX needs NVVM) on the kernel with the argument types the launch would have had. The shapes are
 chosen to reach each kernel's compile-time variants (tensor-core and register attention, split-K,
-GQA, float16 and float32, GEMV widths, the sliced samplers, advance_step and first_draft_step, the
+GQA, float16 and float32, GEMV widths, the sliced samplers, advance_step, first_draft_step, verify_inputs, the
 persistent and per-phase forwards).
 
 Prints one line per (kernel, signature) and exits 1 if any failed to compile. With --divisions,
@@ -177,9 +177,10 @@ def _sampling_and_rejection() -> None:
 
 def _draft_inputs() -> None:
     """The kernels that advance the draft's inputs on the device: advance_step (Numba's launch and the
-    bound launcher) and first_draft_step."""
+    bound launcher), first_draft_step and the launched step's verify_inputs."""
     from protospec.kernels.advance_step import AdvanceStepLauncher, advance_step
     from protospec.kernels.first_draft_step import first_draft_step
+    from protospec.kernels.verify_inputs import verify_inputs
 
     rows, width, block_size = 4, 3, 16
     int32, int64 = torch.int32, torch.int64
@@ -193,6 +194,11 @@ def _draft_inputs() -> None:
                      torch.zeros(batch, 6, dtype=int64), torch.zeros(batch, dtype=int64), torch.zeros(2 * rows, dtype=int64),
                      torch.zeros(2 * rows, dtype=int64), torch.zeros(2 * rows, dtype=int64), torch.ones(rows, dtype=int32),
                      torch.zeros(rows, width, dtype=int32), torch.zeros(1, dtype=int32))
+    k = 5
+    verify_inputs(block_size, width, torch.zeros(2 * rows, dtype=int64), torch.ones(rows, dtype=int32),
+                  torch.zeros(rows, width, dtype=int32), torch.zeros(rows, k, dtype=int64),
+                  *[torch.zeros(rows * (k + 1), dtype=int64) for _ in range(3)], torch.zeros(rows, dtype=int32),
+                  torch.zeros(rows, width, dtype=int32), torch.zeros(1, dtype=int32))
 
 
 def _forwards() -> None:

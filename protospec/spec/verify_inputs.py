@@ -11,25 +11,45 @@ and t_{L'-1} the last token draft step 1 fed (first.input_ids[2r + 1]):
 the layout the CPU's "verify" prepare builds (spec/step.py). Padding rows (seq_lens 0) get slot -1,
 so a replay never writes K/V for them. A position past the table, or on the null block, gets slot -1
 and sets error_row to row + 1 (the first_draft_step and advance_step kernels do the same): the host
-reads it with the commit's copy. Torch ops only: inside a captured graph their launches cost the
-host nothing, and on a CPU they run as they are (the tests hold them to the CPU prepare).
+reads it with the commit's copy.
+
+Two ways to the same buffers: one Numba launch (kernels/verify_inputs.py), and its twin in torch ops
+(about twenty small kernels, ~40 us of device time per step inside a graph); the tests hold both to
+the CPU prepare.
 """
 from __future__ import annotations
 
 import torch
 
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.verify_inputs import verify_inputs
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.model.persistent_inputs import PersistentInputs
 
 
 def build_verify_inputs(first: PersistentInputs, draft_ids: torch.Tensor, verify: PersistentInputs, rows: int,
-                        width: int, error_row: torch.Tensor) -> None:
+                        width: int, error_row: torch.Tensor, use_kernel: bool | None = None) -> None:
     """first: draft step 1's buffers (query_len 2); draft_ids: [rows, k] int64; verify: buffers of
-    query_len k + 1 with at least `rows` rows and `width` table columns; error_row: [1] int32."""
-    k = draft_ids.shape[1]
-    q = k + 1
+    query_len k + 1 with at least `rows` rows and `width` table columns; error_row: [1] int32.
+    use_kernel: the Numba launch (None: where kernels run on the tensors' device) or the torch twin."""
+    q = draft_ids.shape[1] + 1
     if verify.query_len != q:
         raise ValueError(f"verify buffers hold {verify.query_len} tokens a row, the step needs k + 1 = {q}")
+    if use_kernel is None:
+        use_kernel = draft_ids.device.type == KERNEL_DEVICE_TYPE
+    if not use_kernel:
+        build_verify_inputs_torch(first, draft_ids, verify, rows, width, error_row)
+        return
+    verify_inputs(first.block_size, width, first.input_ids[: 2 * rows], first.seq_lens[:rows], first.block_tables[:rows],
+                  draft_ids, verify.input_ids[: rows * q], verify.positions[: rows * q], verify.slot_mapping[: rows * q],
+                  verify.seq_lens[:rows], verify.block_tables[:rows], error_row)
+
+
+def build_verify_inputs_torch(first: PersistentInputs, draft_ids: torch.Tensor, verify: PersistentInputs, rows: int,
+                              width: int, error_row: torch.Tensor) -> None:
+    """The same buffers from torch ops (the kernel's twin)."""
+    k = draft_ids.shape[1]
+    q = k + 1
     device = draft_ids.device
     length = first.seq_lens[:rows].long()                                      # [rows] L', 0 on padding rows
     real = length > 0                                                          # [rows] bool
