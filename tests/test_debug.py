@@ -1,5 +1,7 @@
 """The step debugger the notebooks use: GPU-advance inputs equal their CPU prepare twin at every
 draft step, verdicts match what was emitted, and the engine goes on correctly afterwards."""
+import pytest
+import torch
 from tiny import random_prompts, tiny_llm
 
 from protospec import SamplingParams
@@ -75,8 +77,32 @@ def test_debugger_shows_the_overlapped_commits_device_built_first_step(tiny_targ
     assert [s.output_token_ids for s in seqs] == reference
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the graph mode replays CUDA graphs")
+@pytest.mark.parametrize("step_graph", [False, None], ids=["stage_by_stage", "step_graph"])
+def test_debugger_follows_the_graph_modes_launched_steps(tiny_target, tiny_draft, step_graph):
+    """In the graph mode a launched step arrives with its whole draft loop (or, with the step graph,
+    its verify and rejection too) already run: the trace still shows its device-built draft step 1
+    against the CPU twin, and the tokens are generate()'s."""
+    params = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True, seed=5)
+    prompts = random_prompts(2, seed=6)
+    kw = dict(k=3, draft_loop="graph", device="cuda", block_size=4, spec_step_graph=step_graph)
+    reference = [o.token_ids for o in tiny_llm(tiny_target, tiny_draft, **kw).generate(prompts, params)]
+    dbg = DraftLoopDebugger(tiny_llm(tiny_target, tiny_draft, **kw))
+    seqs = dbg.add(prompts, params)
+    launched = 0
+    while dbg.engine.running:
+        had_launch = dbg._launched is not None
+        trace = dbg.spec_step(overlap=True)
+        assert [d.path for d in trace.draft_steps] == (["gpu_first_step"] if had_launch else ["cpu_prepare"])
+        for d in trace.draft_steps:
+            assert d.differences == {"input_ids": 0, "positions": 0, "seq_lens": 0, "slot_mapping": 0}, d.path
+        launched += trace.next_first_step is not None
+    assert launched > 3
+    assert [s.output_token_ids for s in seqs] == reference
+
+
 def test_debugger_refuses_an_overlap_the_mode_cannot_do(tiny_target, tiny_draft):
-    import pytest
 
     dbg = DraftLoopDebugger(tiny_llm(tiny_target, tiny_draft, k=3, draft_loop="main"))
     dbg.add(random_prompts(1), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))

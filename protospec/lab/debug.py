@@ -134,7 +134,8 @@ class DraftLoopDebugger:
         self.state = eng.spec_step.begin(seqs, eng.sampling_tensors(seqs))
         bs, k = eng.config.block_size, eng.k
         self.trace = SpecStepTrace(block_tables=[list(seq.block_table) for seq in seqs])
-        if launched is not None and self.state.step == 1:  # continuing from the launched draft step 1
+        # Continuing from the launched step (its draft step 1, or in the graph mode its whole draft loop, ran).
+        if launched is not None and self.state.first_inputs is not None:
             self.trace.draft_steps.append(launched)
         # Where the verify will write: positions L-1 .. L-1+k of every sequence.
         self.trace.written_slots["target"] = sorted(

@@ -94,7 +94,7 @@ class DraftLoopGraph:
         # First use: run the steps eagerly (this IS the step's real work, and it warms up lazy
         # initialisations outside the capture), then record them for every later spec step.
         self._steps()
-        with sync_allowed():
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self._steps()
+        graph = torch.cuda.CUDAGraph()
+        with sync_allowed(), torch.cuda.graph(graph):
+            self._steps()
+        self.graph = graph  # only once captured: a failed capture leaves none

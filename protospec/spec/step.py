@@ -49,7 +49,7 @@ class SpeculativeStep:
         # A step launched by the overlapped commit runs whole as one CUDA graph (step_graph.py); the
         # engine turns it on only where it applies (graph draft loop, k > 1, fixed k, the draft proposer).
         self.step_graph = step_graph
-        self._step_graphs: dict[int, SpecStepGraph] = {}  # id(its draft graph) -> the step graph over it
+        self._step_graphs: dict = {}  # its DraftLoopGraph (held, so never a reused identity) -> the SpecStepGraph
         self.timer = NULL_TIMER
 
     @property
@@ -140,13 +140,13 @@ class SpeculativeStep:
             return False
         batch = len(s.seqs)
         draft_graph = self.draft_loop.first_step_graph(batch, s.max_blocks, s.st)
-        graph = self._step_graphs.get(id(draft_graph))
+        graph = self._step_graphs.get(draft_graph)
         if graph is None:
             graph = SpecStepGraph(draft_graph, self.target, self.acceptance, self.fused_sampling,
                                   self.draft_loop.error_flag())
-            self._step_graphs[id(draft_graph)] = graph
-        s.randoms = self.draw_randoms(s)
+            self._step_graphs[draft_graph] = graph
         with self.timer.phase("step_graph"):
+            s.randoms = self.draw_randoms(s)
             probs, result, s.commit_row = graph.run(s.st, s.randoms, batch)
         s.target_probs = probs[:batch]
         s.result = RejectionOutput(result.output_token_ids[:batch], result.num_accepted[:batch],

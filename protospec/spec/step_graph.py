@@ -12,7 +12,9 @@ replays, and queues the commit's copy. The commit then runs while the device wor
 Everything lives in fixed buffers of `rows` (the batch padded to a bucket); the draft side shares
 the steps 1..k draft graph's buffers (settings, noise, draft ids and probabilities). The outputs
 (target probabilities, the rejection output, the commit's row) are the graph's own tensors,
-overwritten by the next replay: the host reads a step's outcome from the commit's copy.
+overwritten by the next replay: the host reads a step's outcome from the commit's copy. Memory: each
+(rows, width) layout keeps its own graph pool (a verify's activations, [rows, k + 1, V] probabilities)
+and [rows, k + 1, V] of noise, beside the verify graph the stage-by-stage step captures.
 """
 from __future__ import annotations
 
@@ -104,8 +106,8 @@ class SpecStepGraph:
         # buffers outside the capture), then the capture for every later launched step.
         self.draft.load(st, randoms.draft_noise, batch)
         eager = self._record()
-        with sync_allowed():
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.outputs = self._record()
+        graph = torch.cuda.CUDAGraph()
+        with sync_allowed(), torch.cuda.graph(graph):
+            outputs = self._record()
+        self.graph, self.outputs = graph, outputs  # only once captured: a failed capture leaves none
         return eager
