@@ -53,10 +53,8 @@ class Engine:
             # Same seed: with dummy weights, a draft named like its target IS the target (a test fixture).
             draft = load_model(config.speculative_model, seed=config.seed, **load)
             if draft.config.vocab_size != target.config.vocab_size:
-                raise VocabMismatchError(
-                    f"draft vocab_size={draft.config.vocab_size} != target vocab_size={target.config.vocab_size}: "
-                    "draft token ids would mean different tokens to the target"
-                )
+                raise VocabMismatchError(f"draft vocab_size={draft.config.vocab_size} != target vocab_size="
+                                         f"{target.config.vocab_size}: draft token ids would mean different tokens to the target")
         model_limits = [m.config.max_position_embeddings for m in (target, draft) if m is not None]
         self.max_model_len = min([config.max_model_len or min(model_limits)] + model_limits)
         if config.compile:
