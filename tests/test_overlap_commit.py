@@ -199,3 +199,31 @@ def test_k_1_overlaps_its_commit_too(tiny_target, tiny_draft):
     assert outs["overlapped"] == outs["synced"] == outs["main"]
     assert counters["overlapped"]["gpu_first_step"] > 0 and "gpu_advance" not in counters["overlapped"]
     assert "gpu_first_step" not in counters["synced"]
+
+
+def test_the_first_spec_step_is_launched_from_the_prefills_tokens(tiny_target, tiny_draft):
+    """After a prefill that makes the whole batch, the first spec step's draft step 1 is queued from
+    the sampled tokens on the device (t_{L-1} and the new token at positions L-1, L) before the host
+    reads them, and the spec step takes it; not for requests whose prefill token is their last."""
+    llm = tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE, draft_loop="gpu")
+    eng = llm.engine
+    prompts = random_prompts(2, seed=8)
+    seqs = llm.make_sequences(prompts, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True, seed=3))
+    eng.waiting.extend(seqs)
+    eng.admit_and_prefill()
+    pending = eng.spec_step.commit_policy.pending
+    assert pending is not None and pending.seqs == seqs
+    first = pending.first_inputs
+    assert first.input_ids.view(-1, 2)[:2].tolist() == [s.token_ids[-2:] for s in seqs]
+    assert first.positions.view(-1, 2)[:2].tolist() == [[len(p) - 1, len(p)] for p in prompts]
+    eng.step()
+    draft = llm.counters["draft"]
+    assert draft["gpu_first_step"] == 2 and "cpu_prepare:first_draft_step" not in draft  # this step's, the next's
+    eng.abort_all()
+
+    for params, launch in ((SamplingParams(max_tokens=1), True), (SamplingParams(max_tokens=20), False)):
+        seqs = llm.make_sequences(prompts, params)
+        eng.waiting.extend(seqs)
+        eng.admit_and_prefill(launch_first_step=launch)
+        assert eng.spec_step.commit_policy.pending is None
+        eng.abort_all()

@@ -19,7 +19,7 @@ from protospec.spec.acceptance import make_acceptance
 from protospec.spec.commit import make_commit_policy
 from protospec.spec.draft_loop import DraftLoop
 from protospec.spec.draft_loops import make_draft_loop
-from protospec.spec.draft_sampling import sample_draft_step
+from protospec.spec.draft_sampling import sample_tokens
 from protospec.spec.dynamic_k import make_dynamic_k
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.ngram_loop import NgramLoop
@@ -30,7 +30,7 @@ from protospec.model.layer_kernels import check_attention_kernel, check_linear_k
 from protospec.model.loader import load_model
 from protospec.model.persistent_forward import enable_for_runners as enable_persistent_decode
 from protospec.model.runner import ModelRunner
-from protospec.spec.sampler import SamplingTensors, exponential_noise, sample
+from protospec.spec.sampler import SamplingTensors
 from protospec.engine.sequence import Sequence
 from protospec.spec.step import SpeculativeStep
 from protospec.spec.step_graph import step_graph_applies
@@ -216,14 +216,17 @@ class Engine:
             self._sampling_cache = cached = (list(seqs), st)  # the very Sequence objects, in order
         return cached[1]
 
-    def _prefill(self, seqs: list[Sequence]) -> None:
+    def _prefill(self, seqs: list[Sequence], launch_first_step: bool) -> None:
         prompts = [s.prompt_token_ids for s in seqs]
         tables = [s.block_table for s in seqs]
         starts = [0] * len(seqs)
         if self.draft is not None:
             self.draft.execute(self.draft.prepare("prefill", prompts, starts, tables, num_logits=0))
         logits = self.target.execute(self.target.prepare("prefill", prompts, starts, tables, num_logits=1))
-        ids = self._sample(logits, self.sampling_tensors(seqs))
+        st = self.sampling_tensors(seqs)
+        ids = sample_tokens(logits, st, self.fused_sampling)
+        if launch_first_step and len(seqs) == len(self.running) and self.speculating():  # the next batch is this one
+            self.spec_step.launch_after_prefill(seqs, st, ids)
         for seq, tok in zip(seqs, ids.tolist()):
             seq.num_cached_target = seq.num_cached_draft = len(seq.prompt_token_ids)
             seq.append_tokens([tok])
@@ -235,21 +238,10 @@ class Engine:
         chunks = [s.token_ids[s.num_cached_target:] for s in seqs]
         starts = [s.num_cached_target for s in seqs]
         logits = self.target.execute(self.target.prepare("decode", chunks, starts, [s.block_table for s in seqs], num_logits=1))
-        ids = self._sample(logits, self.sampling_tensors(seqs))
+        ids = sample_tokens(logits, self.sampling_tensors(seqs), self.fused_sampling)
         for seq, tok in zip(seqs, ids.tolist()):
             seq.num_cached_target = seq.num_tokens
             seq.append_tokens([tok])
-
-    def _sample(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-        """One token per sequence (prefill, target-only decode): logits [B, V] -> ids [B], with the
-        sampler the draft steps use (torch ops, or the fused kernel when fused_sampling is on)."""
-        if not self.fused_sampling:
-            return sample(logits, st)[0]  # no buffers to fill: the target-only baseline stays lean
-        batch, vocab = logits.shape
-        ids = torch.empty(batch, 1, dtype=torch.int64, device=logits.device)
-        probs = torch.empty(batch, 1, vocab, dtype=torch.float32, device=logits.device)
-        noise = None if st.all_greedy else exponential_noise((1, vocab), st.generators, logits.device)  # [B, 1, V]
-        return sample_draft_step(logits, st, 0, ids, probs, noise, None, fused=True)
 
     def retire_finished(self) -> None:
         for seq in [s for s in self.running if s.finished]:
@@ -262,11 +254,13 @@ class Engine:
         cap = self.config.speculative_disable_by_batch_size
         return self.spec_step is not None and (cap is None or len(self.running) <= cap)
 
-    def admit_and_prefill(self) -> list[Sequence]:
-        """Admit the waiting requests that fit and prefill both models for them; returns them."""
+    def admit_and_prefill(self, launch_first_step: bool = True) -> list[Sequence]:
+        """Admit the waiting requests that fit and prefill both models for them; returns them.
+        launch_first_step: where the admitted requests are the whole batch and the commit is
+        overlapped, queue their first spec step before reading the prefill's tokens."""
         admitted = self._admit()
         if admitted:
-            self._prefill(admitted)
+            self._prefill(admitted, launch_first_step)
         return admitted
 
     def step(self) -> None:

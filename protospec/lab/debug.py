@@ -100,7 +100,7 @@ class DraftLoopDebugger:
         seqs = self.llm.make_sequences(prompts, params)
         eng.waiting.extend(seqs)
         self.seqs.extend(seqs)
-        eng.admit_and_prefill()
+        eng.admit_and_prefill(launch_first_step=False)  # stepping starts from a CPU-prepared draft step 1
         return self.seqs
 
     def decode(self, ids: list[int]) -> list[str]:

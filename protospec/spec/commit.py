@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from protospec.engine.sequence import Sequence
+from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.spec import registry
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.sampler import SamplingTensors
@@ -38,6 +39,10 @@ class SyncedCommit:
 
     def launch_next(self, step: SpeculativeStep, s: StepState) -> None:
         """Queue work of the next spec step before the commit's host sync (nothing, here)."""
+
+    def launch_after_prefill(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors,
+                             sampled: torch.Tensor) -> None:
+        """Queue the first spec step's work before the host reads the prefill's tokens (nothing, here)."""
 
     def kept_lookahead(self) -> int:
         """Slots a sequence keeps past its end after the commit (a launched step's lookahead)."""
@@ -69,13 +74,34 @@ class OverlappedCommit(SyncedCommit):
         next step's lookahead could pass the blocks its admission promised."""
         if any(self.look.may_finish_within_step(seq.num_remaining) for seq in s.seqs):
             return
-        seqs = list(s.seqs)  # a copy: the engine's running list changes when requests finish
+        self._launch(step, list(s.seqs), s.st, s.result, self.look.next_step_slots)
+
+    def launch_after_prefill(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors,
+                             sampled: torch.Tensor) -> None:
+        """The first spec step launched from the prefill's sampled tokens (sampled: [B] int64 on the
+        device) before the host reads them, as if a spec step had accepted nothing and emitted that
+        token: L' = L + 1, the step writes up to L + k, inside what admission promised. Not for a
+        request whose prefill token is its last (max_tokens 1)."""
+        if any(seq.num_remaining <= 1 for seq in seqs):
+            return
+        batch, k = len(seqs), self.look.k
+        output = torch.full((batch, k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=sampled.device)
+        output[:, 0] = sampled
+        nothing = torch.zeros(batch, k, dtype=torch.bool, device=sampled.device)
+        accepted = RejectionOutput(output, torch.zeros(batch, dtype=torch.int64, device=sampled.device), nothing, nothing)
+        self._launch(step, list(seqs), st, accepted, k + 1)
+
+    def _launch(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors, result: RejectionOutput,
+                slots_past_end: int) -> None:
+        """Reserve slots_past_end slots past each sequence's current end, build the next draft step 1
+        on the device from `result`, and launch it (or the whole step, where a step graph applies).
+        seqs: a copy (the engine's running list changes when requests finish)."""
         for seq in seqs:
-            step.block_manager.ensure_capacity(seq.block_table, seq.num_tokens + self.look.next_step_slots)
+            step.block_manager.ensure_capacity(seq.block_table, seq.num_tokens + slots_past_end)
         loop = step.draft_loop
-        nxt = loop.new_state(seqs, s.st, max(len(seq.block_table) for seq in seqs))
+        nxt = loop.new_state(seqs, st, max(len(seq.block_table) for seq in seqs))
         with step.timer.phase("prepare"):
-            nxt.first_inputs = loop.build_first_inputs(s.result, seqs)
+            nxt.first_inputs = loop.build_first_inputs(result, seqs)
         if not step.launch_step_graph(nxt):  # the whole step as one replay, where it applies
             loop.draft_step(nxt, step.draw_randoms)
         self.pending = nxt

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.spec.sampler import SamplingTensors, compute_probs, sample
+from protospec.spec.sampler import SamplingTensors, compute_probs, exponential_noise, sample
 
 
 def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draft_ids: torch.Tensor,
@@ -37,3 +37,15 @@ def target_probs(logits: torch.Tensor, st: SamplingTensors, rows_per_seq: int, f
         if fused_applies(st):
             return probs_into(logits, st, torch.empty_like(logits), rows_per_seq)
     return compute_probs(logits, st, rows_per_seq=rows_per_seq)
+
+
+def sample_tokens(logits: torch.Tensor, st: SamplingTensors, fused: bool) -> torch.Tensor:
+    """One token per sequence (prefill, target-only decode): logits [B, V] -> ids [B], with the
+    sampler the draft steps use (torch ops, or the fused kernel)."""
+    if not fused:
+        return sample(logits, st)[0]  # no buffers to fill: the target-only baseline stays lean
+    batch, vocab = logits.shape
+    ids = torch.empty(batch, 1, dtype=torch.int64, device=logits.device)
+    probs = torch.empty(batch, 1, vocab, dtype=torch.float32, device=logits.device)
+    noise = None if st.all_greedy else exponential_noise((1, vocab), st.generators, logits.device)  # [B, 1, V]
+    return sample_draft_step(logits, st, 0, ids, probs, noise, None, fused=True)

@@ -158,6 +158,12 @@ class SpeculativeStep:
         counters["gpu_advance"] += self.k - 1  # inside the replay
         return True
 
+    def launch_after_prefill(self, seqs: list[Sequence], st: SamplingTensors, sampled: torch.Tensor) -> None:
+        """The commit policy's chance to queue the first spec step of freshly prefilled sequences
+        before the host reads their first tokens (sampled: [B] int64 on the device)."""
+        with self.loop_guard(self.device):
+            self.commit_policy.launch_after_prefill(self, seqs, st, sampled)
+
     def launch_next(self, s: StepState) -> None:
         """The commit policy's chance to queue the next spec step's work before the host sync."""
         self.commit_policy.launch_next(self, s)
