@@ -227,3 +227,26 @@ def test_the_first_spec_step_is_launched_from_the_prefills_tokens(tiny_target, t
         eng.admit_and_prefill(launch_first_step=launch)
         assert eng.spec_step.commit_policy.pending is None
         eng.abort_all()
+
+
+def test_a_prefill_launch_survives_short_requests_and_an_eos_at_the_prefill(tiny_target, tiny_draft):
+    """max_tokens 2 (the launched first step is the request's last) and a request whose prefill token
+    is its EOS (the launched step is left over, then dropped by the next launch): the tokens are the
+    synced commit's and every block comes back."""
+    prompts = random_prompts(2, seed=9)
+    llms = {overlap: tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE, draft_loop="gpu",
+                              overlap_commit=overlap) for overlap in (False, True)}
+    short = SamplingParams(temperature=1.0, max_tokens=2, seed=4)
+    assert _outputs(llms[True], prompts, short) == _outputs(llms[False], prompts, short)
+    first = llms[False].generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=5))[0].token_ids[0]
+    for llm in llms.values():
+        llm.engine.eos_token_id = first  # the first prompt's greedy prefill token ends it
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    ended = _outputs(llms[True], prompts[:1], greedy)
+    assert ended == [([first], "stop")] == _outputs(llms[False], prompts[:1], greedy)
+    assert llms[True].engine.spec_step.commit_policy.pending is not None  # launched, then nothing took it
+    assert _outputs(llms[True], prompts[1:], greedy) == _outputs(llms[False], prompts[1:], greedy)
+    assert llms[True].counters["draft"]["first_step_discarded"] >= 1
+    for llm in llms.values():
+        bm = llm.engine.block_manager
+        assert bm.num_free_blocks == bm.num_usable_blocks

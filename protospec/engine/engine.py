@@ -226,8 +226,10 @@ class Engine:
         st = self.sampling_tensors(seqs)
         ids = sample_tokens(logits, st, self.fused_sampling)
         if launch_first_step and len(seqs) == len(self.running) and self.speculating():  # the next batch is this one
-            self.spec_step.launch_after_prefill(seqs, st, ids)
-        for seq, tok in zip(seqs, ids.tolist()):
+            tokens = self.spec_step.launch_after_prefill(seqs, st, ids)
+        else:
+            tokens = ids.tolist()
+        for seq, tok in zip(seqs, tokens):
             seq.num_cached_target = seq.num_cached_draft = len(seq.prompt_token_ids)
             seq.append_tokens([tok])
 

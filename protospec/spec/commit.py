@@ -96,6 +96,7 @@ class OverlappedCommit(SyncedCommit):
         """Reserve slots_past_end slots past each sequence's current end, build the next draft step 1
         on the device from `result`, and launch it (or the whole step, where a step graph applies).
         seqs: a copy (the engine's running list changes when requests finish)."""
+        self.discard()  # one left from requests that all ended (nothing took it): its randoms are kept
         for seq in seqs:
             step.block_manager.ensure_capacity(seq.block_table, seq.num_tokens + slots_past_end)
         loop = step.draft_loop

@@ -158,11 +158,22 @@ class SpeculativeStep:
         counters["gpu_advance"] += self.k - 1  # inside the replay
         return True
 
-    def launch_after_prefill(self, seqs: list[Sequence], st: SamplingTensors, sampled: torch.Tensor) -> None:
+    def launch_after_prefill(self, seqs: list[Sequence], st: SamplingTensors, sampled: torch.Tensor) -> list[int]:
         """The commit policy's chance to queue the first spec step of freshly prefilled sequences
-        before the host reads their first tokens (sampled: [B] int64 on the device)."""
+        before the host reads their first tokens (sampled: [B] int64 on the device). Returns those
+        tokens, read from a copy queued before the launch: the host waits for the prefill only."""
+        if sampled.device.type != "cuda":
+            with self.loop_guard(self.device):
+                self.commit_policy.launch_after_prefill(self, seqs, st, sampled)
+            return sampled.tolist()
+        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+        host.copy_(sampled, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
         with self.loop_guard(self.device):
             self.commit_policy.launch_after_prefill(self, seqs, st, sampled)
+        done.synchronize()
+        return host.tolist()
 
     def launch_next(self, s: StepState) -> None:
         """The commit policy's chance to queue the next spec step's work before the host sync."""
