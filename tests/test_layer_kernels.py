@@ -192,9 +192,9 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
     assert tiny_llm(tiny_target, device=DEV, layer_kernels=False).engine.linear_kernel == "cublas"
 
 
-@pytest.mark.parametrize("linear,norms,ropes", [
-    ("mma", 3, 1), ("mma_fused", 0, 0)])
-def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes):
+@pytest.mark.parametrize("linear,norms,ropes,head_norm", [
+    ("mma", 3, 1, "fused"), ("mma_fused", 0, 0, "fused"), ("mma_fused", 1, 0, "separate")])
+def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes, head_norm):
     """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma" sends every
     linear layer through it (counted), "mma_fused" also folds the norms, RoPE and the cache store into
     them (no separate norm or RoPE kernel is left); both agree with the torch path's forward, logits and K/V."""
@@ -224,6 +224,7 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
     monkeypatch.setattr(gemv_mma, "gemv_mma", lambda x, w, *a, **kw: calls.append(tuple(w.shape)) or real(x, w, *a, **kw))
     monkeypatch.setattr(layer_kernels, "add_rms_norm", lambda *a: norm_calls.append(1) or real_norm(*a))
     monkeypatch.setattr(layer_kernels, "rope_and_cache", lambda *a: rope_calls.append(1) or real_rope(*a))
+    monkeypatch.setattr(layer_kernels, "HEAD_NORM", head_norm)  # the final norm in the LM head's loads, or before it
     model.layer_kernels = LayerKernelForward(model, linear=linear)
     got = model(inputs.input_ids, inputs.positions, mma_caches, inputs.meta)
     assert len(calls) == 5 and len(norm_calls) == norms and len(rope_calls) == ropes  # qkv, o, gate_up, down, LM head

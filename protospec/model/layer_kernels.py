@@ -29,6 +29,10 @@ from protospec.kernels.gemv_mma_twin import RopeCache
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path
+# The fused forward's final norm: "fused" into the LM head GEMV's loads (one kernel, but each of its
+# ~2000 blocks recomputes the norm of the wanted rows), or "separate" (add_rms_norm over the wanted
+# rows once, then the plain GEMV). A switch for the census (--head-norm) until one is timed faster.
+HEAD_NORM = "fused"
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
@@ -150,6 +154,9 @@ class LayerKernelForward:
                                               dependent_launch=dep)
             x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep), None
         norm = model.model.norm
+        if HEAD_NORM == "separate":
+            h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # [num_logits, hidden]
+            return gemv_mma.gemv_mma(h, model.lm_head.weight, out_dtype=torch.float32, dependent_launch=dep)
         logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,
                                       out_dtype=torch.float32, dependent_launch=dep)
         return logits
