@@ -20,6 +20,7 @@ from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
+from protospec.kernels.slot_lookup import slot_or_flag
 
 
 @cuda.jit
@@ -41,18 +42,10 @@ def advance_step_kernel(num_queries, block_size, sampled_ids, input_ids, positio
         return
     if row < num_queries[0]:
         pos = seq_lens[row]
-        block_index = pos // block_size
         input_ids[row] = sampled_ids[row]
         positions[row] = pos
         seq_lens[row] = pos + 1
-        block = NULL_BLOCK
-        if block_index < block_tables.shape[1]:
-            block = block_tables[row, block_index]
-        if block != NULL_BLOCK:
-            slot_mapping[row] = block * block_size + pos % block_size
-        else:
-            slot_mapping[row] = PAD_SLOT_ID
-            error_row[0] = row + 1
+        slot_mapping[row] = slot_or_flag(block_tables, row, pos, block_tables.shape[1], block_size, error_row)
     else:
         input_ids[row] = 0
         positions[row] = 0

@@ -27,6 +27,7 @@ from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
+from protospec.kernels.slot_lookup import slot_or_flag
 
 
 @cuda.jit
@@ -69,15 +70,7 @@ def first_draft_step_kernel(batch, block_size, width, staged, output_ids, num_ac
         pos = new_length - 2 + i
         input_ids[2 * row + i] = before_last if i == 0 else last
         positions[2 * row + i] = pos
-        block_index = pos // block_size
-        block = NULL_BLOCK
-        if block_index < width:
-            block = block_tables[row, block_index]
-        if block != NULL_BLOCK:
-            slot_mapping[2 * row + i] = block * block_size + pos % block_size
-        else:
-            slot_mapping[2 * row + i] = PAD_SLOT_ID
-            error_row[0] = row + 1
+        slot_mapping[2 * row + i] = slot_or_flag(block_tables, row, pos, width, block_size, error_row)
     seq_lens[row] = new_length
 
 

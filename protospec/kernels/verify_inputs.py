@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
+from protospec.layout import PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
+from protospec.kernels.slot_lookup import slot_or_flag
 
 
 @cuda.jit
@@ -58,15 +59,7 @@ def verify_inputs_kernel(block_size, width, first_input_ids, first_seq_lens, fir
     pos = length - 1 + i
     input_ids[t] = token
     positions[t] = pos
-    block_index = pos // block_size
-    block = NULL_BLOCK
-    if block_index < width:
-        block = first_block_tables[row, block_index]
-    if block != NULL_BLOCK:
-        slot_mapping[t] = block * block_size + pos % block_size
-    else:
-        slot_mapping[t] = PAD_SLOT_ID
-        error_row[0] = row + 1
+    slot_mapping[t] = slot_or_flag(first_block_tables, row, pos, width, block_size, error_row)
     if i == 0:
         seq_lens[row] = length + k
         for j in range(width):
