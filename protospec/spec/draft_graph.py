@@ -60,7 +60,8 @@ class DraftLoopGraph:
     def key(rows: int, width: int, st: SamplingTensors, from_first_step: bool = False) -> tuple:
         return rows, width, st.all_greedy, st.any_greedy, st.needs_filter, from_first_step
 
-    def _steps(self) -> None:
+    def steps(self) -> None:
+        """The captured work, issued once: steps 2..k (1..k with `first`) over the graph's buffers."""
         decode, model, kv_caches = self.decode, self.runner.model, self.runner.kv_caches
         inputs = decode.inputs(self.rows, self.width)
         sampled = decode.sampled_ids[: self.rows]  # [rows] int64: each step's ids, read by advance_step
@@ -93,8 +94,8 @@ class DraftLoopGraph:
             return
         # First use: run the steps eagerly (this IS the step's real work, and it warms up lazy
         # initialisations outside the capture), then record them for every later spec step.
-        self._steps()
+        self.steps()
         graph = torch.cuda.CUDAGraph()
         with sync_allowed(), torch.cuda.graph(graph):
-            self._steps()
+            self.steps()
         self.graph = graph  # only once captured: a failed capture leaves none
