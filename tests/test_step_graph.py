@@ -16,11 +16,13 @@ from protospec.spec.step_graph import commit_row, step_graph_applies
 from protospec.spec.verify_inputs import build_verify_inputs
 
 ON_GPU = torch.cuda.is_available()
+# Where the verify-inputs kernel runs: the simulator takes host tensors, a real device wants its own.
+KERNEL_DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 
 
 def _first_step(rows, width, block_size, lengths, last_tokens, tables):
     """Draft step 1's buffers as the first_draft_step kernel leaves them (padding rows: seq_lens 0)."""
-    first = PersistentInputs("first", rows, 2, width, 1, block_size, torch.device("cpu"))
+    first = PersistentInputs("first", rows, 2, width, 1, block_size, KERNEL_DEVICE)
     first.input_ids.fill_(99)
     for r, (length, last, table) in enumerate(zip(lengths, last_tokens, tables)):
         first.seq_lens[r] = length
@@ -42,11 +44,11 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     tables = [[free.pop() for _ in range(-(-(n + k) // block_size))] for n in lengths]
     width = max(len(t) for t in tables)
     last = [rng.randint(3, 200) for _ in range(batch)]
-    drafts = torch.randint(3, 200, (rows, k))
+    drafts = torch.randint(3, 200, (rows, k), device=KERNEL_DEVICE)
     first = _first_step(rows, width, block_size, lengths, last, tables)
-    verify = PersistentInputs("verify", rows, k + 1, width, k + 1, block_size, torch.device("cpu"))
+    verify = PersistentInputs("verify", rows, k + 1, width, k + 1, block_size, KERNEL_DEVICE)
     verify.slot_mapping.fill_(123)  # stale slots a padding row must not keep
-    error = torch.zeros(1, dtype=torch.int32)
+    error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
     build_verify_inputs(first, drafts, verify, rows, width, error, use_kernel=use_kernel)
 
     cpu = prepare_inputs([[t] + drafts[r].tolist() for r, t in enumerate(last)], [n - 1 for n in lengths], tables,
@@ -56,7 +58,7 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     assert verify.positions[:real].tolist() == cpu.positions.tolist()
     assert verify.slot_mapping[:real].tolist() == cpu.meta.slot_mapping.tolist()
     assert verify.seq_lens[:batch].tolist() == [n + k for n in lengths]
-    assert torch.equal(verify.block_tables[:batch, :width], cpu.meta.block_tables)
+    assert torch.equal(verify.block_tables[:batch, :width].cpu(), cpu.meta.block_tables)
     assert (verify.slot_mapping[real:] == PAD_SLOT_ID).all() and (verify.seq_lens[batch:] == 0).all()
     assert error.item() == 0
 
@@ -67,9 +69,9 @@ def test_verify_inputs_flag_a_position_past_the_table(use_kernel):
     tables = [[5, 6, 7], [8, NULL_BLOCK, NULL_BLOCK]]  # row 1 holds 4 positions only
     lengths, last = [6, 3], [11, 12]
     first = _first_step(2, 3, block_size, lengths, last, tables)
-    verify = PersistentInputs("verify", 2, k + 1, 3, k + 1, block_size, torch.device("cpu"))
-    error = torch.zeros(1, dtype=torch.int32)
-    build_verify_inputs(first, torch.full((2, k), 7), verify, 2, 3, error, use_kernel=use_kernel)
+    verify = PersistentInputs("verify", 2, k + 1, 3, k + 1, block_size, KERNEL_DEVICE)
+    error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
+    build_verify_inputs(first, torch.full((2, k), 7, device=KERNEL_DEVICE), verify, 2, 3, error, use_kernel=use_kernel)
     assert error.item() == 2  # row 1, + 1
     assert verify.slot_mapping[k + 1 :].tolist() == [8 * 4 + 2, 8 * 4 + 3, PAD_SLOT_ID, PAD_SLOT_ID]
     assert verify.slot_mapping[: k + 1].tolist() == [6 * 4 + 1, 6 * 4 + 2, 6 * 4 + 3, 7 * 4 + 0]
@@ -77,14 +79,15 @@ def test_verify_inputs_flag_a_position_past_the_table(use_kernel):
 
 def test_the_verify_inputs_kernel_names_a_bad_argument():
     first = _first_step(2, 3, 4, [5, 6], [9, 9], [[1, 2], [3, 4]])
-    verify = PersistentInputs("verify", 2, 4, 3, 4, 4, torch.device("cpu"))
-    error = torch.zeros(1, dtype=torch.int32)
+    verify = PersistentInputs("verify", 2, 4, 3, 4, 4, KERNEL_DEVICE)
+    error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
+    drafts = torch.zeros(2, 3, dtype=torch.int64, device=KERNEL_DEVICE)
     with pytest.raises(KernelArgumentError, match="draft_ids: dtype torch.int32, expected torch.int64"):
-        build_verify_inputs(first, torch.zeros(2, 3, dtype=torch.int32), verify, 2, 3, error, use_kernel=True)
+        build_verify_inputs(first, drafts.int(), verify, 2, 3, error, use_kernel=True)
     with pytest.raises(KernelArgumentError, match="width 4 outside 1..3"):
-        build_verify_inputs(first, torch.zeros(2, 3, dtype=torch.int64), verify, 2, 4, error, use_kernel=True)
+        build_verify_inputs(first, drafts, verify, 2, 4, error, use_kernel=True)
     with pytest.raises(ValueError, match="verify buffers hold 4 tokens a row, the step needs k \\+ 1 = 3"):
-        build_verify_inputs(first, torch.zeros(2, 2, dtype=torch.int64), verify, 2, 3, error, use_kernel=True)
+        build_verify_inputs(first, drafts[:, :2], verify, 2, 3, error, use_kernel=True)
 
 
 def test_commit_row_lays_out_ids_counts_and_the_flag():
