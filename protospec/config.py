@@ -81,10 +81,10 @@ class EngineConfig:
     # float16 in whole 16-key tiles, by_kv_head otherwise). The ablation's attention switch.
     attention_kernel: str | None = None
     # Softmax + exponential-race sample of each draft step (and the verify's softmax) as two Numba
-    # kernels writing into the spec step's buffers (kernels/sampling.py). Off by default: its earlier
-    # one-block-per-row form measured slower than torch's kernels at batch 1 (figures in
-    # data/results/README.md); the vocabulary-sliced form is yet to be measured against them.
-    fused_sampling: bool = False
+    # kernels over vocabulary slices writing into the spec step's buffers (kernels/sampling.py) instead
+    # of torch's ops. None: on a CUDA device with the layer kernels (measured faster there, with the
+    # step graph: data/results/README.md); False: torch's ops; True: the kernels (the simulator's on a CPU).
+    fused_sampling: bool | None = None
     # The layer kernels' linear layers: "cublas" (torch's) or "mma", the tensor-core GEMV
     # (kernels/gemv_mma.py) wherever it applies (float16, <= 8 token rows, K a multiple of 192);
     # "mma_fused" also folds the norms, residual adds, RoPE with the cache store, SiLU x up, the embedding
@@ -109,10 +109,10 @@ class EngineConfig:
     # A spec step the overlapped commit launched runs whole as one CUDA graph (spec/step_graph.py):
     # draft steps 1..k, the verify's inputs built on the device, the verify, the rejection sampler and
     # the commit's row. Applies to the graph draft loop with a draft model, k >= 2, fixed k and the
-    # overlapped commit. False (default): stage by stage; None: on wherever it applies; True: on, and
-    # an error where it cannot apply. Off by default: at batch 1 on an H200 the device, not the host,
-    # bounds the launched steps, and the graph's verify-input ops add device time (data/results/README.md).
-    spec_step_graph: bool | None = False
+    # overlapped commit. None (default): on wherever it applies (one launch a step leaves the host
+    # idle, so host noise stops reaching the step; measured faster: data/results/README.md); False:
+    # stage by stage; True: on, and an error where it cannot apply.
+    spec_step_graph: bool | None = None
     # Which draft tokens a spec step keeps (spec/acceptance.py): "rejection" (lossless) or "typical"
     # (Medusa's typical acceptance, lossy; posterior_threshold and posterior_alpha as vLLM names them).
     acceptance: str = registry.REJECTION

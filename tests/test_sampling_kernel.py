@@ -134,3 +134,17 @@ def test_the_engine_gives_the_same_greedy_tokens_with_either_sampler(tiny_target
         llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", fused_sampling=fused, draft_loop=mode)
         runs[fused] = [o.token_ids for o in llm.generate(random_prompts(3, seed=8), params)]
     assert runs[True] == runs[False]
+
+
+def test_the_sampling_kernels_are_the_default_only_on_a_gpu_with_the_layer_kernels(tiny_target, tiny_draft):
+    """Where they were measured faster; in the simulator (layer kernels asked for on a CPU) they would
+    only be slow, and a torch-only engine keeps torch's sampler unless they are asked for."""
+    from tiny import tiny_llm
+
+    simulated = tiny_llm(tiny_target, tiny_draft, k=2, layer_kernels=True).engine
+    assert simulated.use_layer_kernels and not simulated.fused_sampling
+    assert not tiny_llm(tiny_target, tiny_draft, k=2).engine.fused_sampling
+    assert tiny_llm(tiny_target, tiny_draft, k=2, fused_sampling=True).engine.fused_sampling
+    if torch.cuda.is_available():
+        assert tiny_llm(tiny_target, tiny_draft, k=2, device="cuda").engine.fused_sampling
+        assert not tiny_llm(tiny_target, tiny_draft, k=2, device="cuda", layer_kernels=False).engine.fused_sampling

@@ -66,9 +66,9 @@ class BenchSetup:
     attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
     persistent_decode: bool | str = False  # EngineConfig.persistent_decode ("per_phase": its phases' kernels)
     linear_kernel: str | None = None       # EngineConfig.linear_kernel (None: mma_fused with the layer kernels)
-    fused_sampling: bool = False           # EngineConfig.fused_sampling
+    fused_sampling: bool | None = None     # EngineConfig.fused_sampling (None: on a GPU with the layer kernels)
     dependent_launch: bool | None = None   # EngineConfig.dependent_launch (None: wherever it applies)
-    spec_step_graph: bool | None = False   # EngineConfig.spec_step_graph (None: wherever it applies)
+    spec_step_graph: bool | None = None    # EngineConfig.spec_step_graph (None: wherever it applies)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)

@@ -114,12 +114,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                    help="the layer kernels' linear layers: torch's (cublas: the fusion off) or the tensor-core GEMV "
                         "where it applies (mma: float16, <= 8 token rows; mma_fused: with the norms, RoPE, SiLU, "
                         "embedding and final norm folded in); auto = mma_fused with the layer kernels")
-    p.add_argument("--fused-sampling", action="store_true",
+    p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
                    help="each draft step's softmax and sample (and the verify's softmax) as two Numba kernels "
-                        "over vocabulary slices instead of torch's ops")
+                        "over vocabulary slices instead of torch's ops (auto: on a GPU with the layer kernels)")
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
                    help="the tensor-core GEMVs start while the kernel before them ends (auto: on sm_90 and later)")
-    p.add_argument("--spec-step-graph", default="off", choices=list(ON_OFF),
+    p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (auto: wherever it applies)")
     p.add_argument("--output-json", default=None,
                    help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
@@ -230,7 +230,7 @@ def setup_from(args) -> BenchSetup:
                       args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
                       args.speculative_disable_by_batch_size, auto_as_none(args.attention_kernel),
-                      args.persistent_decode, auto_as_none(args.linear_kernel), args.fused_sampling,
+                      args.persistent_decode, auto_as_none(args.linear_kernel), ON_OFF[args.fused_sampling],
                       ON_OFF[args.dependent_launch], ON_OFF[args.spec_step_graph])
 
 

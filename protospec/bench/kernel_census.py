@@ -180,13 +180,15 @@ def main(argv=None) -> dict:
                    help="split-K attention's combine folded into the attention kernel, or a kernel of its own")
     p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
                    help="the layer kernels' linear layers (cublas: the fusion off; auto = mma_fused)")
-    p.add_argument("--fused-sampling", action="store_true", help="the draft steps' and verify's sampling kernels")
+    p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
+                   help="the draft steps' and verify's sampling kernels (auto: on a GPU with the layer kernels)")
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
                    help="the tensor-core GEMVs as programmatic dependents (auto: on sm_90 and later)")
     p.add_argument("--head-norm", default="fused", choices=["fused", "separate"],
                    help="the fused forward's final norm in the LM head GEMV's loads, or a kernel of its own")
-    p.add_argument("--spec-step-graph", default="off", choices=list(ON_OFF),
-                   help="a launched spec step whole as one CUDA graph (off: each phase's kernels attributed apart)")
+    p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
+                   help="a launched spec step whole as one CUDA graph (auto: wherever it applies; off: each "
+                        "phase's kernels attributed apart)")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
     check_writable(args.output_json)
@@ -198,7 +200,7 @@ def main(argv=None) -> dict:
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
                        attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
-                       fused_sampling=args.fused_sampling, dependent_launch=ON_OFF[args.dependent_launch],
+                       fused_sampling=ON_OFF[args.fused_sampling], dependent_launch=ON_OFF[args.dependent_launch],
                        spec_step_graph=ON_OFF[args.spec_step_graph])
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))

@@ -62,7 +62,10 @@ class Engine:
                 if m is not None:
                     m.enable_compile()
         self.use_layer_kernels = self._resolve_layer_kernels()
-        self.fused_sampling = self._resolve_kernel_flag("fused_sampling", config.fused_sampling)
+        fused_sampling = config.fused_sampling
+        if fused_sampling is None:  # the sampling kernels by default only where they were measured faster
+            fused_sampling = self.use_layer_kernels and self.device.type == "cuda"
+        self.fused_sampling = self._resolve_kernel_flag("fused_sampling", fused_sampling)
         check_attention_kernel(config.attention_kernel, self.use_layer_kernels, [m for m in (target, draft) if m is not None],
                                self.dtype, config.block_size)
         check_linear_kernel(config.linear_kernel, self.use_layer_kernels)
