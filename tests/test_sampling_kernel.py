@@ -1,5 +1,6 @@
-"""The fused sampling kernel against the torch sampler (simulator on CPU, the GPU where there is
-one): probabilities to float32 rounding, the same ids, greedy rows one-hot, the verify's layout."""
+"""The fused sampling kernels against the torch sampler (simulator on CPU, the GPU where there is
+one): probabilities to float32 rounding, the same ids, greedy rows one-hot, the verify's layout; in
+the one-launch form (one cooperative kernel) bit for bit against the two launches."""
 import pytest
 import torch
 
@@ -43,12 +44,10 @@ def test_more_slices_than_threads_are_combined_by_every_thread_in_turn(monkeypat
     """A vocabulary of more slices than a block has threads (the last block's threads then take several
     slices each when they combine them): the sample and the probabilities are still the torch sampler's,
     and a greedy row's max in the very last slice is found."""
-    from protospec.kernels import interop, sampling
+    from protospec.kernels import sampling_slices
 
-    if interop.SIMULATOR:  # narrower blocks and slices (read at run time there), so the test stays small
-        monkeypatch.setattr(sampling, "THREADS", 8)
-        monkeypatch.setattr(sampling, "VOCAB_PER_BLOCK", 16)
-    vocab, k, step = (sampling.THREADS + 8) * sampling.VOCAB_PER_BLOCK, 2, 1
+    slice_width = _narrow_slices(monkeypatch)
+    vocab, k, step = (sampling_slices.THREADS + 8) * slice_width, 2, 1
     st = _tensors([0.8, 0.0], vocab)
     logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(6)) * 2
     logits[1, vocab - 3] = 40.0
@@ -109,6 +108,51 @@ def test_ties_across_slices_go_to_the_lowest_index_and_masked_rows_to_zero(vocab
         sample_into(logits, st, 0, probs, ids, None)
         assert ids[:, 0].tolist() == [low, 0] == logits.argmax(-1).tolist()
         assert probs[0, 0, low] == 1 and probs[0, 0].sum() == 1
+
+
+def _narrow_slices(monkeypatch):
+    """The simulator reads the block and slice widths at run time: narrow ones keep its tests small."""
+    from protospec.kernels import interop, sampling, sampling_one_launch, sampling_slices
+
+    if interop.SIMULATOR:
+        for module in (sampling, sampling_one_launch, sampling_slices):
+            monkeypatch.setattr(module, "THREADS", 8)
+            monkeypatch.setattr(module, "VOCAB_PER_BLOCK", 16, raising=False)
+    return sampling_slices.VOCAB_PER_BLOCK
+
+
+@pytest.mark.parametrize("batch,rows_per_seq", [(3, 1), (2, 3)])
+def test_one_launch_gives_the_two_launches_bits(monkeypatch, batch, rows_per_seq):
+    """The cooperative form against the two kernels on the same inputs: probabilities equal bit for
+    bit, the same ids, across sampled and greedy rows, a masked stretch, a greedy row of -inf, three
+    slices per row and more items than the simulator's one-block grid (it walks them in turn); the
+    one launch twice, so its arrival counters are back at zero between calls."""
+    from protospec.kernels import sampling
+
+    slice_width = _narrow_slices(monkeypatch)
+    k, vocab, step = 2, 3 * slice_width - 8, 1
+    st = _tensors([0.7, 0.0, 1.3][:batch], vocab)
+    rows = batch * rows_per_seq
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(11)) * 4
+    logits[0, : slice_width + 2] = -float("inf")  # a whole slice and part of the next
+    logits[rows_per_seq] = -float("inf")           # a greedy sequence's first row: its id is 0
+    logits = logits.to(DEV)
+    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()  # [B, k, V]
+    out = {}
+    for form, calls in (("two", 1), ("one", 2)):
+        monkeypatch.setattr(sampling, "LAUNCHES", form)
+        for _ in range(calls):
+            ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
+            if rows_per_seq == 1:
+                probs = torch.zeros(rows, k, vocab, device=DEV)
+                sample_into(logits, st, step, probs, ids, noise)
+            else:  # the verify's layout: probabilities only, rows_per_seq rows a sequence
+                probs = probs_into(logits, st, torch.zeros(rows, vocab, device=DEV), rows_per_seq)
+        out[form] = (ids.cpu(), probs.cpu())
+    assert torch.equal(out["one"][0], out["two"][0])
+    assert torch.equal(out["one"][1], out["two"][1])
+    if rows_per_seq == 1:
+        assert (out["one"][0][:, step] >= 0).all() and out["one"][0][1, step] == 0
 
 
 def test_filtered_batches_keep_the_torch_path_and_bad_buffers_are_named():

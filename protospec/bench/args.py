@@ -117,6 +117,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
                    help="each draft step's softmax and sample (and the verify's softmax) as two Numba kernels "
                         "over vocabulary slices instead of torch's ops (auto: on a GPU with the layer kernels)")
+    p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
+                   help="the sampling kernels as two launches or one cooperative launch with a grid sync "
+                        "(same bits; default: %(default)s)")
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
                    help="the tensor-core GEMVs start while the kernel before them ends (auto: on sm_90 and later)")
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),

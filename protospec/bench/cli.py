@@ -31,6 +31,7 @@ from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
 from protospec.engine.progress import progress_bar
+from protospec.kernels import sampling
 
 def print_latency(entry: dict) -> None:
     print(f"Avg latency: {entry['avg_s']} seconds")
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.model, args.speculative_model = f"{TRAINED_PAIR}/protospec-target", f"{TRAINED_PAIR}/protospec-draft"
     args = resolve_args(args)
     check_args(args)
+    sampling.LAUNCHES = args.sampling_launches  # before any engine captures a graph
     check_writable(args.output_json)
     if args.ablation or args.sweep or args.compare:
         check_writable(args.output_dir, directory=True)

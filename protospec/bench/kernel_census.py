@@ -28,6 +28,7 @@ from protospec.layout import LINEAR_KERNELS
 from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels import paged_attention as attention_kernels
+from protospec.kernels import sampling
 from protospec.model import layer_kernels
 from protospec.layout import ATTENTION_PATHS
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
@@ -182,6 +183,8 @@ def main(argv=None) -> dict:
                    help="the layer kernels' linear layers (cublas: the fusion off; auto = mma_fused)")
     p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
                    help="the draft steps' and verify's sampling kernels (auto: on a GPU with the layer kernels)")
+    p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
+                   help="the sampling kernels as two launches or one cooperative launch (default: %(default)s)")
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
                    help="the tensor-core GEMVs as programmatic dependents (auto: on sm_90 and later)")
     p.add_argument("--head-norm", default="fused", choices=["fused", "separate"],
@@ -196,6 +199,7 @@ def main(argv=None) -> dict:
         raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
     attention_kernels.FUSED_COMBINE = args.attention_combine == "fused"  # before any graph is captured
     layer_kernels.HEAD_NORM = args.head_norm
+    sampling.LAUNCHES = args.sampling_launches
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],

@@ -162,9 +162,14 @@ def _sampling_and_rejection() -> None:
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
                                [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
     logits = torch.zeros(batch, vocab)
-    sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
-                         torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64))
-    sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1)
+    chosen = sampling.LAUNCHES
+    try:
+        for sampling.LAUNCHES in ("two", "one"):  # both forms' kernels
+            sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64))
+            sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1)
+    finally:
+        sampling.LAUNCHES = chosen
     rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, k + 1, vocab), torch.zeros(batch, k), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, vocab))

@@ -15,11 +15,11 @@ row on one SM walking 32000 entries three times: slower than torch's kernels spr
 The same float32 formula as the torch path for p; only the softmax sum's order and its rescaling by
 slice differ, so probabilities agree to a few ulps (tests bound it) and ids agree unless two scores tie
 to that precision. Rows with top-k / top-p filtering keep the torch path. EngineConfig.fused_sampling
-chooses these kernels over torch's.
+chooses these kernels over torch's; LAUNCHES chooses the two launches or one cooperative launch of
+the same arithmetic (sampling_slices.py holds it for both).
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,23 +30,16 @@ from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
-from protospec.kernels.reductions import tree_argmax, tree_sum
+from protospec.kernels.sampling_slices import (THREADS, VOCAB_PER_BLOCK, combine_stats, combine_winners,  # noqa: F401
+                                               slice_probs, slice_stats)
 
 if TYPE_CHECKING:
     from protospec.spec.sampler import SamplingTensors
 
-# Threads per block (a power of two, for the tree reductions) and vocabulary entries per block: on a
-# GPU 2 entries a thread, so a 32000-entry row spreads over 63 blocks (at 8 a thread its 16 blocks
-# left most SMs idle); the last block of a row combines the slices with all its threads. The simulator
-# runs a Python thread per CUDA thread: a narrow block, and small slices so its tests span several blocks.
-THREADS = 32 if interop.SIMULATOR else 256
-VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
-
-
-@cuda.jit(device=True)
-def _better(value, index, best_value, best_index):
-    """value at index beats the best so far: larger, or equal at a lower index (torch.argmax's rule)."""
-    return value > best_value or (value == best_value and index < best_index)
+# "two": the statistics and the probabilities as two launches; "one": one cooperative launch with a
+# grid sync between them (sampling_one_launch.py), same bits. Set before any graph is captured
+# (bench and kernel_census: --sampling-launches); "two" until the one launch is measured faster.
+LAUNCHES = "two"
 
 
 @cuda.jit
@@ -61,56 +54,20 @@ def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, par
     slices = part_max.shape[1]
     row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
     tid = cuda.threadIdx.x
-    vocab = logits.shape[1]
     seq = row // rows_per_seq
     best_value = cuda.shared.array(THREADS, float32)
     best_index = cuda.shared.array(THREADS, int64)
     no_flags = cuda.shared.array(THREADS, int64)  # tree_argmax's OR, unused here
     last = cuda.shared.array(1, int32)
     no_flags[tid] = 0
-    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
-
-    value, index = float32(-math.inf), int64(vocab)
-    for v in range(lo + tid, hi, THREADS):
-        x = logits[row, v]
-        if x > value:
-            value, index = x, v
-    best_value[tid], best_index[tid] = value, index
-    cuda.syncthreads()
-    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
-    top, top_index = best_value[0], best_index[0]
-    cuda.syncthreads()
     t = temperature[seq]
-    total = float32(0.0)
-    if not is_greedy[seq] and top > float32(-math.inf):  # a slice of -inf logits (masked) adds nothing
-        for v in range(lo + tid, hi, THREADS):
-            total += math.exp(logits[row, v] / t - top / t)
-    best_value[tid] = total
-    cuda.syncthreads()
-    tree_sum(best_value, tid, THREADS)
-    if tid == 0:
-        part_max[row, piece], part_index[row, piece], part_sum[row, piece] = top, top_index, best_value[0]
+    slice_stats(logits, row, piece, t, is_greedy[seq], part_max, part_index, part_sum, best_value, best_index,
+                no_flags, tid)
     if arrived_last(counters, row, slices, last, tid):  # the row's last block: its threads share the slices
-        value, index = float32(-math.inf), int64(vocab)
-        for s in range(tid, slices, THREADS):
-            if _better(part_max[row, s], part_index[row, s], value, index):
-                value, index = part_max[row, s], part_index[row, s]
-        best_value[tid], best_index[tid] = value, index
-        cuda.syncthreads()
-        tree_argmax(best_value, best_index, no_flags, tid, THREADS)
-        value, index = best_value[0], best_index[0]
-        cuda.syncthreads()
-        total = float32(0.0)
-        for s in range(tid, slices, THREADS):
-            if part_sum[row, s] > float32(0.0):  # skips all -inf slices, whose e^(max - M) is NaN
-                total += part_sum[row, s] * math.exp(part_max[row, s] / t - value / t)
-        best_value[tid] = total
-        cuda.syncthreads()
-        tree_sum(best_value, tid, THREADS)
+        value, index, total = combine_stats(row, logits.shape[1], t, part_max, part_index, part_sum, best_value,
+                                            best_index, no_flags, tid)
         if tid == 0:
-            if index == vocab:  # every logit -inf: no slice found a max; torch.argmax gives 0
-                index = int64(0)
-            row_max[row], row_index[row], row_sum[row] = value, index, best_value[0]
+            row_max[row], row_index[row], row_sum[row] = value, index, total
 
 
 @cuda.jit
@@ -125,48 +82,22 @@ def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, row_ma
     slices = part_max.shape[1]
     row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
     tid = cuda.threadIdx.x
-    vocab = logits.shape[1]
     seq = row // rows_per_seq
     best_value = cuda.shared.array(THREADS, float32)
     best_index = cuda.shared.array(THREADS, int64)
     no_flags = cuda.shared.array(THREADS, int64)
     last = cuda.shared.array(1, int32)
     no_flags[tid] = 0
-    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
     greedy, chosen = is_greedy[seq], row_index[row]
-    t, shift, total = temperature[seq], row_max[row] / temperature[seq], row_sum[row]
-
-    value, index = float32(-1.0), int64(vocab)
-    for v in range(lo + tid, hi, THREADS):
-        if greedy:
-            p = float32(1.0) if v == chosen else float32(0.0)
-        else:
-            p = math.exp(logits[row, v] / t - shift) / total
-        probs_out[row, out_step, v] = p
-        if do_sample and not greedy:
-            score = p / noise[row, out_step, v]
-            if score > value:
-                value, index = score, v
-    if do_sample:
-        best_value[tid], best_index[tid] = value, index
-        cuda.syncthreads()
-        tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+    if slice_probs(logits, row, piece, temperature[seq], greedy, row_max[row], chosen, row_sum[row], probs_out,
+                   out_step, do_sample, noise, part_max, part_index, counters, best_value, best_index, no_flags,
+                   last, tid):
+        chosen = combine_winners(row, logits.shape[1], greedy, chosen, part_max, part_index, best_value, best_index,
+                                 no_flags, tid)
         if tid == 0:
-            part_max[row, piece], part_index[row, piece] = best_value[0], best_index[0]
-        if arrived_last(counters, row, slices, last, tid):  # the row's last block combines the winners
-            if not greedy:
-                value, index = float32(-1.0), int64(vocab)
-                for s in range(tid, slices, THREADS):
-                    if _better(part_max[row, s], part_index[row, s], value, index):
-                        value, index = part_max[row, s], part_index[row, s]
-                best_value[tid], best_index[tid] = value, index
-                cuda.syncthreads()
-                tree_argmax(best_value, best_index, no_flags, tid, THREADS)
-                chosen = best_index[0]
-            if tid == 0:
-                ids_out[row, out_step] = chosen
-                if use_mirror:
-                    mirror[row] = chosen
+            ids_out[row, out_step] = chosen
+            if use_mirror:
+                mirror[row] = chosen
 
 
 def fused_applies(st: SamplingTensors) -> bool:
@@ -210,6 +141,14 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror) -
     slices = -(-logits.shape[1] // VOCAB_PER_BLOCK)
     part_max, part_index, part_sum, row_max, row_index, row_sum = _scratch(rows, slices, logits.device)
     counters = arrival_counters(logits.device, rows, "sampling")  # the two launches count in turn
+    if LAUNCHES == "one":
+        from protospec.kernels.sampling_one_launch import launch_one
+
+        win_value, win_index = _scratch(rows, slices, logits.device, "winners")
+        launch_one([logits, st.temperature, st.is_greedy, int(rows_per_seq), probs_out, int(step), int(do_sample),
+                    noise, ids_out, mirror_arg, int(mirror is not None), part_max, part_index, part_sum, win_value,
+                    win_index, counters], rows, slices, logits.device)
+        return
     interop.launch_tensors(row_stats_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,
                             row_max, row_index, row_sum, counters])
@@ -222,16 +161,20 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror) -
 _scratches: dict[tuple, tuple] = {}
 
 
-def _scratch(rows: int, slices: int, device: torch.device) -> tuple:
-    """The slices' partials and the rows' stats, written and read within a call: one set per shape
-    (the engine launches on one stream; two streams sampling the same shape at once would share it)."""
-    key = (rows, slices, str(device))
+def _scratch(rows: int, slices: int, device: torch.device, what: str = "stats") -> tuple:
+    """The slices' partials and the rows' stats ("stats"), or the one-launch form's slice winners
+    ("winners"), written and read within a call: one set per shape (the engine launches on one
+    stream; two streams sampling the same shape at once would share it)."""
+    key = (rows, slices, str(device), what)
     if key not in _scratches:
         f32 = dict(dtype=torch.float32, device=device)
         i64 = dict(dtype=torch.int64, device=device)
-        _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64),
-                           torch.empty(rows, slices, **f32), torch.empty(rows, **f32), torch.empty(rows, **i64),
-                           torch.empty(rows, **f32))
+        if what == "winners":
+            _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64))
+        else:
+            _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64),
+                               torch.empty(rows, slices, **f32), torch.empty(rows, **f32), torch.empty(rows, **i64),
+                               torch.empty(rows, **f32))
     return _scratches[key]
 
 

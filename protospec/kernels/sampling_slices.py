@@ -1,0 +1,135 @@
+"""The arithmetic of the sampling kernels over vocabulary slices, as device functions that both
+launch forms share (sampling.py: two kernels, the row's statistics then its probabilities; and
+sampling_one_launch.py: one cooperative kernel with a grid sync between the two), so both give the
+same bits. Every thread of the block calls each function; shared arrays are [THREADS] scratch.
+"""
+from __future__ import annotations
+
+import math
+
+from numba import float32, int64
+
+from protospec.kernels import interop
+from protospec.kernels.attention_combine import arrived_last
+from protospec.kernels.interop import cuda
+from protospec.kernels.reductions import tree_argmax, tree_sum
+
+# Threads per block (a power of two, for the tree reductions) and vocabulary entries per block: on a
+# GPU 2 entries a thread, so a 32000-entry row spreads over 63 blocks (at 8 a thread its 16 blocks
+# left most SMs idle); the last block of a row combines the slices with all its threads. The simulator
+# runs a Python thread per CUDA thread: a narrow block, and small slices so its tests span several blocks.
+THREADS = 32 if interop.SIMULATOR else 256
+VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
+
+
+@cuda.jit(device=True)
+def better(value, index, best_value, best_index):
+    """value at index beats the best so far: larger, or equal at a lower index (torch.argmax's rule)."""
+    return value > best_value or (value == best_value and index < best_index)
+
+
+@cuda.jit(device=True)
+def slice_stats(logits, row, piece, t, greedy, part_max, part_index, part_sum, best_value, best_index, no_flags,
+                tid):
+    """Slice `piece` of `row`: its max logit, that max's first index and its sum of exp(x/T - max/T)
+    (0 on greedy rows) into part_max / part_index / part_sum [R, S] at [row, piece]."""
+    vocab = logits.shape[1]
+    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
+    cuda.syncthreads()  # the scratch may still be read from the block's previous slice
+    value, index = float32(-math.inf), int64(vocab)
+    for v in range(lo + tid, hi, THREADS):
+        x = logits[row, v]
+        if x > value:
+            value, index = x, v
+    best_value[tid], best_index[tid] = value, index
+    cuda.syncthreads()
+    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+    top, top_index = best_value[0], best_index[0]
+    cuda.syncthreads()
+    total = float32(0.0)
+    if not greedy and top > float32(-math.inf):  # a slice of -inf logits (masked) adds nothing
+        for v in range(lo + tid, hi, THREADS):
+            total += math.exp(logits[row, v] / t - top / t)
+    best_value[tid] = total
+    cuda.syncthreads()
+    tree_sum(best_value, tid, THREADS)
+    if tid == 0:
+        part_max[row, piece], part_index[row, piece], part_sum[row, piece] = top, top_index, best_value[0]
+
+
+@cuda.jit(device=True)
+def combine_stats(row, vocab, t, part_max, part_index, part_sum, best_value, best_index, no_flags, tid):
+    """The row's (max M, its index, sum over slices of sum_s * e^(m_s/T - M/T)) from its slices'
+    partials, the same in every thread; index 0 when every logit is -inf (torch.argmax's answer)."""
+    slices = part_max.shape[1]
+    cuda.syncthreads()
+    value, index = float32(-math.inf), int64(vocab)
+    for s in range(tid, slices, THREADS):
+        if better(part_max[row, s], part_index[row, s], value, index):
+            value, index = part_max[row, s], part_index[row, s]
+    best_value[tid], best_index[tid] = value, index
+    cuda.syncthreads()
+    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+    value, index = best_value[0], best_index[0]
+    cuda.syncthreads()
+    total = float32(0.0)
+    for s in range(tid, slices, THREADS):
+        if part_sum[row, s] > float32(0.0):  # skips all -inf slices, whose e^(max - M) is NaN
+            total += part_sum[row, s] * math.exp(part_max[row, s] / t - value / t)
+    best_value[tid] = total
+    cuda.syncthreads()
+    tree_sum(best_value, tid, THREADS)
+    total = best_value[0]
+    if index == vocab:  # no slice found a max
+        index = int64(0)
+    return value, index, total
+
+
+@cuda.jit(device=True)
+def slice_probs(logits, row, piece, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample, noise,
+                win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
+    """Slice `piece` of `row`: p = exp(x/T - M/T) / sum (greedy: one-hot at `chosen`, the row's max
+    index) into probs_out[row, out_step]; with do_sample, the slice's winner of p / noise into
+    win_value / win_index [R, S], counted at counters[row]. Returns (this block arrived last for the
+    row, the winner so far): the last one then calls combine_winners."""
+    vocab = logits.shape[1]
+    slices = win_value.shape[1]
+    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
+    shift = row_max / t
+    cuda.syncthreads()
+    value, index = float32(-1.0), int64(vocab)
+    for v in range(lo + tid, hi, THREADS):
+        if greedy:
+            p = float32(1.0) if v == chosen else float32(0.0)
+        else:
+            p = math.exp(logits[row, v] / t - shift) / total
+        probs_out[row, out_step, v] = p
+        if do_sample and not greedy:
+            score = p / noise[row, out_step, v]
+            if score > value:
+                value, index = score, v
+    if not do_sample:
+        return False
+    best_value[tid], best_index[tid] = value, index
+    cuda.syncthreads()
+    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+    if tid == 0:
+        win_value[row, piece], win_index[row, piece] = best_value[0], best_index[0]
+    return arrived_last(counters, row, slices, last, tid)
+
+
+@cuda.jit(device=True)
+def combine_winners(row, vocab, greedy, chosen, win_value, win_index, best_value, best_index, no_flags, tid):
+    """The row's sample: the best of its slices' winners (greedy rows: `chosen`)."""
+    if greedy:
+        return chosen
+    slices = win_value.shape[1]
+    cuda.syncthreads()
+    value, index = float32(-1.0), int64(vocab)
+    for s in range(tid, slices, THREADS):
+        if better(win_value[row, s], win_index[row, s], value, index):
+            value, index = win_value[row, s], win_index[row, s]
+    best_value[tid], best_index[tid] = value, index
+    cuda.syncthreads()
+    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+    return best_index[0]
