@@ -151,6 +151,9 @@ def test_overlap_gives_the_tokens_of_the_synced_commit_while_batches_change(tiny
     assert any(reason == "stop" for _, reason in synced)
     on, off = llms[True].counters["draft"], llms[False].counters["draft"]
     assert "gpu_first_step" not in off and on["gpu_first_step"] > 0 and on["first_step_discarded"] > 0
+    # Where no step was launched for the batch (it changed, or a request neared its end), draft step 1
+    # is still built on the device, from the committed state: never on the CPU.
+    assert on["first_step_at_begin"] > 0 and "cpu_prepare:first_draft_step" not in on
     bm = llms[True].engine.block_manager
     assert bm.num_free_blocks == bm.num_usable_blocks and llms[True].engine.spec_step.commit_policy.pending is None
 
@@ -250,3 +253,19 @@ def test_a_prefill_launch_survives_short_requests_and_an_eos_at_the_prefill(tiny
     for llm in llms.values():
         bm = llm.engine.block_manager
         assert bm.num_free_blocks == bm.num_usable_blocks
+
+
+def test_the_first_step_at_begin_switch_gives_the_same_tokens_off(tiny_target, tiny_draft, monkeypatch):
+    """Off, a step nobody launched ahead prepares draft step 1 on the CPU (as before the switch); the
+    tokens do not depend on it."""
+    from protospec.spec import commit
+
+    prompts, params = random_prompts(2, seed=5), SamplingParams(temperature=1.0, max_tokens=21, ignore_eos=True, seed=6)
+    outs, counters = {}, {}
+    for on in (True, False):
+        monkeypatch.setattr(commit, "FIRST_STEP_AT_BEGIN", on)
+        llm = tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE, draft_loop="gpu")
+        outs[on], counters[on] = _outputs(llm, prompts, params), llm.counters["draft"]
+    assert outs[True] == outs[False]
+    assert counters[True]["first_step_at_begin"] > 0 and "cpu_prepare:first_draft_step" not in counters[True]
+    assert "first_step_at_begin" not in counters[False] and counters[False]["cpu_prepare:first_draft_step"] > 0

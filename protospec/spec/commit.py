@@ -20,6 +20,7 @@ import torch
 
 from protospec.engine.sequence import Sequence
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
+from protospec.model.inputs import host_to_device
 from protospec.spec import registry
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.sampler import SamplingTensors
@@ -27,6 +28,11 @@ from protospec.spec.step_state import StepState
 
 if TYPE_CHECKING:
     from protospec.spec.step import SpeculativeStep
+
+# Where no step was launched ahead for a batch, the overlapped commit still builds draft step 1 on the
+# device at the step's start (OverlappedCommit.launch_now); False prepares it on the CPU as the synced
+# commit does. A switch for the A/B (bench: --first-step-at-begin), on until measured otherwise.
+FIRST_STEP_AT_BEGIN = True
 
 
 class SyncedCommit:
@@ -43,6 +49,11 @@ class SyncedCommit:
     def launch_after_prefill(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors,
                              sampled: torch.Tensor) -> None:
         """Queue the first spec step's work before the host reads the prefill's tokens (nothing, here)."""
+
+    def launch_now(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
+        """A spec step for this batch built and launched now, from the committed state, where none was
+        launched ahead (None here: the step is prepared on the CPU)."""
+        return None
 
     def kept_lookahead(self) -> int:
         """Slots a sequence keeps past its end after the commit (a launched step's lookahead)."""
@@ -64,7 +75,7 @@ class OverlappedCommit(SyncedCommit):
 
     def __init__(self, counters: Counter, look: Lookahead, block_size: int):
         self.pending = None           # the next spec step, its draft step 1 already launched
-        self._counters = counters     # the draft runner's: counts "first_step_discarded"
+        self._counters = counters     # the draft runner's: "first_step_discarded", "first_step_at_begin"
         self.look, self.block_size = look, block_size
         # seq_id -> (uniforms [k], noise [2k + 1, V]) drawn by a discarded step for that request
         self._kept_randoms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -84,15 +95,24 @@ class OverlappedCommit(SyncedCommit):
         request whose prefill token is its last (max_tokens 1)."""
         if any(seq.num_remaining <= 1 for seq in seqs):
             return
-        batch, k = len(seqs), self.look.k
-        output = torch.full((batch, k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=sampled.device)
-        output[:, 0] = sampled
-        nothing = torch.zeros(batch, k, dtype=torch.bool, device=sampled.device)
-        accepted = RejectionOutput(output, torch.zeros(batch, dtype=torch.int64, device=sampled.device), nothing, nothing)
-        self._launch(step, list(seqs), st, accepted, k + 1)
+        self._launch(step, list(seqs), st, _emitted_only(sampled, self.look.k), self.look.k + 1)
+
+    def launch_now(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
+        """No step was launched ahead for this batch (a request joined or ended, or one may reach
+        max_tokens within the step before): build draft step 1 on the device from the committed state
+        anyway, as a result that accepted nothing and emitted each sequence's last token, and launch it
+        (where a step graph applies, the whole step as one replay). Same inputs as the CPU's draft
+        step 1 (t_{L-2}, t_{L-1} at L-2, L-1), without its prepare and, in a step graph, without the
+        verify's. The host has committed, so the step reserves only its own lookahead."""
+        if not FIRST_STEP_AT_BEGIN:
+            return None
+        self._counters["first_step_at_begin"] += 1
+        last = host_to_device([seq.last_token_id for seq in seqs], torch.int64, step.device)  # [B]
+        self._launch(step, list(seqs), st, _emitted_only(last, self.look.k), self.look.slots_past_end, committed=True)
+        return self.take(seqs, st)
 
     def _launch(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors, result: RejectionOutput,
-                slots_past_end: int) -> None:
+                slots_past_end: int, committed: bool = False) -> None:
         """Reserve slots_past_end slots past each sequence's current end, build the next draft step 1
         on the device from `result`, and launch it (or the whole step, where a step graph applies).
         seqs: a copy (the engine's running list changes when requests finish)."""
@@ -102,7 +122,7 @@ class OverlappedCommit(SyncedCommit):
         loop = step.draft_loop
         nxt = loop.new_state(seqs, st, max(len(seq.block_table) for seq in seqs))
         with step.timer.phase("prepare"):
-            nxt.first_inputs = loop.build_first_inputs(result, seqs)
+            nxt.first_inputs = loop.build_first_inputs(result, seqs, committed)
         if not step.launch_step_graph(nxt):  # the whole step as one replay, where it applies
             loop.draft_step(nxt, step.draw_randoms)
         self.pending = nxt
@@ -148,6 +168,15 @@ class OverlappedCommit(SyncedCommit):
         kept = [self._kept_randoms.get(seq.seq_id) for seq in seqs]
         self._kept_randoms.clear()
         return kept
+
+
+def _emitted_only(tokens: torch.Tensor, k: int) -> RejectionOutput:
+    """A rejection output that accepted nothing and emitted `tokens` ([B] int64, on the device)."""
+    batch, device = tokens.shape[0], tokens.device
+    output = torch.full((batch, k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
+    output[:, 0] = tokens
+    nothing = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    return RejectionOutput(output, torch.zeros(batch, dtype=torch.int64, device=device), nothing, nothing)
 
 
 def make_commit_policy(name: str, counters: Counter, look: Lookahead, block_size: int) -> SyncedCommit:

@@ -44,10 +44,11 @@ class DeviceAdvanceLoop(DraftLoop):
             self.decode.seed(inputs.meta)
         return inputs
 
-    def build_first_inputs(self, result: RejectionOutput, seqs: list[Sequence]) -> ForwardInputs:
+    def build_first_inputs(self, result: RejectionOutput, seqs: list[Sequence], committed: bool = False) -> ForwardInputs:
         self.draft.counters["gpu_first_step"] += 1
-        inputs = self.first_step.build(result, [seq.block_table for seq in seqs], [seq.num_tokens for seq in seqs],
-                                       [seq.last_token_id for seq in seqs])
+        back = 1 if committed else 0  # the result re-emits the committed last token: L and t_{L-1} one back
+        inputs = self.first_step.build(result, [seq.block_table for seq in seqs], [seq.num_tokens - back for seq in seqs],
+                                       [seq.token_ids[-1 - back] for seq in seqs])
         if self.advances:
             self.decode.seed(inputs.meta)
         return inputs

@@ -92,9 +92,11 @@ class DraftLoop:
         """Inputs of draft step s.step + 1 (2..k)."""
         raise NotImplementedError
 
-    def build_first_inputs(self, result: RejectionOutput, seqs: list[Sequence]) -> ForwardInputs:
+    def build_first_inputs(self, result: RejectionOutput, seqs: list[Sequence], committed: bool = False) -> ForwardInputs:
         """The next spec step's draft step 1, built on the device from this step's rejection output
-        before the host has read it (the overlapped commit): only the device ways can."""
+        before the host has read it (the overlapped commit): only the device ways can. committed:
+        the host has already appended `result`'s last token to each sequence (a result made up from
+        the committed state: nothing accepted, that token emitted), so L is one less."""
         raise NotImplementedError(f"the {self.name} draft loop builds draft step 1 on the CPU")
 
     def error_flag(self) -> torch.Tensor | None:

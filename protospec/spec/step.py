@@ -70,16 +70,24 @@ class SpeculativeStep:
                                     self.commit_policy.kept_randoms(s.seqs))
 
     # ---- the stages of one spec step; __call__ runs them in order, a debugger may pause between ----
-    def begin(self, seqs: list[Sequence], st: SamplingTensors) -> StepState:
+    def begin(self, seqs: list[Sequence], st: SamplingTensors, launch: bool = False) -> StepState:
         """Reserve lookahead slots, make the draft output buffers (the step's random numbers are drawn
         once draft step 1's forward is queued: the device runs it while the host draws); or take the
-        step an overlapped commit launched, if it was made for this batch."""
+        step an overlapped commit launched, if it was made for this batch. launch: where none was,
+        let the commit policy build draft step 1 on the device and launch the step now (generate()
+        does; a debugger stepping draft step 1 by hand does not)."""
         with self.timer.phase("begin"):
             pending = self.commit_policy.take(seqs, st)
             if pending is not None:
                 return pending
             self.reserve_lookahead(seqs)
             self.draft_loop.catch_up(seqs)
+        if launch:
+            with self.loop_guard(self.device):
+                pending = self.commit_policy.launch_now(self, seqs, st)
+            if pending is not None:
+                return pending
+        with self.timer.phase("begin"):
             return self.draft_loop.new_state(seqs, st, max(len(seq.block_table) for seq in seqs))
 
     def draft_step(self, s: StepState):
@@ -214,7 +222,7 @@ class SpeculativeStep:
                 self.block_manager.shrink(seq.block_table, seq.num_tokens + lookahead)
 
     def __call__(self, seqs: list[Sequence], st: SamplingTensors) -> RejectionOutput:
-        state = self.begin(seqs, st)
+        state = self.begin(seqs, st, launch=True)
         with self.loop_guard(self.device):  # no host sync from here to the rejection sampler
             self.draft_loop.run_steps(state, self.draw_randoms)
         self.verify(state)
