@@ -66,6 +66,12 @@ def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_pa
     fastest = min((e["p50_s"], n) for n, e in report["modes"].items() if n in ("main", "sampler", "gpu_sync_commit", "gpu", "graph")
                   and "p50_s" in e)[1]
     assert f"Fastest mode: {fastest}." in table and f"p50(hf_target_only) / p50({fastest}) = " in table
+    # The modes differ in where inputs are built, not in what they emit: one token digest for all
+    digests = {report["modes"][m]["token_digest"] for m in ("main", "sampler", "gpu_sync_commit", "gpu")}
+    assert len(digests) == 1 and len(digests.pop()) == 16
+    line = next(t for t in table.splitlines() if t.startswith("Output tokens"))
+    same = line.split(f"the same as {fastest}'s in ")[1].split(";")[0].split(", ")
+    assert {"main", "sampler", "gpu_sync_commit", "gpu"} - {fastest} <= set(same)
     if not torch.cuda.is_available():  # generate() compiles only on CUDA: the report says so
         assert report["modes"]["hf_compiled"]["torch_compiled_graphs"] == 0 and "none: a static cache only" in table
     if not torch.cuda.is_available():  # a CPU run says what its numbers are not
@@ -141,6 +147,7 @@ def test_repeated_rounds_are_pooled(tiny_target, tiny_draft, tmp_path):
     gpu = report["modes"]["gpu"]
     assert len(gpu["latencies_s"]) == 4 and len(gpu["ratio_to_main_per_round"]) == 2
     assert report["modes"]["main"]["ratio_to_main_per_round"] == [1.0, 1.0]
+    assert gpu["token_digest"] == report["modes"]["main"]["token_digest"] and len(gpu["token_digest"]) == 16
     assert "in each round" in next(tmp_path.glob("*.md")).read_text()
 
 

@@ -186,6 +186,9 @@ def pool_rounds(rounds: list[dict]) -> dict:
             continue
         latencies = [t for r in rounds for t in r[mode]["latencies_s"]]
         entry = dict(first) | LatencyResult(latencies).summary() | {k: first[k] for k in RATE_KEYS}
+        digests = {r[mode].get("token_digest") for r in rounds}
+        if len(digests) > 1:  # the same seeded calls gave other tokens in another round
+            entry["token_digest"] = "differs between rounds: " + ", ".join(sorted(map(str, digests)))
         if BASELINE in rounds[0] and "p50_s" in rounds[0][BASELINE]:
             entry["ratio_to_main_per_round"] = [r[BASELINE]["p50_s"] / r[mode]["p50_s"] for r in rounds]
         pooled[mode] = entry

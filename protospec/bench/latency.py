@@ -1,6 +1,7 @@
 """Time whole generate() calls, as vLLM's benchmark_latency.py does: warm-up, then timed iterations."""
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +19,9 @@ PERCENTILES = (10, 25, 50, 75, 90, 99)
 class LatencyResult:
     latencies_s: list[float]
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    # sha256 (16 hex digits) over every timed call's output token ids: two runs with equal digests
+    # emitted the same tokens (the ablation compares its modes and peers by it)
+    token_digest: str | None = None
 
     def percentile(self, p: float) -> float:
         return float(np.percentile(self.latencies_s, p))
@@ -28,6 +32,8 @@ class LatencyResult:
         m = self.metrics
         rates = m.summary()
         out.update({key: rates[key] for key in RATE_KEYS})
+        if self.token_digest is not None:
+            out["token_digest"] = self.token_digest
         return out
 
 
@@ -60,5 +66,15 @@ def time_calls(fn, warmup: int, iters: int, on_cuda: bool, progress=None, after_
 
 
 def time_generate(llm: LLM, prompts, params: SamplingParams, warmup: int, iters: int, progress=None) -> LatencyResult:
-    return time_calls(lambda: llm.generate(prompts, params), warmup, iters, llm.engine.device.type == "cuda",
-                      progress, after_each=lambda result: result.metrics.merge(llm.metrics))
+    digest, last = hashlib.sha256(), []
+
+    def call() -> None:
+        last[:] = llm.generate(prompts, params)
+
+    def after_each(result: LatencyResult) -> None:  # outside the timed window
+        result.metrics.merge(llm.metrics)
+        for out in last:
+            digest.update(np.asarray(out.token_ids, dtype=np.int64).tobytes())
+        result.token_digest = digest.hexdigest()[:16]
+
+    return time_calls(call, warmup, iters, llm.engine.device.type == "cuda", progress, after_each=after_each)

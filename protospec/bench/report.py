@@ -83,6 +83,12 @@ def markdown_table(report: dict) -> str:
         lines += ["", f"Fastest mode: {fastest}. " + "; ".join(
             f"p50({n}) / p50({fastest}) = {modes[n]['p50_s'] / modes[fastest]['p50_s']:.2f}"
             for n in (BASELINE, *PEER_NAMES) if n != fastest and "p50_s" in modes.get(n, {}))]
+        same = [n for n, e in modes.items() if n != fastest and e.get("token_digest") is not None
+                 and e.get("token_digest") == modes[fastest].get("token_digest")]
+        other = [n for n, e in modes.items() if n != fastest and e.get("token_digest") is not None and n not in same]
+        if same or other:
+            lines.append(f"Output tokens (sha256 of every timed call's ids): the same as {fastest}'s in "
+                         f"{', '.join(same) or 'no other run'}; other tokens in {', '.join(other) or 'none'}")
         compiled = modes.get("hf_compiled", {}).get("torch_compiled_graphs")
         if compiled is not None:
             lines.append(f"hf_compiled: {compiled} graph(s) compiled by torch.compile"
