@@ -32,6 +32,7 @@ from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
 from protospec.engine.progress import progress_bar
 from protospec.kernels import sampling
+from protospec.model import graphs
 from protospec.spec import commit
 
 def print_latency(entry: dict) -> None:
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     check_args(args)
     sampling.LAUNCHES = args.sampling_launches  # before any engine captures a graph
     commit.FIRST_STEP_AT_BEGIN = args.first_step_at_begin == "on"
+    graphs.PREFILL_GRAPHS = args.prefill_graphs == "on"
     check_writable(args.output_json)
     if args.ablation or args.sweep or args.compare:
         check_writable(args.output_dir, directory=True)

@@ -8,15 +8,26 @@ layout gets persistent buffers (PersistentInputs): CPU-prepared inputs are copie
 device), while device-built inputs (the draft's decode buffers, advanced by advance_step, and its
 first-step buffers, built by first_draft_step) are captured themselves (no copies).
 Batches are padded up to a power-of-two row count and block tables to a power-of-two width.
+
+A prefill is eager (a new prompt length would cost a capture), except with PREFILL_GRAPHS: then a
+uniform prefill layout (every prompt of the batch one length) seen before is captured and replayed,
+at most MAX_PREFILL_GRAPHS layouts a model. Its eager form is launch-bound too (~20 torch kernels a
+layer); a benchmark's repeated prompts, or a server's common lengths, repeat.
 """
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import torch
 
 from protospec.model.inputs import ForwardInputs
 from protospec.model.persistent_inputs import PersistentInputs
+
+
+# Replay repeated uniform prefills as graphs (off until timed: the bench's --prefill-graphs switch).
+PREFILL_GRAPHS = False
+MAX_PREFILL_GRAPHS = 4
 
 
 def bucket(n: int, cap: int, smallest: int = 1) -> int:
@@ -71,17 +82,39 @@ class GraphCache:
         self.max_rows, self.max_blocks = max_rows, max_blocks
         self.static: dict[tuple, PersistentInputs] = {}
         self.graphs: dict[tuple, CapturedForward] = {}
+        self.prefills_seen: Counter[tuple] = Counter()  # uniform prefill layouts -> times run
+        self.prefill_keys: set[tuple] = set()           # those captured
 
-    def run(self, inputs: ForwardInputs) -> torch.Tensor:
+    def _key(self, inputs: ForwardInputs) -> tuple:
         seqs, width = inputs.meta.block_tables.shape
         rows = bucket(seqs, self.max_rows)
         width = bucket(width, self.max_blocks, smallest=8)
+        if inputs.persistent is not None:
+            return inputs.persistent.name, rows, width
+        return f"static_q{inputs.query_len}_l{inputs.logits_per_seq}", rows, width
+
+    def take_prefill(self, inputs: ForwardInputs) -> bool:
+        """Whether this uniform prefill replays a graph: its layout ran before (a one-off length stays
+        eager) and there is room for it among the prefill graphs, or it has one already."""
+        key = self._key(inputs)
+        if key in self.prefill_keys:
+            return True
+        if len(self.prefill_keys) >= MAX_PREFILL_GRAPHS:  # full: nothing new is counted or captured
+            return False
+        self.prefills_seen[key] += 1
+        if self.prefills_seen[key] < 2:
+            return False
+        self.prefill_keys.add(key)
+        return True
+
+    def run(self, inputs: ForwardInputs) -> torch.Tensor:
+        seqs = inputs.meta.block_tables.shape[0]
+        key = self._key(inputs)
+        _, rows, width = key
         if inputs.persistent is not None:  # device-built inputs: capture their persistent buffers themselves
-            key = (inputs.persistent.name, rows, width)
             if key not in self.graphs:
                 static_inputs = inputs.persistent.view(rows, width)
         else:
-            key = (f"static_q{inputs.query_len}_l{inputs.logits_per_seq}", rows, width)
             if key not in self.static:
                 self.static[key] = PersistentInputs(key[0], rows, inputs.query_len, width, inputs.logits_per_seq,
                                                     self.block_size, inputs.input_ids.device)

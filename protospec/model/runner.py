@@ -5,6 +5,7 @@ from collections import Counter
 
 import torch
 
+from protospec.model import graphs as graph_settings
 from protospec.model.graphs import GraphCache
 from protospec.model.inputs import ForwardInputs, prepare_inputs
 from protospec.model.llama import LlamaForCausalLM
@@ -34,7 +35,8 @@ class ModelRunner:
         self.max_graph_query_len = 0
 
     def enable_cuda_graphs(self, max_rows: int, max_blocks: int, max_query_len: int) -> None:
-        """Replay forwards of up to max_query_len tokens per sequence as CUDA graphs (never prefill)."""
+        """Replay forwards of up to max_query_len tokens per sequence as CUDA graphs (a prefill only
+        where graphs.PREFILL_GRAPHS allows it)."""
         self.graphs = GraphCache(self.model, self.kv_caches, self.block_size, max_rows, max_blocks)
         self.max_graph_query_len = max_query_len
 
@@ -53,8 +55,12 @@ class ModelRunner:
 
     def execute(self, inputs: ForwardInputs) -> torch.Tensor:
         """Forward; returns logits [num_logits, vocab] float32 on the device."""
-        if self.graphs is not None and inputs.query_len is not None and inputs.query_len <= self.max_graph_query_len:
-            self.counters["forward:graph"] += 1
-            return self.graphs.run(inputs)
+        if self.graphs is not None and inputs.query_len is not None:
+            if inputs.query_len <= self.max_graph_query_len:
+                self.counters["forward:graph"] += 1
+                return self.graphs.run(inputs)
+            if graph_settings.PREFILL_GRAPHS and self.graphs.take_prefill(inputs):
+                self.counters["forward:graph_prefill"] += 1
+                return self.graphs.run(inputs)
         self.counters["forward:eager"] += 1
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
