@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# Two options against the defaults: the sampling kernels as one cooperative launch
-# (--sampling-launches one) and draft step 1 prepared on the CPU where no step was launched ahead
-# (--first-step-at-begin off; the default builds it on the device). Their GPU tests (the one launch bit
-# for bit against the two, tokens with either first-step path, the draft-loop and step-graph counts),
-# the census (GPU busy per spec step) with each sampling form, twice in turn, then batch-1 graph-mode
-# p50 of the three flag sets interleaved over 3 rounds. Census JSON under $OUT/res; p50 printed.
+# Three options against the defaults: the sampling kernels as one cooperative launch
+# (--sampling-launches one), draft step 1 prepared on the CPU where no step was launched ahead
+# (--first-step-at-begin off; the default builds it on the device) and repeated prefills replayed as
+# CUDA graphs (--prefill-graphs on). Their GPU tests, the census (GPU busy per spec step) with each
+# sampling form, then batch-1 graph-mode p50 of the four flag sets interleaved over 3 rounds. Census
+# JSON under $OUT/res; p50 printed. About nine minutes.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/levers_check.sh
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 mkdir -p "$OUT/res"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_sampling_kernel.py tests/test_overlap_commit.py \
-  tests/test_draft_loop.py tests/test_step_graph.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
-for round in 1 2; do
-  for launches in two one; do
-    echo "round $round, sampling launches $launches: $(timeout 90 python3 -m protospec.bench.kernel_census \
-      --modes graph --sampling-launches $launches \
-      --output-json "$OUT/res/kernel_census_sampling_${launches}_$round.json" 2>&1 | quiet | grep -E "busy per spec step")"
-  done
+  tests/test_draft_loop.py tests/test_step_graph.py tests/test_prefill_graphs.py 2>&1 \
+  | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
+for launches in two one; do
+  echo "sampling launches $launches: $(timeout 90 python3 -m protospec.bench.kernel_census --modes graph \
+    --sampling-launches $launches --output-json "$OUT/res/kernel_census_sampling_${launches}.json" 2>&1 \
+    | quiet | grep -E "busy per spec step")"
 done
 ROUNDS=3 BATCH=1 OUT=/tmp/levers_ab bash "$(dirname "$0")/interleaved_ab.sh" "" "--sampling-launches one" \
-  "--first-step-at-begin off"
+  "--first-step-at-begin off" "--prefill-graphs on"
