@@ -29,10 +29,10 @@ from protospec.spec.step_state import StepState
 if TYPE_CHECKING:
     from protospec.spec.step import SpeculativeStep
 
-# Where no step was launched ahead for a batch, the overlapped commit still builds draft step 1 on the
-# device at the step's start (OverlappedCommit.launch_now); False prepares it on the CPU as the synced
-# commit does. A switch for the A/B (bench: --first-step-at-begin), on until measured otherwise.
-FIRST_STEP_AT_BEGIN = True
+# Where no step was launched ahead for a batch, True builds draft step 1 on the device at the step's
+# start anyway (OverlappedCommit.launch_now); False (default until it is timed: bench
+# --first-step-at-begin) prepares it on the CPU as the synced commit does.
+FIRST_STEP_AT_BEGIN = False
 
 
 class SyncedCommit:
