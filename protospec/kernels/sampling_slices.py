@@ -29,6 +29,28 @@ def better(value, index, best_value, best_index):
 
 
 @cuda.jit(device=True)
+def block_argmax(value, index, best_value, best_index, no_flags, tid):
+    """The block's best (value, index) over its threads' (ties to the lower index), in every thread."""
+    best_value[tid], best_index[tid] = value, index
+    cuda.syncthreads()
+    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+    value, index = best_value[0], best_index[0]
+    cuda.syncthreads()
+    return value, index
+
+
+@cuda.jit(device=True)
+def block_sum(value, scratch, tid):
+    """The sum of the block's threads' values, in every thread."""
+    scratch[tid] = value
+    cuda.syncthreads()
+    tree_sum(scratch, tid, THREADS)
+    total = scratch[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True)
 def slice_stats(logits, row, piece, t, greedy, part_max, part_index, part_sum, best_value, best_index, no_flags,
                 tid):
     """Slice `piece` of `row`: its max logit, that max's first index and its sum of exp(x/T - max/T)
@@ -41,20 +63,14 @@ def slice_stats(logits, row, piece, t, greedy, part_max, part_index, part_sum, b
         x = logits[row, v]
         if x > value:
             value, index = x, v
-    best_value[tid], best_index[tid] = value, index
-    cuda.syncthreads()
-    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
-    top, top_index = best_value[0], best_index[0]
-    cuda.syncthreads()
+    top, top_index = block_argmax(value, index, best_value, best_index, no_flags, tid)
     total = float32(0.0)
     if not greedy and top > float32(-math.inf):  # a slice of -inf logits (masked) adds nothing
         for v in range(lo + tid, hi, THREADS):
             total += math.exp(logits[row, v] / t - top / t)
-    best_value[tid] = total
-    cuda.syncthreads()
-    tree_sum(best_value, tid, THREADS)
+    total = block_sum(total, best_value, tid)
     if tid == 0:
-        part_max[row, piece], part_index[row, piece], part_sum[row, piece] = top, top_index, best_value[0]
+        part_max[row, piece], part_index[row, piece], part_sum[row, piece] = top, top_index, total
 
 
 @cuda.jit(device=True)
@@ -67,19 +83,12 @@ def combine_stats(row, vocab, t, part_max, part_index, part_sum, best_value, bes
     for s in range(tid, slices, THREADS):
         if better(part_max[row, s], part_index[row, s], value, index):
             value, index = part_max[row, s], part_index[row, s]
-    best_value[tid], best_index[tid] = value, index
-    cuda.syncthreads()
-    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
-    value, index = best_value[0], best_index[0]
-    cuda.syncthreads()
+    value, index = block_argmax(value, index, best_value, best_index, no_flags, tid)
     total = float32(0.0)
     for s in range(tid, slices, THREADS):
         if part_sum[row, s] > float32(0.0):  # skips all -inf slices, whose e^(max - M) is NaN
             total += part_sum[row, s] * math.exp(part_max[row, s] / t - value / t)
-    best_value[tid] = total
-    cuda.syncthreads()
-    tree_sum(best_value, tid, THREADS)
-    total = best_value[0]
+    total = block_sum(total, best_value, tid)
     if index == vocab:  # no slice found a max
         index = int64(0)
     return value, index, total
@@ -110,11 +119,9 @@ def slice_probs(logits, row, piece, t, greedy, row_max, chosen, total, probs_out
                 value, index = score, v
     if not do_sample:
         return False
-    best_value[tid], best_index[tid] = value, index
-    cuda.syncthreads()
-    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
+    value, index = block_argmax(value, index, best_value, best_index, no_flags, tid)
     if tid == 0:
-        win_value[row, piece], win_index[row, piece] = best_value[0], best_index[0]
+        win_value[row, piece], win_index[row, piece] = value, index
     return arrived_last(counters, row, slices, last, tid)
 
 
@@ -129,7 +136,4 @@ def combine_winners(row, vocab, greedy, chosen, win_value, win_index, best_value
     for s in range(tid, slices, THREADS):
         if better(win_value[row, s], win_index[row, s], value, index):
             value, index = win_value[row, s], win_index[row, s]
-    best_value[tid], best_index[tid] = value, index
-    cuda.syncthreads()
-    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
-    return best_index[0]
+    return block_argmax(value, index, best_value, best_index, no_flags, tid)[1]
