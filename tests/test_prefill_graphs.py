@@ -5,6 +5,7 @@ import torch
 from tiny import random_prompts, tiny_llm
 
 from protospec import SamplingParams
+from protospec.layout import NULL_BLOCK
 from protospec.model import graphs
 from protospec.model.graphs import GraphCache
 from protospec.model.inputs import prepare_inputs
@@ -47,3 +48,28 @@ def test_prefill_graphs_give_the_eager_tokens(tiny_target, tiny_draft, temperatu
     assert outs[True] == outs[False]
     assert counters[True]["target"]["forward:graph_prefill"] == 2 == counters[True]["draft"]["forward:graph_prefill"]
     assert "forward:graph_prefill" not in counters[False]["target"]
+
+
+@pytest.mark.parametrize("prompts", [1, 3], ids=["one_row", "padded_to_four_rows"])
+def test_a_prefill_through_the_static_buffers_gives_the_eager_logits(tiny_target, tiny_draft, prompts):
+    """What a prefill graph captures, run eagerly on the CPU: the batch copied into its layout's
+    fixed buffers (rows padded to a power of two; the block table's width to a bucket) gives the eager
+    forward's logits. A padding row left from a fuller batch of the same layout writes no K/V a
+    sequence can read (its slots are reset to -1, which lands in the null block)."""
+    llm = tiny_llm(tiny_target, tiny_draft, k=3)
+    runner = llm.engine.target
+    cache = GraphCache(runner.model, runner.kv_caches, runner.block_size, max_rows=4, max_blocks=64)
+    blocks = -(-19 // runner.block_size)
+    tables = [list(range(1 + i * blocks, 1 + (i + 1) * blocks)) for i in range(4)]
+    chunks = [torch.randint(3, 200, (19,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(4)]
+    if prompts > 1:  # the layout's buffers last held four real rows
+        cache.static_inputs(runner.prepare("prefill", chunks, [0] * 4, tables, 1))
+    inputs = runner.prepare("prefill", chunks[:prompts], [0] * prompts, tables[:prompts], 1)
+    eager = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta)  # [prompts, V]
+    written = torch.stack([c.clone() for c in runner.kv_caches])
+    key, static = cache.static_inputs(inputs)
+    assert key[1] == (1 if prompts == 1 else 4) and static.meta.block_tables.shape[1] == 8
+    replayed = runner.model(static.input_ids, static.positions, runner.kv_caches, static.meta)[:prompts]
+    torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
+    real = slice(NULL_BLOCK + 1, None)  # every block but the null block: the fourth row's stay empty
+    assert torch.equal(torch.stack(runner.kv_caches)[:, :, real], written[:, :, real])

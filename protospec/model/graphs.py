@@ -107,19 +107,23 @@ class GraphCache:
         self.prefill_keys.add(key)
         return True
 
-    def run(self, inputs: ForwardInputs) -> torch.Tensor:
-        seqs = inputs.meta.block_tables.shape[0]
+    def static_inputs(self, inputs: ForwardInputs) -> tuple[tuple, ForwardInputs]:
+        """The layout's key and the fixed buffers a graph of it reads, holding this batch: device-built
+        inputs are their own buffers; CPU-prepared ones are copied into the layout's static buffers
+        (padding rows: slot -1)."""
         key = self._key(inputs)
         _, rows, width = key
-        if inputs.persistent is not None:  # device-built inputs: capture their persistent buffers themselves
-            if key not in self.graphs:
-                static_inputs = inputs.persistent.view(rows, width)
-        else:
-            if key not in self.static:
-                self.static[key] = PersistentInputs(key[0], rows, inputs.query_len, width, inputs.logits_per_seq,
-                                                    self.block_size, inputs.input_ids.device)
-            self.static[key].fill(inputs)
-            static_inputs = self.static[key].view(rows, width)
+        if inputs.persistent is not None:
+            return key, inputs.persistent.view(rows, width)
+        if key not in self.static:
+            self.static[key] = PersistentInputs(key[0], rows, inputs.query_len, width, inputs.logits_per_seq,
+                                                self.block_size, inputs.input_ids.device)
+        self.static[key].fill(inputs)
+        return key, self.static[key].view(rows, width)
+
+    def run(self, inputs: ForwardInputs) -> torch.Tensor:
+        seqs = inputs.meta.block_tables.shape[0]
+        key, static_inputs = self.static_inputs(inputs)
         if key not in self.graphs:
             self.graphs[key] = CapturedForward(self.model, self.kv_caches, static_inputs)
         return self.graphs[key].replay()[: seqs * inputs.logits_per_seq]
