@@ -194,6 +194,16 @@ def test_kernel_census_charges_each_kernel_to_the_innermost_phase_that_launched_
         "sampling": 2, "draft_loop_graph": 4}
 
 
+def test_kernel_census_charges_each_kernel_name_only_its_uncovered_time():
+    from protospec.bench.kernel_census import merged_busy_us, uncovered_by_name
+
+    # a dependent (qkv) starts while attention runs; a copy hides inside a GEMV's span entirely
+    kernels = [(0, 5, "attention"), (3, 9, "qkv"), (9, 12, "attention"), (20, 30, "gemv"), (22, 24, "copy")]
+    by_name = uncovered_by_name(kernels)
+    assert by_name == {"attention": 5 + 3, "qkv": 4, "gemv": 10}
+    assert sum(by_name.values()) == merged_busy_us([(s, e) for s, e, _ in kernels])
+
+
 def _census(commit: str, by_phase: dict) -> dict:
     return {"git_commit": commit, "device": "NVIDIA H200",
             "config": {"num_speculative_tokens": 5, "batch_size": 1},

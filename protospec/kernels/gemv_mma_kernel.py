@@ -81,7 +81,6 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     THREADS = warps * WARP
     UP_WORDS = WORDS if glu else 1
 
-    @cuda.jit(**options)
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots):
         """x64, res64 [R, K / 4] int64 (float16 words; R = T unless GATHER); x_rows [T] int64 (GATHER);
         norm64 [K / 4] int64; w64 [N (2I with GLU), K / 4] int64; y [T, N (I; h * d with ROPE)] float16
@@ -216,7 +215,16 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                                         kv_cache, slots)
                 elif tok < tokens and n < n_rows:
                     y[tok, n] = sums[i]
-    return gemv_mma
+    # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
+    gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent)
+    return cuda.jit(**options)(gemv_mma)
+
+
+def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool) -> str:
+    """e.g. gemv_mma_k768_norm_residual_rope_dep: K, then each fused form the kernel takes."""
+    forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
+                             ("rope", rope_dim), ("dep", dependent)) if on]
+    return "_".join(["gemv_mma", f"k{warps * COLUMNS_PER_WARP}", *forms])
 
 
 @cuda.jit(device=True)
