@@ -120,9 +120,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
                    help="the sampling kernels as two launches or one cooperative launch with a grid sync "
                         "(same bits; default: %(default)s)")
-    p.add_argument("--prefill-graphs", default="off", choices=["on", "off"],
+    p.add_argument("--prefill-graphs", default="on", choices=["on", "off"],
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
-    p.add_argument("--first-step-at-begin", default="off", choices=["on", "off"],
+    p.add_argument("--first-step-at-begin", default="on", choices=["on", "off"],
                    help="where no spec step was launched ahead (the batch changed, or a request nears its end), "
                         "build draft step 1 on the device at the step's start (off: on the CPU; default: %(default)s)")
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 # "two": the statistics and the probabilities as two launches; "one": one cooperative launch with a
 # grid sync between them (sampling_one_launch.py), same bits. Set before any graph is captured
-# (bench and kernel_census: --sampling-launches); "two" until the one launch is measured faster.
+# (bench and kernel_census: --sampling-launches); "two": the one launch measured slower (its grid
+# sync costs more than the launch it saves; data/results).
 LAUNCHES = "two"
 
 

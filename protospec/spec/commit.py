@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from protospec.spec.step import SpeculativeStep
 
 # Where no step was launched ahead for a batch, True builds draft step 1 on the device at the step's
-# start anyway (OverlappedCommit.launch_now); False (default until it is timed: bench
-# --first-step-at-begin) prepares it on the CPU as the synced commit does.
-FIRST_STEP_AT_BEGIN = False
+# start anyway (OverlappedCommit.launch_now; the default, measured faster); False (bench
+# --first-step-at-begin off) prepares it on the CPU as the synced commit does.
+FIRST_STEP_AT_BEGIN = True
 
 
 class SyncedCommit:
