@@ -6,6 +6,7 @@ import torch
 from tiny import random_prompts, tiny_llm
 
 from protospec import ConfigError, SamplingParams
+from protospec.spec import commit
 from protospec.spec.sync_guard import HostSyncError, forbid_host_sync
 
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE  # noqa: E402
@@ -27,7 +28,9 @@ def _device_param(device):
 
 
 @pytest.mark.parametrize("device", [_device_param(d) for d in KERNEL_DEVICES])
-def test_gpu_path_advances_k_minus_1_times_per_spec_step(tiny_target, tiny_draft, device):
+@pytest.mark.parametrize("at_begin", [True, False], ids=["first_step_at_begin", "cpu_first_step"])
+def test_gpu_path_advances_k_minus_1_times_per_spec_step(tiny_target, tiny_draft, device, at_begin, monkeypatch):
+    monkeypatch.setattr(commit, "FIRST_STEP_AT_BEGIN", at_begin)
     llm = _llm(tiny_target, tiny_draft, device, "gpu", k=4, check_no_sync=True)
     llm.generate(random_prompts(4), GREEDY)
     steps = llm.metrics.num_spec_steps  # summed over the batch; spec steps of the engine:
@@ -35,10 +38,12 @@ def test_gpu_path_advances_k_minus_1_times_per_spec_step(tiny_target, tiny_draft
     draft = llm.counters["draft"]
     assert engine_steps > 0 and steps >= engine_steps
     assert draft["gpu_advance"] == 3 * engine_steps
-    # Draft step 1: built on the device by the previous commit (overlapped), or on the CPU after a
-    # prefill and where a request may end within the step; none discarded (ignore_eos, one batch).
-    first_on_cpu = draft["cpu_prepare:first_draft_step"]
-    assert draft["gpu_first_step"] > first_on_cpu > 0 and "first_step_discarded" not in draft
+    # Draft step 1: built on the device by the previous commit (overlapped). After a prefill and where
+    # a request may end within the step nobody launched it ahead: then it is built on the device at the
+    # step's start (at_begin) or on the CPU; none discarded (ignore_eos, one batch).
+    first_on_cpu = draft.get("cpu_prepare:first_draft_step", 0)
+    assert (first_on_cpu > 0, draft.get("first_step_at_begin", 0) > 0) == (not at_begin, at_begin)
+    assert draft["gpu_first_step"] > first_on_cpu and "first_step_discarded" not in draft
     assert first_on_cpu + draft["gpu_first_step"] == engine_steps
     assert draft["cpu_prepare"] == first_on_cpu + draft["cpu_prepare:prefill"]
     assert not any(key.startswith("fallback:") for key in draft)
@@ -128,12 +133,14 @@ def test_graph_mode_replays_the_whole_draft_tail(tiny_target, tiny_draft, step_g
     llm.generate(random_prompts(4), SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True, seed=2))
     draft = llm.counters["draft"]
     whole = draft.get("spec_step_graph", 0)  # a step graph builds its verify's inputs itself
-    steps = llm.counters["target"]["cpu_prepare:verify"] + whole
+    steps = llm.counters["target"].get("cpu_prepare:verify", 0) + whole
     assert (whole > 0) == (step_graph is None)
     # Stage by stage, a draft step 1 built on the device joins the replay of steps 2..k.
     assert (draft.get("draft_loop_graph:from_first_step", 0) > 0) == (step_graph is False)
     assert draft["draft_loop_graph"] == steps and draft["gpu_advance"] == 3 * steps
-    assert draft["cpu_prepare:first_draft_step"] + draft["gpu_first_step"] == steps and draft["gpu_first_step"] > 0
+    # By default every draft step 1 is built on the device, the ones nobody launched ahead at the step's start.
+    assert draft["gpu_first_step"] == steps and draft["first_step_at_begin"] > 0
+    assert "cpu_prepare:first_draft_step" not in draft
     assert not any(key.startswith("fallback:") for key in draft)
 
 

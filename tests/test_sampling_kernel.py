@@ -188,8 +188,8 @@ def test_the_sampling_kernels_are_the_default_only_on_a_gpu_with_the_layer_kerne
     if KERNEL_DEVICE_TYPE == "cpu":  # the simulator: layer kernels on CPU tensors
         simulated = tiny_llm(tiny_target, tiny_draft, k=2, layer_kernels=True).engine
         assert simulated.use_layer_kernels and not simulated.fused_sampling
+        assert tiny_llm(tiny_target, tiny_draft, k=2, fused_sampling=True).engine.fused_sampling
     assert not tiny_llm(tiny_target, tiny_draft, k=2).engine.fused_sampling
-    assert tiny_llm(tiny_target, tiny_draft, k=2, fused_sampling=True).engine.fused_sampling
     if torch.cuda.is_available():
         assert tiny_llm(tiny_target, tiny_draft, k=2, device="cuda").engine.fused_sampling
         assert not tiny_llm(tiny_target, tiny_draft, k=2, device="cuda", layer_kernels=False).engine.fused_sampling

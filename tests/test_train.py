@@ -22,7 +22,7 @@ def pair(tmp_path_factory):
     out = tmp_path_factory.mktemp("pair")
     report = train_main(["--out", str(out), "--max-files", "30", "--steps", "25", "--batch-size", "4",
                          "--context", "64", "--vocab-size", "512", "--eval-every", "10", "--teacher-samples", "6",
-                         "--device", "cpu"])
+                         "--device", "cpu", "--max-minutes", "120"])  # steps, not a loaded host's clock, end it
     return out, report
 
 
