@@ -6,7 +6,6 @@ import torch
 from tiny import random_prompts, tiny_llm
 
 from protospec import ConfigError, SamplingParams
-from protospec.spec import commit
 from protospec.spec.sync_guard import HostSyncError, forbid_host_sync
 
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE  # noqa: E402
@@ -29,9 +28,8 @@ def _device_param(device):
 
 @pytest.mark.parametrize("device", [_device_param(d) for d in KERNEL_DEVICES])
 @pytest.mark.parametrize("at_begin", [True, False], ids=["first_step_at_begin", "cpu_first_step"])
-def test_gpu_path_advances_k_minus_1_times_per_spec_step(tiny_target, tiny_draft, device, at_begin, monkeypatch):
-    monkeypatch.setattr(commit, "FIRST_STEP_AT_BEGIN", at_begin)
-    llm = _llm(tiny_target, tiny_draft, device, "gpu", k=4, check_no_sync=True)
+def test_gpu_path_advances_k_minus_1_times_per_spec_step(tiny_target, tiny_draft, device, at_begin):
+    llm = _llm(tiny_target, tiny_draft, device, "gpu", k=4, check_no_sync=True, first_step_at_begin=at_begin)
     llm.generate(random_prompts(4), GREEDY)
     steps = llm.metrics.num_spec_steps  # summed over the batch; spec steps of the engine:
     engine_steps = llm.counters["target"]["cpu_prepare:verify"]

@@ -136,18 +136,16 @@ def _outputs(llm, prompts, params):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("at_begin", [False, True], ids=["cpu_first_step", "first_step_at_begin"])
 def test_overlap_gives_the_tokens_of_the_synced_commit_while_batches_change(tiny_target, tiny_draft, mode, temperature,
-                                                                             at_begin, monkeypatch):
+                                                                             at_begin):
     """Requests of different lengths queue for two batch slots and one stops at an EOS token, so
     launched steps get discarded and batches change; the tokens are those of the synced commit.
-    at_begin: steps nobody launched ahead build draft step 1 on the device (commit.FIRST_STEP_AT_BEGIN)."""
-    from protospec.spec import commit
-
-    monkeypatch.setattr(commit, "FIRST_STEP_AT_BEGIN", at_begin)
+    at_begin: steps nobody launched ahead build draft step 1 on the device (first_step_at_begin)."""
     prompts = random_prompts(5, seed=4)
     params = [SamplingParams(temperature=temperature, top_k=40, max_tokens=n, seed=10 + i)
               for i, n in enumerate((40, 60, 33, 18, 29))]
     llms = {overlap: tiny_llm(tiny_target, tiny_draft, k=4, device=KERNEL_DEVICE_TYPE, draft_loop=mode, max_num_seqs=2,
-                              overlap_commit=overlap, check_no_sync=True) for overlap in (False, True)}
+                              overlap_commit=overlap, check_no_sync=True, first_step_at_begin=at_begin)
+            for overlap in (False, True)}
     probe = llms[False].generate(prompts, [SamplingParams(**(vars(p) | {"ignore_eos": True})) for p in params])
     eos = probe[0].token_ids[20]  # request 0 stops at (or before) its 21st token
     for llm in llms.values():
@@ -261,17 +259,13 @@ def test_a_prefill_launch_survives_short_requests_and_an_eos_at_the_prefill(tiny
         assert bm.num_free_blocks == bm.num_usable_blocks
 
 
-def test_the_first_step_at_begin_switch_changes_where_draft_step_1_is_built_not_the_tokens(tiny_target, tiny_draft,
-                                                                                           monkeypatch):
+def test_the_first_step_at_begin_switch_changes_where_draft_step_1_is_built_not_the_tokens(tiny_target, tiny_draft):
     """A request's last steps are not launched ahead (it may end within the step before): on, their
     draft step 1 is built on the device at the step's start; off, on the CPU. Same tokens."""
-    from protospec.spec import commit
-
     prompts, params = random_prompts(2, seed=5), SamplingParams(temperature=1.0, max_tokens=21, ignore_eos=True, seed=6)
     outs, counters = {}, {}
     for on in (True, False):
-        monkeypatch.setattr(commit, "FIRST_STEP_AT_BEGIN", on)
-        llm = tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE, draft_loop="gpu")
+        llm = tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE, draft_loop="gpu", first_step_at_begin=on)
         outs[on], counters[on] = _outputs(llm, prompts, params), llm.counters["draft"]
     assert outs[True] == outs[False]
     assert counters[True]["first_step_at_begin"] > 0 and "cpu_prepare:first_draft_step" not in counters[True]

@@ -1,4 +1,4 @@
-"""Prefills replayed as CUDA graphs (graphs.PREFILL_GRAPHS): which layouts get one, and on a GPU
+"""Prefills replayed as CUDA graphs (EngineConfig.prefill_graphs): which layouts get one, and on a GPU
 the same tokens as the eager prefill."""
 import pytest
 import torch
@@ -36,13 +36,12 @@ def test_a_prefill_layout_gets_a_graph_when_it_repeats_and_while_there_is_room(m
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_prefill_graphs_give_the_eager_tokens(tiny_target, tiny_draft, temperature, monkeypatch):
+def test_prefill_graphs_give_the_eager_tokens(tiny_target, tiny_draft, temperature):
     prompts = random_prompts(2, lengths=(24,), seed=3)  # one length: a uniform prefill layout
     params = SamplingParams(temperature=temperature, max_tokens=20, ignore_eos=True, seed=4)
     outs, counters = {}, {}
     for on in (False, True):
-        monkeypatch.setattr(graphs, "PREFILL_GRAPHS", on)
-        llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph")
+        llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph", prefill_graphs=on)
         outs[on] = [[o.token_ids for o in llm.generate(prompts, params)] for _ in range(3)]
         counters[on] = llm.counters
     assert outs[True] == outs[False]

@@ -69,6 +69,8 @@ class BenchSetup:
     fused_sampling: bool | None = None     # EngineConfig.fused_sampling (None: on a GPU with the layer kernels)
     dependent_launch: bool | None = None   # EngineConfig.dependent_launch (None: wherever it applies)
     spec_step_graph: bool | None = None    # EngineConfig.spec_step_graph (None: wherever it applies)
+    first_step_at_begin: bool = True       # EngineConfig.first_step_at_begin
+    prefill_graphs: bool = True            # EngineConfig.prefill_graphs
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -89,7 +91,8 @@ class BenchSetup:
                    speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
                    attention_kernel=self.attention_kernel, persistent_decode=self.persistent_decode,
                    linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling,
-                   dependent_launch=self.dependent_launch, spec_step_graph=self.spec_step_graph)
+                   dependent_launch=self.dependent_launch, spec_step_graph=self.spec_step_graph,
+                   first_step_at_begin=self.first_step_at_begin, prefill_graphs=self.prefill_graphs)
 
 
 def _release_memory() -> None:

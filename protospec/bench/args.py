@@ -239,7 +239,8 @@ def setup_from(args) -> BenchSetup:
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
                       args.speculative_disable_by_batch_size, auto_as_none(args.attention_kernel),
                       args.persistent_decode, auto_as_none(args.linear_kernel), ON_OFF[args.fused_sampling],
-                      ON_OFF[args.dependent_launch], ON_OFF[args.spec_step_graph])
+                      ON_OFF[args.dependent_launch], ON_OFF[args.spec_step_graph],
+                      args.first_step_at_begin == "on", args.prefill_graphs == "on")
 
 
 ON_OFF = {"auto": None, "on": True, "off": False}  # a three-way engine setting as EngineConfig takes it

@@ -32,8 +32,6 @@ from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
 from protospec.engine.progress import progress_bar
 from protospec.kernels import sampling
-from protospec.model import graphs
-from protospec.spec import commit
 
 def print_latency(entry: dict) -> None:
     print(f"Avg latency: {entry['avg_s']} seconds")
@@ -67,8 +65,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = resolve_args(args)
     check_args(args)
     sampling.LAUNCHES = args.sampling_launches  # before any engine captures a graph
-    commit.FIRST_STEP_AT_BEGIN = args.first_step_at_begin == "on"
-    graphs.PREFILL_GRAPHS = args.prefill_graphs == "on"
     check_writable(args.output_json)
     if args.ablation or args.sweep or args.compare:
         check_writable(args.output_dir, directory=True)

@@ -207,6 +207,10 @@ def main(argv=None) -> dict:
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (auto: wherever it applies; off: each "
                         "phase's kernels attributed apart)")
+    p.add_argument("--first-step-at-begin", default="on", choices=["on", "off"],
+                   help="draft step 1 built on the device where no step was launched ahead (off: on the CPU)")
+    p.add_argument("--prefill-graphs", default="on", choices=["on", "off"],
+                   help="repeated uniform prefill layouts replayed as CUDA graphs")
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
     check_writable(args.output_json)
@@ -220,7 +224,8 @@ def main(argv=None) -> dict:
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
                        attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
                        fused_sampling=ON_OFF[args.fused_sampling], dependent_launch=ON_OFF[args.dependent_launch],
-                       spec_step_graph=ON_OFF[args.spec_step_graph])
+                       spec_step_graph=ON_OFF[args.spec_step_graph],
+                       first_step_at_begin=args.first_step_at_begin == "on", prefill_graphs=args.prefill_graphs == "on")
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))
     print(f"weights per spec step: {floor['spec_step_weight_mb']:.0f} MB ({args.num_speculative_tokens} x draft "

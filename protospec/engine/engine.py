@@ -93,7 +93,8 @@ class Engine:
             for runner in (self.target, self.draft):
                 if runner is not None:
                     # The widest repeated forward: the verify, or the draft's two-token first step.
-                    runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.look.verify_len))
+                    runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.look.verify_len),
+                                              config.prefill_graphs)
         self.vocab_size = target.config.vocab_size
         self._draft_loops: dict[tuple, DraftLoop] = {}  # built once: switching keeps their buffers and graphs
         self.spec_step = self._build_spec_step() if config.proposer is not None else None
@@ -148,7 +149,7 @@ class Engine:
                               f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
         loop = self._draft_loop(name, reason, kind)
         commit = make_commit_policy(registry.commit_policy_for(loop.kind, cfg.overlap_commit), loop.counters,
-                                    self.look, cfg.block_size)
+                                    self.look, cfg.block_size, cfg.first_step_at_begin)
         guard = forbid_host_sync if cfg.check_no_sync else None
         fused = cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda"
         acceptance = make_acceptance(cfg.acceptance, fused, cfg.posterior_threshold, cfg.posterior_alpha)

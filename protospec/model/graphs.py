@@ -9,8 +9,9 @@ device), while device-built inputs (the draft's decode buffers, advanced by adva
 first-step buffers, built by first_draft_step) are captured themselves (no copies).
 Batches are padded up to a power-of-two row count and block tables to a power-of-two width.
 
-A prefill is eager (a new prompt length would cost a capture), except with PREFILL_GRAPHS: then a
-uniform prefill layout (every prompt of the batch one length) seen before is captured and replayed,
+A prefill is eager (a new prompt length would cost a capture), except with prefill graphs
+(EngineConfig.prefill_graphs): then a uniform prefill layout (every prompt of the batch one length)
+seen before is captured and replayed,
 at most MAX_PREFILL_GRAPHS layouts a model. Its eager form is launch-bound too (~20 torch kernels a
 layer); a benchmark's repeated prompts, or a server's common lengths, repeat.
 """
@@ -25,9 +26,7 @@ from protospec.model.inputs import ForwardInputs
 from protospec.model.persistent_inputs import PersistentInputs
 
 
-# Replay repeated uniform prefills as graphs (measured faster where graphs apply; the bench's
-# --prefill-graphs off switches it off).
-PREFILL_GRAPHS = True
+# The most prefill layouts a model keeps graphs of: each holds its own static inputs and graph pool.
 MAX_PREFILL_GRAPHS = 4
 
 

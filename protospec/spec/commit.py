@@ -29,12 +29,6 @@ from protospec.spec.step_state import StepState
 if TYPE_CHECKING:
     from protospec.spec.step import SpeculativeStep
 
-# Where no step was launched ahead for a batch, True builds draft step 1 on the device at the step's
-# start anyway (OverlappedCommit.launch_now; the default, measured faster); False (bench
-# --first-step-at-begin off) prepares it on the CPU as the synced commit does.
-FIRST_STEP_AT_BEGIN = True
-
-
 class SyncedCommit:
     name = registry.SYNCED
     pending: StepState | None = None  # never: nothing is launched ahead
@@ -73,8 +67,11 @@ class SyncedCommit:
 class OverlappedCommit(SyncedCommit):
     name = registry.OVERLAPPED
 
-    def __init__(self, counters: Counter, look: Lookahead, block_size: int):
+    def __init__(self, counters: Counter, look: Lookahead, block_size: int, at_begin: bool = True):
         self.pending = None           # the next spec step, its draft step 1 already launched
+        # Where none was launched ahead, build draft step 1 on the device at the step's start
+        # (EngineConfig.first_step_at_begin) instead of leaving it to the CPU.
+        self.at_begin = at_begin
         self._counters = counters     # the draft runner's: "first_step_discarded", "first_step_at_begin"
         self.look, self.block_size = look, block_size
         # seq_id -> (uniforms [k], noise [2k + 1, V]) drawn by a discarded step for that request
@@ -104,7 +101,7 @@ class OverlappedCommit(SyncedCommit):
         (where a step graph applies, the whole step as one replay). Same inputs as the CPU's draft
         step 1 (t_{L-2}, t_{L-1} at L-2, L-1), without its prepare and, in a step graph, without the
         verify's. The host has committed, so the step reserves only its own lookahead."""
-        if not FIRST_STEP_AT_BEGIN:
+        if not self.at_begin:
             return None
         self._counters["first_step_at_begin"] += 1
         last = host_to_device([seq.last_token_id for seq in seqs], torch.int64, step.device)  # [B]
@@ -179,5 +176,8 @@ def _emitted_only(tokens: torch.Tensor, k: int) -> RejectionOutput:
     return RejectionOutput(output, torch.zeros(batch, dtype=torch.int64, device=device), nothing, nothing)
 
 
-def make_commit_policy(name: str, counters: Counter, look: Lookahead, block_size: int) -> SyncedCommit:
-    return OverlappedCommit(counters, look, block_size) if name == registry.OVERLAPPED else SyncedCommit()
+def make_commit_policy(name: str, counters: Counter, look: Lookahead, block_size: int,
+                       first_step_at_begin: bool = True) -> SyncedCommit:
+    if name == registry.OVERLAPPED:
+        return OverlappedCommit(counters, look, block_size, first_step_at_begin)
+    return SyncedCommit()

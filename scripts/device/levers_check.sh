@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Three options against the defaults: the sampling kernels as one cooperative launch
-# (--sampling-launches one), draft step 1 built on the device where no step was launched ahead
-# (--first-step-at-begin on; the default prepares it on the CPU) and repeated prefills replayed as
-# CUDA graphs (--prefill-graphs on). Their GPU tests, the census (GPU busy per spec step) with each
-# sampling form, then batch-1 graph-mode p50 of the four flag sets interleaved over 3 rounds. Census
-# JSON under $OUT/res; p50 printed. About nine minutes.
+# The defaults against three switches: repeated prefills eager (--prefill-graphs off), draft step 1
+# prepared on the CPU where no step was launched ahead (--first-step-at-begin off) and the sampling
+# kernels as one cooperative launch (--sampling-launches one). Their GPU tests, the census (GPU busy
+# per spec step) with each sampling form, then batch-1 graph-mode p50 of the four flag sets
+# interleaved over 3 rounds. Census JSON under $OUT/res; p50 printed. About nine minutes.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/levers_check.sh
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -18,4 +17,4 @@ for launches in two one; do
     | quiet | grep -E "busy per spec step")"
 done
 ROUNDS=3 BATCH=1 OUT=/tmp/levers_ab bash "$(dirname "$0")/interleaved_ab.sh" "" "--sampling-launches one" \
-  "--first-step-at-begin on" "--prefill-graphs on"
+  "--first-step-at-begin off" "--prefill-graphs off"
