@@ -245,11 +245,14 @@ def test_dependent_launch_is_checked_and_reaches_every_model(tiny_target, tiny_d
         tiny_llm(tiny_target, device=DEV, layer_kernels=True, linear_kernel="cublas", dependent_launch=True)
     llm = tiny_llm(tiny_target, tiny_draft, device=DEV, layer_kernels=True, dependent_launch=True)
     assert [m.model.layer_kernels.dependent for m in (llm.engine.target, llm.engine.draft)] == [True, True]
+    assert llm.engine.target.launches_dependents and llm.engine.draft.launches_dependents  # the sampling follows
     # The default: on wherever the tensor-core linears run on a CUDA device of sm_90 or later.
     from protospec.kernels import dependent_launch
 
     default = tiny_llm(tiny_target, device=DEV, layer_kernels=True).engine
     assert default.dependent_launch == (DEV == "cuda" and dependent_launch.supported(torch.device(DEV)))
     assert default.target.model.layer_kernels.dependent == default.dependent_launch
-    assert not tiny_llm(tiny_target, device=DEV, layer_kernels=True, dependent_launch=False).engine.dependent_launch
+    off = tiny_llm(tiny_target, device=DEV, layer_kernels=True, dependent_launch=False).engine
+    assert not off.dependent_launch and not off.target.launches_dependents
+    assert not tiny_llm(tiny_target).engine.target.launches_dependents  # torch's forwards (no layer kernels)
     assert not tiny_llm(tiny_target, device=DEV, layer_kernels=True, linear_kernel="cublas").engine.dependent_launch

@@ -120,6 +120,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
                    help="the sampling kernels as two launches or one cooperative launch with a grid sync "
                         "(same bits; default: %(default)s)")
+    p.add_argument("--sampling-dependent", default="off", choices=["on", "off"],
+                   help="the sampling kernels launched as programmatic dependents where the forward before them "
+                        "is (sm_90; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=["on", "off"],
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=["on", "off"],

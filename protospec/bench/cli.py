@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = resolve_args(args)
     check_args(args)
     sampling.LAUNCHES = args.sampling_launches  # before any engine captures a graph
+    sampling.AS_DEPENDENTS = args.sampling_dependent == "on"
     check_writable(args.output_json)
     if args.ablation or args.sweep or args.compare:
         check_writable(args.output_dir, directory=True)

@@ -207,6 +207,8 @@ def main(argv=None) -> dict:
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (auto: wherever it applies; off: each "
                         "phase's kernels attributed apart)")
+    p.add_argument("--sampling-dependent", default="off", choices=["on", "off"],
+                   help="the sampling kernels as programmatic dependents where the forward before them is")
     p.add_argument("--first-step-at-begin", default="on", choices=["on", "off"],
                    help="draft step 1 built on the device where no step was launched ahead (off: on the CPU)")
     p.add_argument("--prefill-graphs", default="on", choices=["on", "off"],
@@ -219,6 +221,7 @@ def main(argv=None) -> dict:
     attention_kernels.FUSED_COMBINE = args.attention_combine == "fused"  # before any graph is captured
     layer_kernels.HEAD_NORM = args.head_norm
     sampling.LAUNCHES = args.sampling_launches
+    sampling.AS_DEPENDENTS = args.sampling_dependent == "on"
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],

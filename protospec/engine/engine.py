@@ -228,7 +228,7 @@ class Engine:
             self.draft.execute(self.draft.prepare("prefill", prompts, starts, tables, num_logits=0))
         logits = self.target.execute(self.target.prepare("prefill", prompts, starts, tables, num_logits=1))
         st = self.sampling_tensors(seqs)
-        ids = sample_tokens(logits, st, self.fused_sampling)
+        ids = sample_tokens(logits, st, self.fused_sampling, self.target.launches_dependents)
         if launch_first_step and len(seqs) == len(self.running) and self.speculating():  # the next batch is this one
             tokens = self.spec_step.launch_after_prefill(seqs, st, ids)
         else:
@@ -244,7 +244,7 @@ class Engine:
         chunks = [s.token_ids[s.num_cached_target:] for s in seqs]
         starts = [s.num_cached_target for s in seqs]
         logits = self.target.execute(self.target.prepare("decode", chunks, starts, [s.block_table for s in seqs], num_logits=1))
-        ids = sample_tokens(logits, self.sampling_tensors(seqs), self.fused_sampling)
+        ids = sample_tokens(logits, self.sampling_tensors(seqs), self.fused_sampling, self.target.launches_dependents)
         for seq, tok in zip(seqs, ids.tolist()):
             seq.num_cached_target = seq.num_tokens
             seq.append_tokens([tok])

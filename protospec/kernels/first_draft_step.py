@@ -29,6 +29,10 @@ from protospec.kernels import interop
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.slot_lookup import slot_or_flag
 
+# Threads per row: a block table of up to ~128 entries in a few loads a thread (the simulator runs a
+# Python thread per CUDA thread: a few there, enough to stride).
+TABLE_THREADS = 4 if interop.SIMULATOR else 32
+
 
 @cuda.jit
 def first_draft_step_kernel(batch, block_size, width, staged, output_ids, num_accepted, input_ids, positions,
@@ -46,19 +50,25 @@ def first_draft_step_kernel(batch, block_size, width, staged, output_ids, num_ac
     seq_lens      [rows] int32       out: L'
     block_tables  [rows, max_blocks] int32   out (rows < batch): the staged tables, null-padded
     error_row     [1] int32          out: row + 1 of a position the table cannot hold
+    A block per row: its threads copy the table (one thread walking it would wait out a load per
+    entry, ~100 of them), then thread 0 writes the row's two tokens.
     """
-    row = cuda.grid(1)
+    row, lane = cuda.blockIdx.x, cuda.threadIdx.x
     if row >= seq_lens.shape[0]:
         return
     if row >= batch:
-        for i in range(2):
-            input_ids[2 * row + i] = 0
-            positions[2 * row + i] = 0
-            slot_mapping[2 * row + i] = PAD_SLOT_ID
-        seq_lens[row] = 0
+        if lane == 0:
+            for i in range(2):
+                input_ids[2 * row + i] = 0
+                positions[2 * row + i] = 0
+                slot_mapping[2 * row + i] = PAD_SLOT_ID
+            seq_lens[row] = 0
         return
-    for j in range(block_tables.shape[1]):
+    for j in range(lane, block_tables.shape[1], cuda.blockDim.x):
         block_tables[row, j] = staged[row * width + j] if j < width else NULL_BLOCK
+    cuda.syncthreads()  # the slot lookup below reads the table just written
+    if lane != 0:
+        return
     length = staged[batch * width + row]
     accepted = num_accepted[row]
     new_length = length + accepted + 1
@@ -98,7 +108,7 @@ def first_draft_step_reference(block_size: int, block_tables: list[list[int]], l
 
 def first_draft_step(block_size: int, width: int, staged, output_ids, num_accepted, input_ids, positions, slot_mapping,
                      seq_lens, block_tables, error_row) -> None:
-    """Check the arguments, then one launch over every buffer row (one thread per row)."""
+    """Check the arguments, then one launch over every buffer row (a block of TABLE_THREADS per row)."""
     batch = num_accepted.shape[0] if isinstance(num_accepted, torch.Tensor) else None
     rows = seq_lens.shape[0] if isinstance(seq_lens, torch.Tensor) else None
     check_tensor("staged", staged, torch.int64, 1)
@@ -116,7 +126,6 @@ def first_draft_step(block_size: int, width: int, staged, output_ids, num_accept
     if staged.shape[0] != batch * width + 2 * batch:
         raise KernelArgumentError(f"staged: {staged.shape[0]} entries, expected batch * width + 2 * batch = "
                                   f"{batch * width + 2 * batch}")
-    grid, block = interop.launch_config(rows)
-    interop.launch_tensors(first_draft_step_kernel, grid, block,
+    interop.launch_tensors(first_draft_step_kernel, rows, TABLE_THREADS,
                            [batch, block_size, width, staged, output_ids, num_accepted, input_ids, positions,
                             slot_mapping, seq_lens, block_tables, error_row])

@@ -162,14 +162,16 @@ def _sampling_and_rejection() -> None:
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
                                [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
     logits = torch.zeros(batch, vocab)
-    chosen = sampling.LAUNCHES
+    chosen = sampling.LAUNCHES, sampling.AS_DEPENDENTS
     try:
-        for sampling.LAUNCHES in ("two", "one"):  # both forms' kernels
+        for sampling.LAUNCHES, dependent in (("two", False), ("two", True), ("one", False)):  # every form's kernels
+            sampling.AS_DEPENDENTS = dependent
             sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
-                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64))
-            sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1)
+                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
+            sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1,
+                                dependent)
     finally:
-        sampling.LAUNCHES = chosen
+        sampling.LAUNCHES, sampling.AS_DEPENDENTS = chosen
     rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, k + 1, vocab), torch.zeros(batch, k), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, vocab))

@@ -20,6 +20,7 @@ the same arithmetic (sampling_slices.py holds it for both).
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +29,7 @@ from numba import float32, int32, int64
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
+from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
 from protospec.kernels.sampling_slices import (THREADS, VOCAB_PER_BLOCK, combine_stats, combine_winners,  # noqa: F401
@@ -41,64 +43,83 @@ if TYPE_CHECKING:
 # (bench and kernel_census: --sampling-launches); "two": the one launch measured slower (its grid
 # sync costs more than the launch it saves; data/results).
 LAUNCHES = "two"
+# Whether the two launches may go as programmatic dependents where the forward before them does
+# (callers pass `dependent`: ModelRunner.launches_dependents). Off until timed against ordinary
+# launches (bench and kernel_census: --sampling-dependent on).
+AS_DEPENDENTS = False
 
 
-@cuda.jit
-def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum, row_max,
-                     row_index, row_sum, counters):
-    """
-    logits [R, V] f32; temperature [B] f32 (1.0 on greedy rows); is_greedy [B] bool; row r belongs to
-    sequence r // rows_per_seq. part_max, part_sum [R, S] f32, part_index [R, S] int64: each slice's
-    max, its index, its sum of exp(x/T - max/T). Out: row_max, row_sum [R] f32, row_index [R] int64.
-    counters [>= R] int32, zero between calls.
-    """
-    slices = part_max.shape[1]
-    row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
-    tid = cuda.threadIdx.x
-    seq = row // rows_per_seq
-    best_value = cuda.shared.array(THREADS, float32)
-    best_index = cuda.shared.array(THREADS, int64)
-    no_flags = cuda.shared.array(THREADS, int64)  # tree_argmax's OR, unused here
-    last = cuda.shared.array(1, int32)
-    no_flags[tid] = 0
-    t = temperature[seq]
-    slice_stats(logits, row, piece, t, is_greedy[seq], part_max, part_index, part_sum, best_value, best_index,
-                no_flags, tid)
-    if arrived_last(counters, row, slices, last, tid):  # the row's last block: its threads share the slices
-        value, index, total = combine_stats(row, logits.shape[1], t, part_max, part_index, part_sum, best_value,
-                                            best_index, no_flags, tid)
-        if tid == 0:
-            row_max[row], row_index[row], row_sum[row] = value, index, total
+@functools.lru_cache(maxsize=None)
+def _kernels(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
+    """The two kernels; DEPENDENT: launched as programmatic dependents (kernels/dependent_launch.py),
+    each waits for the kernel before it (the forward that wrote the logits, then the statistics)
+    before it reads anything, and lets the next one start as soon as it has. Both start while the
+    kernel before them ends instead of after: at batch 1 a launch costs more than these kernels' bytes."""
+
+    @cuda.jit
+    def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum, row_max,
+                         row_index, row_sum, counters):
+        """
+        logits [R, V] f32; temperature [B] f32 (1.0 on greedy rows); is_greedy [B] bool; row r belongs to
+        sequence r // rows_per_seq. part_max, part_sum [R, S] f32, part_index [R, S] int64: each slice's
+        max, its index, its sum of exp(x/T - max/T). Out: row_max, row_sum [R] f32, row_index [R] int64.
+        counters [>= R] int32, zero between calls.
+        """
+        if DEPENDENT:
+            grid_dependency_wait()
+            allow_dependent_launch()
+        slices = part_max.shape[1]
+        row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
+        tid = cuda.threadIdx.x
+        seq = row // rows_per_seq
+        best_value = cuda.shared.array(THREADS, float32)
+        best_index = cuda.shared.array(THREADS, int64)
+        no_flags = cuda.shared.array(THREADS, int64)  # tree_argmax's OR, unused here
+        last = cuda.shared.array(1, int32)
+        no_flags[tid] = 0
+        t = temperature[seq]
+        slice_stats(logits, row, piece, t, is_greedy[seq], part_max, part_index, part_sum, best_value, best_index,
+                    no_flags, tid)
+        if arrived_last(counters, row, slices, last, tid):  # the row's last block: its threads share the slices
+            value, index, total = combine_stats(row, logits.shape[1], t, part_max, part_index, part_sum, best_value,
+                                                best_index, no_flags, tid)
+            if tid == 0:
+                row_max[row], row_index[row], row_sum[row] = value, index, total
 
 
-@cuda.jit
-def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, row_max, row_index, row_sum, probs_out,
-                            out_step, do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters):
-    """
-    row_max, row_index, row_sum: row_stats_kernel's. probs_out [R, S, V] f32: row r's probabilities go
-    to probs_out[r, out_step]. do_sample: 1 = also sample (noise [R, S, V] f32 Exp(1), read at
-    [r, out_step]; the id goes to ids_out [R, S] int64 at [r, out_step], and to mirror [>= R] int64 at
-    [r] when use_mirror). part_max, part_index [R, S]: the slices' race winners; counters as above.
-    """
-    slices = part_max.shape[1]
-    row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
-    tid = cuda.threadIdx.x
-    seq = row // rows_per_seq
-    best_value = cuda.shared.array(THREADS, float32)
-    best_index = cuda.shared.array(THREADS, int64)
-    no_flags = cuda.shared.array(THREADS, int64)
-    last = cuda.shared.array(1, int32)
-    no_flags[tid] = 0
-    greedy, chosen = is_greedy[seq], row_index[row]
-    if slice_probs(logits, row, piece, temperature[seq], greedy, row_max[row], chosen, row_sum[row], probs_out,
-                   out_step, do_sample, noise, part_max, part_index, counters, best_value, best_index, no_flags,
-                   last, tid):
-        chosen = combine_winners(row, logits.shape[1], greedy, chosen, part_max, part_index, best_value, best_index,
-                                 no_flags, tid)
-        if tid == 0:
-            ids_out[row, out_step] = chosen
-            if use_mirror:
-                mirror[row] = chosen
+    @cuda.jit
+    def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, row_max, row_index, row_sum, probs_out,
+                                out_step, do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters):
+        """
+        row_max, row_index, row_sum: row_stats_kernel's. probs_out [R, S, V] f32: row r's probabilities go
+        to probs_out[r, out_step]. do_sample: 1 = also sample (noise [R, S, V] f32 Exp(1), read at
+        [r, out_step]; the id goes to ids_out [R, S] int64 at [r, out_step], and to mirror [>= R] int64 at
+        [r] when use_mirror). part_max, part_index [R, S]: the slices' race winners; counters as above.
+        """
+        if DEPENDENT:
+            grid_dependency_wait()
+            allow_dependent_launch()
+        slices = part_max.shape[1]
+        row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
+        tid = cuda.threadIdx.x
+        seq = row // rows_per_seq
+        best_value = cuda.shared.array(THREADS, float32)
+        best_index = cuda.shared.array(THREADS, int64)
+        no_flags = cuda.shared.array(THREADS, int64)
+        last = cuda.shared.array(1, int32)
+        no_flags[tid] = 0
+        greedy, chosen = is_greedy[seq], row_index[row]
+        if slice_probs(logits, row, piece, temperature[seq], greedy, row_max[row], chosen, row_sum[row], probs_out,
+                       out_step, do_sample, noise, part_max, part_index, counters, best_value, best_index, no_flags,
+                       last, tid):
+            chosen = combine_winners(row, logits.shape[1], greedy, chosen, part_max, part_index, best_value, best_index,
+                                     no_flags, tid)
+            if tid == 0:
+                ids_out[row, out_step] = chosen
+                if use_mirror:
+                    mirror[row] = chosen
+
+    return row_stats_kernel, probs_and_sample_kernel
 
 
 def fused_applies(st: SamplingTensors) -> bool:
@@ -106,21 +127,23 @@ def fused_applies(st: SamplingTensors) -> bool:
     return not st.needs_filter
 
 
-def probs_into(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor, rows_per_seq: int = 1) -> torch.Tensor:
-    """compute_probs, written into `out` [R, V] (contiguous): the verify's target probabilities."""
-    _launch(logits, st, rows_per_seq, out.view(out.shape[0], 1, out.shape[1]), 0, None, None, None)
+def probs_into(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor, rows_per_seq: int = 1,
+               dependent: bool = False) -> torch.Tensor:
+    """compute_probs, written into `out` [R, V] (contiguous): the verify's target probabilities.
+    dependent: launch the kernels as programmatic dependents (sm_90 and later; the simulator ignores it)."""
+    _launch(logits, st, rows_per_seq, out.view(out.shape[0], 1, out.shape[1]), 0, None, None, None, dependent)
     return out
 
 
 def sample_into(logits: torch.Tensor, st: SamplingTensors, step: int, draft_probs: torch.Tensor, draft_ids: torch.Tensor,
-                noise: torch.Tensor | None, mirror: torch.Tensor | None = None) -> None:
+                noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False) -> None:
     """One draft step's sample: probabilities into draft_probs[:, step] ([B, k, V]), ids into
     draft_ids[:, step] ([B, k]) and mirror[:B] (the buffer advance_step reads). noise: [B, k, V]
-    Exp(1), read at [:, step]; None when every row is greedy."""
-    _launch(logits, st, 1, draft_probs, step, noise, draft_ids, mirror)
+    Exp(1), read at [:, step]; None when every row is greedy. dependent: as probs_into's."""
+    _launch(logits, st, 1, draft_probs, step, noise, draft_ids, mirror, dependent)
 
 
-def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror) -> None:
+def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent=False) -> None:
     rows = logits.shape[0]
     check_tensor("logits", logits, torch.float32, 2)
     check_tensor("probs_out", probs_out, torch.float32, 3, rows=rows)
@@ -150,13 +173,15 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror) -
                     noise, ids_out, mirror_arg, int(mirror is not None), part_max, part_index, part_sum, win_value,
                     win_index, counters], rows, slices, logits.device)
         return
+    dependent = bool(dependent) and AS_DEPENDENTS
+    row_stats_kernel, probs_and_sample_kernel = _kernels(dependent)
     interop.launch_tensors(row_stats_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,
-                            row_max, row_index, row_sum, counters])
+                            row_max, row_index, row_sum, counters], dependent=dependent)
     interop.launch_tensors(probs_and_sample_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), row_max, row_index, row_sum,
                             probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg, int(mirror is not None),
-                            part_max, part_index, counters])
+                            part_max, part_index, counters], dependent=dependent)
 
 
 _scratches: dict[tuple, tuple] = {}

@@ -62,8 +62,8 @@ def verify_inputs_kernel(block_size, width, first_input_ids, first_seq_lens, fir
     slot_mapping[t] = slot_or_flag(first_block_tables, row, pos, width, block_size, error_row)
     if i == 0:
         seq_lens[row] = length + k
-        for j in range(width):
-            block_tables[row, j] = first_block_tables[row, j]
+    for j in range(i, width, q):  # the row's k + 1 threads share the table's copy (a load an entry)
+        block_tables[row, j] = first_block_tables[row, j]
 
 
 def verify_inputs(block_size: int, width: int, first_input_ids, first_seq_lens, first_block_tables, draft_ids,

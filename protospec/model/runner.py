@@ -41,6 +41,13 @@ class ModelRunner:
         self.max_graph_query_len = max_query_len
         self.prefill_graphs = prefill_graphs
 
+    @property
+    def launches_dependents(self) -> bool:
+        """Whether this model's decode-shaped forwards launch their kernels as programmatic dependents
+        (EngineConfig.dependent_launch): the kernels that read their logits (sampling) then may too."""
+        forward = self.model.layer_kernels
+        return forward is not None and forward.dependent
+
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
         cfg = model.config

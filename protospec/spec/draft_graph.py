@@ -69,11 +69,13 @@ class DraftLoopGraph:
         if self.first is not None:  # draft step 1: its 2-token rows, the last one's logits
             first = self.first.view(self.rows, self.width)
             logits = model(first.input_ids, first.positions, kv_caches, first.meta)  # [rows, V]
-            sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused)
+            sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
+                              self.runner.launches_dependents)
         for step in range(1, self.k):
             decode.advance()
             logits = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)  # [rows, V]
-            sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused)
+            sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
+                              self.runner.launches_dependents)
 
     def load(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
         """The first `batch` rows' sampling settings (when the batch changed) and draft noise

@@ -127,7 +127,7 @@ class DraftLoop:
             if s.randoms is None:  # drawn while the device runs the forward just queued
                 s.randoms = draw_randoms(s)
             ids = sample_draft_step(logits, s.st, s.step, s.draft_ids, s.draft_probs, s.randoms.noise_block,
-                                    self.sample_mirror(batch), self.fused_sampling)  # [B]
+                                    self.sample_mirror(batch), self.fused_sampling, self.draft.launches_dependents)  # [B]
             self.after_sample(s, ids)
         s.step += 1
         return inputs

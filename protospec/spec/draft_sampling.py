@@ -12,15 +12,16 @@ from protospec.spec.sampler import SamplingTensors, compute_probs, exponential_n
 
 def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draft_ids: torch.Tensor,
                       draft_probs: torch.Tensor, noise_block: torch.Tensor | None, mirror: torch.Tensor | None,
-                      fused: bool) -> torch.Tensor:
+                      fused: bool, dependent: bool = False) -> torch.Tensor:
     """logits [B, V] f32 -> draft_ids[:, step] [B] (returned, a view) and draft_probs[:, step] [B, V].
     noise_block: [B, >= k, V] Exp(1) whose [:, step] is this step's noise (None: all greedy).
-    mirror: an int64 [B] buffer that also gets the ids (advance_step reads it), or None."""
+    mirror: an int64 [B] buffer that also gets the ids (advance_step reads it), or None.
+    dependent: the fused kernels launch as programmatic dependents (ModelRunner.launches_dependents)."""
     if fused:
         from protospec.kernels.sampling import fused_applies, sample_into
 
         if fused_applies(st):
-            sample_into(logits, st, step, draft_probs, draft_ids, noise_block, mirror)
+            sample_into(logits, st, step, draft_probs, draft_ids, noise_block, mirror, dependent)
             return draft_ids[:, step]
     noise = noise_block[:, step] if noise_block is not None else None
     ids, probs = sample(logits, st, noise, out=mirror)  # [B], [B, V]
@@ -29,17 +30,18 @@ def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draf
     return draft_ids[:, step]
 
 
-def target_probs(logits: torch.Tensor, st: SamplingTensors, rows_per_seq: int, fused: bool) -> torch.Tensor:
+def target_probs(logits: torch.Tensor, st: SamplingTensors, rows_per_seq: int, fused: bool,
+                 dependent: bool = False) -> torch.Tensor:
     """The verify's probabilities: logits [B * rows_per_seq, V] f32 -> [B * rows_per_seq, V] f32."""
     if fused:
         from protospec.kernels.sampling import fused_applies, probs_into
 
         if fused_applies(st):
-            return probs_into(logits, st, torch.empty_like(logits), rows_per_seq)
+            return probs_into(logits, st, torch.empty_like(logits), rows_per_seq, dependent)
     return compute_probs(logits, st, rows_per_seq=rows_per_seq)
 
 
-def sample_tokens(logits: torch.Tensor, st: SamplingTensors, fused: bool) -> torch.Tensor:
+def sample_tokens(logits: torch.Tensor, st: SamplingTensors, fused: bool, dependent: bool = False) -> torch.Tensor:
     """One token per sequence (prefill, target-only decode): logits [B, V] -> ids [B], with the
     sampler the draft steps use (torch ops, or the fused kernel)."""
     if not fused:
@@ -48,4 +50,4 @@ def sample_tokens(logits: torch.Tensor, st: SamplingTensors, fused: bool) -> tor
     ids = torch.empty(batch, 1, dtype=torch.int64, device=logits.device)
     probs = torch.empty(batch, 1, vocab, dtype=torch.float32, device=logits.device)
     noise = None if st.all_greedy else exponential_noise((1, vocab), st.generators, logits.device)  # [B, 1, V]
-    return sample_draft_step(logits, st, 0, ids, probs, noise, None, fused=True)
+    return sample_draft_step(logits, st, 0, ids, probs, noise, None, fused=True, dependent=dependent)

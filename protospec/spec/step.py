@@ -112,7 +112,8 @@ class SpeculativeStep:
             if s.host_draft_ids is None:
                 inputs.input_ids.view(batch, width)[:, 1:].copy_(s.draft_ids)
             logits = self.target.execute(inputs)  # [B * (k+1), V]
-            s.target_probs = target_probs(logits, s.st, width, self.fused_sampling).view(batch, width, -1)
+            s.target_probs = target_probs(logits, s.st, width, self.fused_sampling,
+                                          self.target.launches_dependents).view(batch, width, -1)
         return s.target_probs
 
     def reject(self, s: StepState) -> RejectionOutput:

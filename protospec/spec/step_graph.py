@@ -86,7 +86,8 @@ class SpecStepGraph:
         build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row)
         v = self.verify.view(rows, self.width)
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
-        probs = target_probs(logits, d.st, k + 1, self.fused).view(rows, k + 1, -1)         # [rows, k+1, V]
+        probs = target_probs(logits, d.st, k + 1, self.fused,
+                             self.target.launches_dependents).view(rows, k + 1, -1)  # [rows, k+1, V]
         randoms = SpecStepRandoms(self.uniforms, self.recovered_noise, self.bonus_noise, noise_block=None)
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms)
         return probs, result, commit_row(result, None, self.error_row)
