@@ -151,6 +151,34 @@ def test_gemv_mma_gathers_rows_and_writes_float32():
         torch.testing.assert_close(got.float().cpu(), want.float(), atol=3e-3, rtol=3e-3)
 
 
+@pytest.mark.parametrize("glu", [False, True], ids=["linear", "glu"])
+def test_the_norm_weight_prefetch_gives_the_same_bits(glu, monkeypatch):
+    """gemv_mma.PREFETCH_NORM moves the norm weight's loads before a dependent's wait: the normed forms
+    (here gathered rows plus the residual, as an LM head or a layer's first GEMV takes them) give exactly
+    the results of the loads after the norm, through the kernel named for its form."""
+    from protospec.kernels import interop
+
+    gen = torch.Generator().manual_seed(11 + glu)
+    k, n = kernel.COLUMNS_PER_WARP, 21
+    table, residual = (torch.randn(4, k, generator=gen).half().to(DEV) for _ in range(2))
+    g = (1 + 0.3 * torch.randn(k, generator=gen)).half().to(DEV)
+    w = (torch.randn(2 * n if glu else n, k, generator=gen) / k ** 0.5).half().to(DEV)
+    rows = torch.tensor([2, 0, 2], device=DEV)
+    names, launch = [], interop.launch_tensors
+
+    def recording(kern, grid, block, args, dependent=False):
+        names.append(kern.py_func.__name__)
+        launch(kern, grid, block, args, dependent)
+
+    monkeypatch.setattr(interop, "launch_tensors", recording)
+    out = {}
+    for prefetch in (False, True):
+        monkeypatch.setattr(kernel, "PREFETCH_NORM", prefetch)
+        out[prefetch] = kernel.gemv_mma(table, w, g, residual, 1e-6, glu=glu, x_rows=rows, dependent_launch=True)
+    assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
+    assert [name.endswith("_prefetch") for name in names] == [False, True]
+
+
 def test_dependent_launches_give_the_same_results():
     """Launched as a programmatic dependent, the GEMV loads its weights, then waits, then reads x (here
     gathered rows plus the residual, normalised): exactly the ordinary launch's results. On a GPU also a

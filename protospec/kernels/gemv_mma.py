@@ -15,6 +15,11 @@ from protospec.kernels.gemv_mma_kernel import (COLUMNS_PER_WARP, MAX_TOKENS, MAX
 from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference  # noqa: F401 (the twin, beside)
 from protospec.kernels.interop import check_tensor
 
+# The normed forms load the norm's weight with the weights, before a dependent's wait, instead of
+# after the norm's reduction (same bits). Off until timed (bench and kernel_census: --prefetch-norm on);
+# set before any graph is captured.
+PREFETCH_NORM = False
+
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
@@ -63,7 +68,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     res_out = torch.empty(tokens, k, dtype=torch.float16, device=x.device) if norm else y
     warps = warps_for(k)
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
-                             dependent_launch)
+                             dependent_launch, norm and PREFETCH_NORM)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     interop.launch_tensors(kernel, -(-n // TILE_ROWS), warps * WARP, [

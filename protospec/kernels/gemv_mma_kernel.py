@@ -65,14 +65,19 @@ def warps_for(k: int) -> int:
 
 @functools.cache
 def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
-                    gather: bool = False, rope_dim: int = 0, dependent: bool = False):
+                    gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
     q and k and stores k and v in the cache; DEPENDENT loads the weights, then waits for the kernel
-    before it (a programmatic dependent launch: dependent_launch.py) and only then reads x."""
+    before it (a programmatic dependent launch: dependent_launch.py) and only then reads x.
+    PREFETCH_NORM (with NORM) loads the norm's weight words with the weights, before the wait: read
+    where they are used, after the norm's block reduction, they add a load's latency to every
+    normed kernel's chain."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM, DEPENDENT = norm, residual, glu, gather, rope_dim, dependent  # noqa: N806
+    PREFETCH = norm and prefetch_norm  # noqa: N806
+    NORM_WORDS = WORDS if PREFETCH else 1  # noqa: N806
     HALF, GROUPS = rope_dim // 2, max(1, rope_dim // 16)  # GROUPS: blocks (8 dim pairs each) per head
     SCRATCH = scratch_size(warps)     # array sizes must be literals to the typer: products taken here
     PRODUCTS = 2 if glu else 1
@@ -107,6 +112,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         u_lo = cuda.local.array(UP_WORDS, int64)                     # GLU: the up rows (gate rows in w_*)
         u_hi = cuda.local.array(UP_WORDS, int64)
         xw = cuda.local.array(WORDS, int64)
+        nw = cuda.local.array(NORM_WORDS, int64)                     # PREFETCH: the norm weight's words
         rw = cuda.local.array(WORDS, int64)
         b_lo = cuda.local.array(WORDS, uint32)                       # B fragments: x (normalised) pairs
         b_hi = cuda.local.array(WORDS, uint32)
@@ -125,6 +131,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 if GLU:
                     u_lo[c * 4 + j] = load_flat(w64, (n_rows + row_lo) * k_words + word)
                     u_hi[c * 4 + j] = load_flat(w64, (n_rows + row_hi) * k_words + word)
+                if PREFETCH:
+                    nw[c * 4 + j] = load_flat(norm64, word)
                 if not DEPENDENT:
                     xw[c * 4 + j] = load_flat(x64, x_row * k_words + word)
                     if RESIDUAL:
@@ -159,7 +167,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         for i in range(WORDS):
             if NORM:
                 word = first + 16 * (i // 4) + i % 4
-                gw = load_flat(norm64, word)
+                gw = nw[i] if PREFETCH else load_flat(norm64, word)
                 v0, v1 = _summed(xw[i], rw[i], 0, RESIDUAL), _summed(xw[i], rw[i], 1, RESIDUAL)
                 v2, v3 = _summed(xw[i], rw[i], 2, RESIDUAL), _summed(xw[i], rw[i], 3, RESIDUAL)
                 if cuda.blockIdx.x == 0 and g < tokens:              # the residual stream, once
@@ -216,14 +224,16 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 elif tok < tokens and n < n_rows:
                     y[tok, n] = sums[i]
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
-    gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent)
+    gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
+                                                             PREFETCH)
     return cuda.jit(**options)(gemv_mma)
 
 
-def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool) -> str:
+def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool,
+                 prefetch_norm: bool = False) -> str:
     """e.g. gemv_mma_k768_norm_residual_rope_dep: K, then each fused form the kernel takes."""
     forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
-                             ("rope", rope_dim), ("dep", dependent)) if on]
+                             ("rope", rope_dim), ("dep", dependent), ("prefetch", prefetch_norm)) if on]
     return "_".join(["gemv_mma", f"k{warps * COLUMNS_PER_WARP}", *forms])
 
 
