@@ -88,6 +88,24 @@ def test_tensor_core_attention_matches_the_torch_path(case):
                                         dependent_launch=True))
 
 
+@pytest.mark.parametrize("case", CASES[2:3] if SIMULATOR else CASES, ids=lambda c: f"{c[0]}q-{c[2]}h{c[3]}kv-d{c[4]}-s{c[5]}")
+def test_early_loads_of_a_dependent_give_the_same_bits(case, monkeypatch):
+    """EARLY_LOADS: a dependent's positions, table entries and first tile (when every key in it is older
+    than the sequence's first query: in the simulator's case the long context's tiles, not the short
+    one's) load before its wait, and the first iteration uses that tile: exactly the results of the
+    loads after the wait."""
+    query_len, lengths, heads, kv_heads, head_dim, splits, fused = case
+    inputs, cache, q = _case(query_len, lengths, heads, kv_heads, head_dim, 16, torch.float16, seed=5)
+    late = _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=fused, dependent_launch=True)
+    monkeypatch.setattr(by_mma, "EARLY_LOADS", True)
+    early = _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=fused, dependent_launch=True)
+    assert torch.equal(early, late)
+    shape = (query_len * heads // kv_heads, head_dim, 2, heads // kv_heads, True)
+    with_early = by_mma.attention_kernel(*shape)
+    monkeypatch.setattr(by_mma, "EARLY_LOADS", False)
+    assert with_early is not by_mma.attention_kernel(*shape)  # the switch chose another kernel
+
+
 def test_stale_nan_slots_and_padding_rows_stay_out_of_real_rows():
     """A wide table (a captured batch), NaN in every slot no context covers, and a padding row at
     position 0 with a stale table: real rows exact, the padding row finite."""

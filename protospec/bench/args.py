@@ -126,6 +126,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--prefetch-norm", default="off", choices=["on", "off"],
                    help="the tensor-core GEMVs' normed forms load the norm weight before waiting for their "
                         "input (same bits; default: %(default)s)")
+    p.add_argument("--attention-early-loads", default="off", choices=["on", "off"],
+                   help="the tensor-core attention, launched as a dependent, loads the positions, table entries "
+                        "and a first tile of older keys before its wait (same bits; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=["on", "off"],
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=["on", "off"],

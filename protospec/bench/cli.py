@@ -31,7 +31,7 @@ from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
 from protospec.engine.progress import progress_bar
-from protospec.kernels import gemv_mma, sampling
+from protospec.kernels import attention_mma, gemv_mma, sampling
 
 def print_latency(entry: dict) -> None:
     print(f"Avg latency: {entry['avg_s']} seconds")
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     sampling.LAUNCHES = args.sampling_launches  # before any engine captures a graph
     sampling.AS_DEPENDENTS = args.sampling_dependent == "on"
     gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
+    attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
     check_writable(args.output_json)
     if args.ablation or args.sweep or args.compare:
         check_writable(args.output_dir, directory=True)

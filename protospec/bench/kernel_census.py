@@ -28,7 +28,7 @@ from protospec.layout import LINEAR_KERNELS
 from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels import paged_attention as attention_kernels
-from protospec.kernels import gemv_mma, sampling
+from protospec.kernels import attention_mma, gemv_mma, sampling
 from protospec.model import layer_kernels
 from protospec.layout import ATTENTION_PATHS
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
@@ -211,6 +211,8 @@ def main(argv=None) -> dict:
                    help="the sampling kernels as programmatic dependents where the forward before them is")
     p.add_argument("--prefetch-norm", default="off", choices=["on", "off"],
                    help="the normed tensor-core GEMVs load the norm weight before their wait")
+    p.add_argument("--attention-early-loads", default="off", choices=["on", "off"],
+                   help="the dependent attention's positions, table entries and first old tile before its wait")
     p.add_argument("--first-step-at-begin", default="on", choices=["on", "off"],
                    help="draft step 1 built on the device where no step was launched ahead (off: on the CPU)")
     p.add_argument("--prefill-graphs", default="on", choices=["on", "off"],
@@ -225,6 +227,7 @@ def main(argv=None) -> dict:
     sampling.LAUNCHES = args.sampling_launches
     sampling.AS_DEPENDENTS = args.sampling_dependent == "on"
     gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
+    attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],

@@ -18,9 +18,8 @@ cache blocks a multiple of 16 keys (a 16-key tile never straddles two blocks). S
 over the 4 lanes that hold it (2 shuffles), P rounded to fp16 for the second product.
 
 A block is 2-8 warps (warps_per_block: by the grid's size) on interleaved 16-key tiles of its split;
-the tail (merge of the warps, split-K partials, the combine in the last split block) is by_kv_head's
-(attention_combine.py). Why the loads of a block's rows have no branch, and what was timed and
-dropped (double-buffered tiles, launch bounds, more split-K): data/results/README.md.
+the tail (warps' merge, split-K partials, the last split block's combine) is by_kv_head's (attention_combine.py).
+Why the loads have no branch, and what was timed and dropped: data/results/README.md.
 """
 from __future__ import annotations
 
@@ -51,6 +50,9 @@ BLOCKS_PER_SM = 2
 TILES_PER_SPLIT = 8
 # Launch bounds: the fewest blocks per SM the register allocation must allow (None: the compiler's choice).
 MIN_BLOCKS_PER_SM = None
+# A dependent's loads no kernel of this forward writes (positions, table entries, a first tile of keys
+# older than its tokens) before its wait. Off until timed (bench, kernel_census: --attention-early-loads).
+EARLY_LOADS = False
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
 MERGE_BYTES = 40 * 1024
@@ -101,32 +103,30 @@ def attention_kernel(group_rows: int, head_dim: int, warps: int, group: int, dep
     """The kernel for a row group of `group_rows` (query tokens x `group` heads sharing a KV head),
     compiled on first use; dependent: it waits for the kernel before it, then lets the next one launch
     (a programmatic dependent launch: dependent_launch.py)."""
-    return _compiled(rows_per_chunk(group_rows), head_dim, warps, group, FASTMATH, MIN_BLOCKS_PER_SM, dependent)
+    return _compiled(rows_per_chunk(group_rows), head_dim, warps, group, FASTMATH, MIN_BLOCKS_PER_SM, dependent,
+                     dependent and EARLY_LOADS)
 
 
 @functools.cache
 def _compiled(rows: int, head_dim: int, warps: int, group: int, fastmath: bool, min_blocks: int | None,
-              dependent: bool = False):
+              dependent: bool = False, early: bool = False):
     options = {} if interop.SIMULATOR else {"fastmath": fastmath}
     if min_blocks and not interop.SIMULATOR:
         options["launch_bounds"] = (32 * warps, min_blocks)
-    return _make_mma_kernel(rows // 8, head_dim, warps, group, options, dependent)
+    return _make_mma_kernel(rows // 8, head_dim, warps, group, options, dependent, early)
 
 
-def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPENDENT: bool = False):  # noqa: N803 (Numba freezes them as constants)
+def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPENDENT: bool = False,  # noqa: N803
+                     EARLY: bool = False):  # noqa: N803 (Numba freezes them as constants)
     R = 8 * RH                 # rows per chunk: g (and g + 8 when RH = 2) for lane 4 g + t
     KT = D // 16               # k-tiles of S = Q K^T (16 dims each)
     NT = D // 8                # n-tiles of O = P V (8 dims each)
     VW = NT // 4               # 8-byte words of V per key per lane (NT consecutive dims)
     THREADS = 32 * WARPS
     STEP = TILE * WARPS
-    QA = KT * 4
-    KB = 2 * KT
-    VK = 4 * VW
-    OD = NT * 4
+    QA, KB, VK, OD = KT * 4, 2 * KT, 4 * VW, NT * 4  # local arrays: Q's A fragments, K and V words, O
     RS = D + 1                 # merged rows one float wider: a warp's stores spread over the banks
-    MERGED = WARPS * R * RS
-    MERGED_ROWS = WARPS * R
+    MERGED, MERGED_ROWS = WARPS * R * RS, WARPS * R
     SCRATCH = scratch_size(WARPS)
     SHUFFLES = THREADS if interop.SIMULATOR else 1  # a GPU shuffles through registers
     NO_KEY = float32(-1e30)    # finite: fast-math assumes no infinities
@@ -143,7 +143,7 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEP
         block_tables [S, W] int32; positions [T] int64; query_len, scale, out, part_*, counters, fused:
         as by_kv_head's kernel. Grid: S * kvh * chunks * splits blocks of R rows, as by_kv_head's.
         """
-        if DEPENDENT:  # everything below may be the previous kernel's output (q, the new K/V)
+        if DEPENDENT and not EARLY:  # everything below may be the previous kernel's output (q, the new K/V)
             grid_dependency_wait()
             allow_dependent_launch()
         splits = part_max.shape[1]
@@ -183,24 +183,11 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEP
         for r in range(R):
             last = max(last, load_flat(positions, seq * query_len + (chunk * R + min(r, real_rows - 1)) // group))
         pos_lo, pos_hi = int64(-1), int64(-1)
-        for hi in range(RH):  # this lane's rows g (a0 / a2) and g + 8 (a1 / a3)
+        for hi in range(RH):  # this lane's rows g (a0 / a2) and g + 8 (a1 / a3): their positions
             r = g + 8 * hi
-            gr = chunk * R + min(r, real_rows - 1)
-            tok = seq * query_len + gr // group
-            head = kv_head * group + gr % group
-            pos = load_flat(positions, tok)
-            for kt in range(KT):
-                word = load_flat(q64, (tok * q64.shape[1] + head) * (D // 4) + kt * 4 + t)  # a real row's (clamped):
-                word = word if r < real_rows else int64(0)  # no branch, zeroed here if past
-                qa[kt * 4 + hi] = uint32(word & LOW32)
-                qa[kt * 4 + 2 + hi] = uint32((word >> 32) & LOW32)
-            if hi == 0:
-                pos_lo = pos if r < real_rows else int64(-1)
-            else:
-                pos_hi = pos if r < real_rows else int64(-1)
-        for i in range(QA):
-            if RH == 1 and i % 2 == 1:  # rows g + 8 do not exist
-                qa[i] = uint32(0)
+            pos = load_flat(positions, seq * query_len + (chunk * R + min(r, real_rows - 1)) // group)
+            pos = pos if r < real_rows else int64(-1)
+            pos_lo, pos_hi = (pos, pos_hi) if hi == 0 else (pos_lo, pos)
         # Padding rows of a captured batch may hold any position: never read past the table.
         # (Divisions by runtime values in 32 bits: a 64-bit one is a subroutine call.)
         keys = min(last + 1, table * block_size)
@@ -225,6 +212,27 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEP
         block = 0
         if key0 < end:
             block = early_block if split == 0 else load_flat(block_tables, seq * table + column)
+        prefetched = False
+        if EARLY:  # the first tile before the wait if no kernel of this forward writes its keys
+            oldest_new = load_flat(positions, seq * query_len)  # the sequence's first query token
+            prefetched = key0 + TILE <= oldest_new
+            if prefetched:
+                load_tile(kv64, block * block_words + offset * key_stride, k_lane, v_lane, key_stride, key0, end, t,
+                          kb, vw)
+            grid_dependency_wait()
+            allow_dependent_launch()
+        for hi in range(RH):  # the rows' queries (a real row's, clamped; zeroed here if past: no branch)
+            r = g + 8 * hi
+            gr = chunk * R + min(r, real_rows - 1)
+            tok, head = seq * query_len + gr // group, kv_head * group + gr % group
+            for kt in range(KT):
+                word = load_flat(q64, (tok * q64.shape[1] + head) * (D // 4) + kt * 4 + t)
+                word = word if r < real_rows else int64(0)
+                qa[kt * 4 + hi] = uint32(word & LOW32)
+                qa[kt * 4 + 2 + hi] = uint32((word >> 32) & LOW32)
+        for i in range(QA):
+            if RH == 1 and i % 2 == 1:  # rows g + 8 do not exist
+                qa[i] = uint32(0)
         for _ in range(iters):
             base = block * block_words + offset * key_stride
             # The next tile's block id goes out with this tile's K/V loads, a step ahead of its own.
@@ -234,7 +242,9 @@ def _make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEP
                 offset -= block_size
                 column += 1
             next_block = load_flat(block_tables, seq * table + column) if key0 + STEP < end else 0
-            load_tile(kv64, base, k_lane, v_lane, key_stride, key0, end, t, kb, vw)
+            if not prefetched:
+                load_tile(kv64, base, k_lane, v_lane, key_stride, key0, end, t, kb, vw)
+            prefetched = False
             # S = Q K^T, 8 keys per product, scaled.
             for n in range(2):
                 c0, c1, c2, c3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)

@@ -111,9 +111,12 @@ def _attention() -> None:
         kv = torch.zeros(2, blocks, block_size, kv_heads, head_dim, dtype=dtype)
         positions = torch.arange(2 * query_len, dtype=torch.int64) + 20
         paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, fused_combine=fused)
-        if path == "mma":  # launched as a programmatic dependent
-            paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, fused_combine=fused,
-                            dependent_launch=True)
+        if path == "mma":  # launched as a programmatic dependent, its loads after the wait or some before it
+            from protospec.kernels import attention_mma
+            for attention_mma.EARLY_LOADS in (False, True):
+                paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits,
+                                fused_combine=fused, dependent_launch=True)
+            attention_mma.EARLY_LOADS = False
 
 
 def _layers_and_gemv() -> None:
