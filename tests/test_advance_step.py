@@ -102,10 +102,15 @@ def test_bad_tensors_are_refused_by_name(name, bad, match):
         AdvanceStepLauncher(4, *(t[n] for n in NAMES))
 
 
-def test_bound_launcher_advances_repeatedly():
+@pytest.mark.parametrize("dependent", [False, True], ids=["ordinary", "dependent"])
+def test_bound_launcher_advances_repeatedly(dependent):
+    """Also as a programmatic dependent (the kernel that waits first; on a GPU of sm_90 or later bound
+    with the launch attribute): the same inputs, step after step."""
+    if dependent and torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("dependent launches need sm_90")
     t = make_batch(3, 8, 4, [2, 7, 12], 1)
     twin = {k: v.clone() for k, v in t.items()}
-    launch = AdvanceStepLauncher(4, *(t[n] for n in NAMES))
+    launch = AdvanceStepLauncher(4, *(t[n] for n in NAMES), dependent=dependent)
     for _ in range(5):  # as in steps 2..k of one spec step
         t["sampled_ids"].add_(1)
         twin["sampled_ids"].add_(1)

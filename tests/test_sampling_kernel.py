@@ -200,13 +200,13 @@ def test_the_sampling_kernels_are_the_default_only_on_a_gpu_with_the_layer_kerne
     DEV == "cpu", reason="the simulator ignores the flag and samples slowly: the other case shows the threading")), True])
 def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(tiny_target, tiny_draft, dependent,
                                                                                monkeypatch):
-    """Every sampling launch (draft steps, the verify's probabilities, the prefill's token) follows the
-    forward that wrote its logits: a programmatic dependent when that model's kernels are
-    (ModelRunner.launches_dependents, from dependent_launch), an ordinary launch otherwise; the same
-    tokens either way (on a GPU the dependents really overlap; in the simulator both are no-ops)."""
+    """Every sampling launch (draft steps, the verify's probabilities, the prefill's token) and the draft's
+    advance_step follow the forward that wrote the logits: programmatic dependents when that model's
+    kernels are (ModelRunner.launches_dependents, from dependent_launch), ordinary launches otherwise; the
+    same tokens either way (on a GPU the dependents really overlap; in the simulator both are no-ops)."""
     from tiny import random_prompts, tiny_llm
 
-    from protospec.kernels import sampling
+    from protospec.kernels import dependent_launch, sampling
     from protospec.model.runner import ModelRunner
 
     seen, launch = [], sampling._launch
@@ -224,24 +224,26 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
         expected = [o.token_ids for o in plain.generate(prompts, params)]
     monkeypatch.setattr(ModelRunner, "launches_dependents", property(lambda runner: dependent))
     monkeypatch.setattr(sampling, "_launch", recording)
-    monkeypatch.setattr(sampling, "AS_DEPENDENTS", True)  # the kernel form's switch (off until timed)
+    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)  # the kernel form's switch (off until timed)
     llm = tiny_llm(tiny_target, tiny_draft, k=2, device=DEV, fused_sampling=True, draft_loop="gpu")
     tokens = [o.token_ids for o in llm.generate(prompts, params)]
     assert len(tokens[0]) == params.max_tokens and tokens == (expected or tokens)
     assert {flag for _, flag in seen} == {dependent}
     assert {rows for rows, _ in seen} == {1, 3}  # draft samples and the verify's k + 1 rows a sequence
+    from protospec.kernels.advance_step import _advance_kernel  # advance_step follows the sampling's choice
+    assert llm.engine.spec_step.draft_loop.decode.advance.kernel is _advance_kernel(dependent)
 
 
 @pytest.mark.parametrize("switch", [False, True])
 def test_the_dependent_form_is_launched_only_with_its_switch_on(switch, monkeypatch):
-    """sampling.AS_DEPENDENTS gates what callers ask for: both kernels go out as dependents (and as the
+    """dependent_launch.STEP_KERNELS gates what callers ask for: both kernels go out as dependents (and as the
     kernels built with the wait) only with it on."""
-    from protospec.kernels import interop, sampling
+    from protospec.kernels import dependent_launch, interop, sampling
 
     launched = []
     monkeypatch.setattr(interop, "launch_tensors",
                         lambda kernel, grid, block, args, dependent=False: launched.append((kernel, dependent)))
-    monkeypatch.setattr(sampling, "AS_DEPENDENTS", switch)
+    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", switch)
     st, vocab = _tensors([1.0], 50), 50
     sample_into(torch.zeros(1, vocab, device=DEV), st, 0, torch.zeros(1, 2, vocab, device=DEV),
                 torch.zeros(1, 2, dtype=torch.int64, device=DEV), torch.ones(1, 2, vocab, device=DEV), dependent=True)

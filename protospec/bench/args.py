@@ -120,9 +120,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
                    help="the sampling kernels as two launches or one cooperative launch with a grid sync "
                         "(same bits; default: %(default)s)")
-    p.add_argument("--sampling-dependent", default="off", choices=["on", "off"],
-                   help="the sampling kernels launched as programmatic dependents where the forward before them "
-                        "is (sm_90; default: %(default)s)")
+    p.add_argument("--step-kernels-dependent", default="off", choices=["on", "off"],
+                   help="the draft step's sampling kernels and advance_step launched as programmatic dependents "
+                        "where the forward before them is (sm_90; default: %(default)s)")
     p.add_argument("--prefetch-norm", default="off", choices=["on", "off"],
                    help="the tensor-core GEMVs' normed forms load the norm weight before waiting for their "
                         "input (same bits; default: %(default)s)")

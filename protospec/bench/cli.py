@@ -31,7 +31,7 @@ from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
 from protospec.engine.progress import progress_bar
-from protospec.kernels import attention_mma, gemv_mma, sampling
+from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling
 
 def print_latency(entry: dict) -> None:
     print(f"Avg latency: {entry['avg_s']} seconds")
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = resolve_args(args)
     check_args(args)
     sampling.LAUNCHES = args.sampling_launches  # before any engine captures a graph
-    sampling.AS_DEPENDENTS = args.sampling_dependent == "on"
+    dependent_launch.STEP_KERNELS = args.step_kernels_dependent == "on"
     gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
     attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
     check_writable(args.output_json)

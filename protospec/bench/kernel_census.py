@@ -28,7 +28,7 @@ from protospec.layout import LINEAR_KERNELS
 from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels import paged_attention as attention_kernels
-from protospec.kernels import attention_mma, gemv_mma, sampling
+from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling
 from protospec.model import layer_kernels
 from protospec.layout import ATTENTION_PATHS
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
@@ -207,8 +207,9 @@ def main(argv=None) -> dict:
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (auto: wherever it applies; off: each "
                         "phase's kernels attributed apart)")
-    p.add_argument("--sampling-dependent", default="off", choices=["on", "off"],
-                   help="the sampling kernels as programmatic dependents where the forward before them is")
+    p.add_argument("--step-kernels-dependent", default="off", choices=["on", "off"],
+                   help="the draft step's sampling kernels and advance_step as programmatic dependents where the "
+                        "forward before them is")
     p.add_argument("--prefetch-norm", default="off", choices=["on", "off"],
                    help="the normed tensor-core GEMVs load the norm weight before their wait")
     p.add_argument("--attention-early-loads", default="off", choices=["on", "off"],
@@ -225,7 +226,7 @@ def main(argv=None) -> dict:
     attention_kernels.FUSED_COMBINE = args.attention_combine == "fused"  # before any graph is captured
     layer_kernels.HEAD_NORM = args.head_norm
     sampling.LAUNCHES = args.sampling_launches
-    sampling.AS_DEPENDENTS = args.sampling_dependent == "on"
+    dependent_launch.STEP_KERNELS = args.step_kernels_dependent == "on"
     gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
     attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,

@@ -14,43 +14,59 @@ error_row[0] (row + 1), which the host reads at its next sync and raises on.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
+from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.interop import cuda
 from protospec.kernels.slot_lookup import slot_or_flag
 
 
-@cuda.jit
-def advance_step_kernel(num_queries, block_size, sampled_ids, input_ids, positions, seq_lens, slot_mapping,
-                        block_tables, error_row):
-    """
-    num_queries   [1] int32          real sequences; rows past it are padding
-    block_size    int64 scalar
-    sampled_ids   [num_rows] int64   tokens the draft just sampled
-    input_ids     [num_rows] int64   out: next step's input tokens
-    positions     [num_rows] int64   out: next step's positions
-    seq_lens      [num_rows] int32   in: context length so far; out: + 1
-    slot_mapping  [num_rows] int64   out: flat KV slot of the new token, -1 = skip
-    block_tables  [num_rows, max_blocks] int32
-    error_row     [1] int32          out: row + 1 of a position the block table cannot hold
-    """
-    row = cuda.grid(1)
-    if row >= input_ids.shape[0]:
-        return
-    if row < num_queries[0]:
-        pos = seq_lens[row]
-        input_ids[row] = sampled_ids[row]
-        positions[row] = pos
-        seq_lens[row] = pos + 1
-        slot_mapping[row] = slot_or_flag(block_tables, row, pos, block_tables.shape[1], block_size, error_row)
-    else:
-        input_ids[row] = 0
-        positions[row] = 0
-        seq_lens[row] = 0
-        slot_mapping[row] = PAD_SLOT_ID
+@functools.lru_cache(maxsize=None)
+def _advance_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
+    """The kernel; DEPENDENT: launched as a programmatic dependent of the sampling before it, it waits
+    for that kernel, then lets the next forward's first kernel start (and load its weights)."""
+
+    @cuda.jit
+    def advance_step_kernel(num_queries, block_size, sampled_ids, input_ids, positions, seq_lens, slot_mapping,
+                            block_tables, error_row):
+        """
+        num_queries   [1] int32          real sequences; rows past it are padding
+        block_size    int64 scalar
+        sampled_ids   [num_rows] int64   tokens the draft just sampled
+        input_ids     [num_rows] int64   out: next step's input tokens
+        positions     [num_rows] int64   out: next step's positions
+        seq_lens      [num_rows] int32   in: context length so far; out: + 1
+        slot_mapping  [num_rows] int64   out: flat KV slot of the new token, -1 = skip
+        block_tables  [num_rows, max_blocks] int32
+        error_row     [1] int32          out: row + 1 of a position the block table cannot hold
+        """
+        if DEPENDENT:
+            grid_dependency_wait()
+            allow_dependent_launch()
+        row = cuda.grid(1)
+        if row >= input_ids.shape[0]:
+            return
+        if row < num_queries[0]:
+            pos = seq_lens[row]
+            input_ids[row] = sampled_ids[row]
+            positions[row] = pos
+            seq_lens[row] = pos + 1
+            slot_mapping[row] = slot_or_flag(block_tables, row, pos, block_tables.shape[1], block_size, error_row)
+        else:
+            input_ids[row] = 0
+            positions[row] = 0
+            seq_lens[row] = 0
+            slot_mapping[row] = PAD_SLOT_ID
+
+    return advance_step_kernel
+
+
+advance_step_kernel = _advance_kernel(False)
 
 
 def advance_step_reference(num_queries: int, block_size: int, sampled_ids, input_ids, positions, seq_lens,
@@ -104,16 +120,18 @@ class AdvanceStepLauncher:
     """
 
     def __init__(self, block_size: int, num_queries, sampled_ids, input_ids, positions, seq_lens, slot_mapping,
-                 block_tables, error_row, bind: bool = True):
+                 block_tables, error_row, bind: bool = True, dependent: bool = False):
         tensors = [num_queries, sampled_ids, input_ids, positions, seq_lens, slot_mapping, block_tables, error_row]
         check_advance_args(*tensors)
         self.args = [num_queries, block_size, sampled_ids, input_ids, positions, seq_lens, slot_mapping, block_tables, error_row]
         self.num_rows = input_ids.shape[0]
+        # dependent: bound as a programmatic dependent (a GPU of sm_90 or later; the simulator has none)
+        self.kernel = _advance_kernel(dependent)
         self.bound = None
         self.bind_error: str | None = None
         if bind and not interop.SIMULATOR:
             try:
-                self.bound = interop.BoundLaunch(advance_step_kernel, self.num_rows, self.args)
+                self.bound = interop.BoundLaunch(self.kernel, self.num_rows, self.args, dependent)
             except Exception as exc:  # keep working through the ordinary launch, and say why
                 self.bind_error = f"{type(exc).__name__}: {exc}"
 
@@ -121,4 +139,4 @@ class AdvanceStepLauncher:
         if self.bound is not None:
             self.bound()
         else:
-            interop.launch(advance_step_kernel, self.num_rows, self.args)
+            interop.launch(self.kernel, self.num_rows, self.args)

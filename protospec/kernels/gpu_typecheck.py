@@ -68,7 +68,7 @@ class _TargetDevice:
 class _BuildOnly:
     """Stands in for interop.BoundLaunch: builds the kernel, launches nothing."""
 
-    def __init__(self, kernel, num_threads: int, args: list):  # noqa: ARG002
+    def __init__(self, kernel, num_threads: int, args: list, dependent: bool = False):  # noqa: ARG002
         build(kernel, args)
 
     def __call__(self, stream_handle=None) -> None:  # noqa: ARG002
@@ -166,7 +166,7 @@ def _layers_and_gemv() -> None:
 
 
 def _sampling_and_rejection() -> None:
-    from protospec.kernels import counter_randoms, ngram_match, sampling
+    from protospec.kernels import counter_randoms, dependent_launch, ngram_match, sampling
     from protospec.kernels.rejection import rejection_sample_fused
     from protospec.config import SamplingParams
     from protospec.spec.sampler import SamplingTensors
@@ -175,16 +175,16 @@ def _sampling_and_rejection() -> None:
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
                                [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
     logits = torch.zeros(batch, vocab)
-    chosen = sampling.LAUNCHES, sampling.AS_DEPENDENTS
+    chosen = sampling.LAUNCHES, dependent_launch.STEP_KERNELS
     try:
         for sampling.LAUNCHES, dependent in (("two", False), ("two", True), ("one", False)):  # every form's kernels
-            sampling.AS_DEPENDENTS = dependent
+            dependent_launch.STEP_KERNELS = dependent
             sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
             sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1,
                                 dependent)
     finally:
-        sampling.LAUNCHES, sampling.AS_DEPENDENTS = chosen
+        sampling.LAUNCHES, dependent_launch.STEP_KERNELS = chosen
     rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, k + 1, vocab), torch.zeros(batch, k), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, vocab))
@@ -209,6 +209,7 @@ def _draft_inputs() -> None:
             torch.zeros(rows, width, dtype=int32), torch.zeros(1, dtype=int32)]
     advance_step(args[0], block_size, *args[1:])
     AdvanceStepLauncher(block_size, *args)()
+    AdvanceStepLauncher(block_size, *args, dependent=True)()  # the form that waits for the sampling first
     batch = 2
     first_draft_step(block_size, width, torch.zeros(batch * width + 2 * batch, dtype=int64),
                      torch.zeros(batch, 6, dtype=int64), torch.zeros(batch, dtype=int64), torch.zeros(2 * rows, dtype=int64),

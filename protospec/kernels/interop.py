@@ -94,9 +94,10 @@ class BoundLaunch:
     no synchronisation, so it is also captured by torch.cuda.graph.
     """
 
-    def __init__(self, kernel, num_threads: int, tensors_and_scalars: list):
+    def __init__(self, kernel, num_threads: int, tensors_and_scalars: list, dependent: bool = False):
         if SIMULATOR:
             raise RuntimeError("BoundLaunch needs a real GPU (the simulator has no driver to call)")
+        self._dependent = dependent  # launched as a programmatic dependent (dependent_launch.py)
         self.grid, self.block = launch_config(num_threads)
         self._keep = list(tensors_and_scalars)  # the tensors must outlive the binding
         args = [as_numba(a) if isinstance(a, torch.Tensor) else a for a in tensors_and_scalars]
@@ -115,7 +116,8 @@ class BoundLaunch:
     def __call__(self, stream_handle: int | None = None) -> None:
         if stream_handle is None:
             stream_handle = torch.cuda.current_stream(self._device).cuda_stream
-        _cu_launch(self._function, self.grid, self.block, stream_handle, self._params, self._cooperative)
+        _cu_launch(self._function, self.grid, self.block, stream_handle, self._params, self._cooperative,
+                   self._dependent)
 
 
 def array_fields(t: torch.Tensor) -> list[int]:

@@ -27,7 +27,7 @@ import torch
 from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import interop
+from protospec.kernels import dependent_launch, interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.interop import check_tensor, cuda
@@ -43,10 +43,6 @@ if TYPE_CHECKING:
 # (bench and kernel_census: --sampling-launches); "two": the one launch measured slower (its grid
 # sync costs more than the launch it saves; data/results).
 LAUNCHES = "two"
-# Whether the two launches may go as programmatic dependents where the forward before them does
-# (callers pass `dependent`: ModelRunner.launches_dependents). Off until timed against ordinary
-# launches (bench and kernel_census: --sampling-dependent on).
-AS_DEPENDENTS = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,7 +169,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                     noise, ids_out, mirror_arg, int(mirror is not None), part_max, part_index, part_sum, win_value,
                     win_index, counters], rows, slices, logits.device)
         return
-    dependent = bool(dependent) and AS_DEPENDENTS
+    dependent = bool(dependent) and dependent_launch.STEP_KERNELS  # callers: ModelRunner.launches_dependents
     row_stats_kernel, probs_and_sample_kernel = _kernels(dependent)
     interop.launch_tensors(row_stats_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,

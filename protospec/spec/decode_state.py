@@ -17,14 +17,16 @@ from protospec.model.persistent_inputs import PersistentInputs
 
 class DraftDecodeState:
     def __init__(self, name: str, max_num_seqs: int, max_blocks: int, block_size: int, device: torch.device,
-                 error_row: torch.Tensor):
+                 error_row: torch.Tensor, dependent: bool = False):
         self.buffers = PersistentInputs(name, max_num_seqs, 1, max_blocks, 1, block_size, device)
         self.num_queries = torch.zeros(1, dtype=torch.int32, device=device)         # [1] real rows this spec step
         self.sampled_ids = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)  # [n] the sampler writes here
         self.error_row = error_row  # [1] int32: row + 1 of a position past its block table, 0 = fine
         b = self.buffers
+        # dependent: advance_step launched as a programmatic dependent (dependent_launch.STEP_KERNELS)
         self.advance = AdvanceStepLauncher(block_size, self.num_queries, self.sampled_ids, b.input_ids, b.positions,
-                                           b.seq_lens, b.slot_mapping, b.block_tables, self.error_row)
+                                           b.seq_lens, b.slot_mapping, b.block_tables, self.error_row,
+                                           dependent=dependent)
 
     @property
     def max_num_seqs(self) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Flag sets against each other (default: the defaults; the sampling kernels launched as programmatic
-# dependents; the normed GEMVs loading their norm weight before the wait; the attention's early
+# Flag sets against each other (default: the defaults; the draft step's sampling kernels and
+# advance_step launched as programmatic dependents; the normed GEMVs loading their norm weight before the wait; the attention's early
 # loads): the GPU tests of the files these touch, the census (GPU busy per spec step, per kernel
 # name) of each flag set, then batch-1 graph-mode p50 of the flag sets interleaved over ROUNDS rounds
 # (default 2: four sets fit one call's ten minutes). Census JSON under $OUT/res
@@ -9,7 +9,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 mkdir -p "$OUT/res"
-if (($# == 0)); then set -- "" "--sampling-dependent on" "--prefetch-norm on" "--attention-early-loads on"; fi
+if (($# == 0)); then set -- "" "--step-kernels-dependent on" "--prefetch-norm on" "--attention-early-loads on"; fi
 timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_sampling_kernel.py tests/test_overlap_commit.py \
   tests/test_draft_loop.py tests/test_step_graph.py tests/test_prefill_graphs.py tests/test_gemv_mma.py \
   tests/test_attention_mma.py 2>&1 \
