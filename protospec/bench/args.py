@@ -8,6 +8,7 @@ import torch
 
 from protospec.bench.ablation import MODES, PEERS, BenchSetup
 from protospec.bench.compare import TRAINED_PAIR
+from protospec.bench.kernel_forms import add_kernel_form_args, engine_switches
 from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
 from protospec.spec import registry
 
@@ -117,23 +118,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
                    help="each draft step's softmax and sample (and the verify's softmax) as two Numba kernels "
                         "over vocabulary slices instead of torch's ops (auto: on a GPU with the layer kernels)")
-    p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
-                   help="the sampling kernels as two launches or one cooperative launch with a grid sync "
-                        "(same bits; default: %(default)s)")
-    p.add_argument("--step-kernels-dependent", default="off", choices=["on", "off"],
-                   help="the draft step's sampling kernels and advance_step launched as programmatic dependents "
-                        "where the forward before them is (sm_90; default: %(default)s)")
-    p.add_argument("--prefetch-norm", default="off", choices=["on", "off"],
-                   help="the tensor-core GEMVs' normed forms load the norm weight before waiting for their "
-                        "input (same bits; default: %(default)s)")
-    p.add_argument("--attention-early-loads", default="off", choices=["on", "off"],
-                   help="the tensor-core attention, launched as a dependent, loads the positions, table entries "
-                        "and a first tile of older keys before its wait (same bits; default: %(default)s)")
-    p.add_argument("--prefill-graphs", default="on", choices=["on", "off"],
-                   help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
-    p.add_argument("--first-step-at-begin", default="on", choices=["on", "off"],
-                   help="where no spec step was launched ahead (the batch changed, or a request nears its end), "
-                        "build draft step 1 on the device at the step's start (off: on the CPU; default: %(default)s)")
+    add_kernel_form_args(p)
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
                    help="the tensor-core GEMVs start while the kernel before them ends (auto: on sm_90 and later)")
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
@@ -248,8 +233,7 @@ def setup_from(args) -> BenchSetup:
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
                       args.speculative_disable_by_batch_size, auto_as_none(args.attention_kernel),
                       args.persistent_decode, auto_as_none(args.linear_kernel), ON_OFF[args.fused_sampling],
-                      ON_OFF[args.dependent_launch], ON_OFF[args.spec_step_graph],
-                      args.first_step_at_begin == "on", args.prefill_graphs == "on")
+                      ON_OFF[args.dependent_launch], ON_OFF[args.spec_step_graph], **engine_switches(args))
 
 
 ON_OFF = {"auto": None, "on": True, "off": False}  # a three-way engine setting as EngineConfig takes it

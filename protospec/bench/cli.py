@@ -27,11 +27,11 @@ from protospec.bench.ablation import BenchSetup, run_ablation, run_mode, run_swe
 from protospec.bench.args import (RUNS_DIR, TRAINED_PAIR, build_parser, check_args, draft_loop_of, resolve_args,
                                   setup_from)
 from protospec.bench.compare import CompareSetup, compare_table, run_compare, write_compare
+from protospec.bench.kernel_forms import apply_kernel_forms
 from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
 from protospec.engine.progress import progress_bar
-from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling
 
 def print_latency(entry: dict) -> None:
     print(f"Avg latency: {entry['avg_s']} seconds")
@@ -64,10 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.model, args.speculative_model = f"{TRAINED_PAIR}/protospec-target", f"{TRAINED_PAIR}/protospec-draft"
     args = resolve_args(args)
     check_args(args)
-    sampling.LAUNCHES = args.sampling_launches  # before any engine captures a graph
-    dependent_launch.STEP_KERNELS = args.step_kernels_dependent == "on"
-    gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
-    attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
+    apply_kernel_forms(args)  # before any engine captures a graph
     check_writable(args.output_json)
     if args.ablation or args.sweep or args.compare:
         check_writable(args.output_dir, directory=True)

@@ -26,9 +26,9 @@ from protospec.bench.ablation import MODES, BenchSetup, apply_mode
 from protospec.bench.args import ON_OFF, auto_as_none
 from protospec.layout import LINEAR_KERNELS
 from protospec.bench.attention_cost import copy_bandwidth_gbs
+from protospec.bench.kernel_forms import add_kernel_form_args, apply_kernel_forms, engine_switches
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels import paged_attention as attention_kernels
-from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling
 from protospec.model import layer_kernels
 from protospec.layout import ATTENTION_PATHS
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
@@ -198,8 +198,6 @@ def main(argv=None) -> dict:
                    help="the layer kernels' linear layers (cublas: the fusion off; auto = mma_fused)")
     p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
                    help="the draft steps' and verify's sampling kernels (auto: on a GPU with the layer kernels)")
-    p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
-                   help="the sampling kernels as two launches or one cooperative launch (default: %(default)s)")
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
                    help="the tensor-core GEMVs as programmatic dependents (auto: on sm_90 and later)")
     p.add_argument("--head-norm", default="fused", choices=["fused", "separate"],
@@ -207,17 +205,7 @@ def main(argv=None) -> dict:
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (auto: wherever it applies; off: each "
                         "phase's kernels attributed apart)")
-    p.add_argument("--step-kernels-dependent", default="off", choices=["on", "off"],
-                   help="the draft step's sampling kernels and advance_step as programmatic dependents where the "
-                        "forward before them is")
-    p.add_argument("--prefetch-norm", default="off", choices=["on", "off"],
-                   help="the normed tensor-core GEMVs load the norm weight before their wait")
-    p.add_argument("--attention-early-loads", default="off", choices=["on", "off"],
-                   help="the dependent attention's positions, table entries and first old tile before its wait")
-    p.add_argument("--first-step-at-begin", default="on", choices=["on", "off"],
-                   help="draft step 1 built on the device where no step was launched ahead (off: on the CPU)")
-    p.add_argument("--prefill-graphs", default="on", choices=["on", "off"],
-                   help="repeated uniform prefill layouts replayed as CUDA graphs")
+    add_kernel_form_args(p)
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
     check_writable(args.output_json)
@@ -225,17 +213,13 @@ def main(argv=None) -> dict:
         raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
     attention_kernels.FUSED_COMBINE = args.attention_combine == "fused"  # before any graph is captured
     layer_kernels.HEAD_NORM = args.head_norm
-    sampling.LAUNCHES = args.sampling_launches
-    dependent_launch.STEP_KERNELS = args.step_kernels_dependent == "on"
-    gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
-    attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
+    apply_kernel_forms(args)
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
                        attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
                        fused_sampling=ON_OFF[args.fused_sampling], dependent_launch=ON_OFF[args.dependent_launch],
-                       spec_step_graph=ON_OFF[args.spec_step_graph],
-                       first_step_at_begin=args.first_step_at_begin == "on", prefill_graphs=args.prefill_graphs == "on")
+                       spec_step_graph=ON_OFF[args.spec_step_graph], **engine_switches(args))
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))
     print(f"weights per spec step: {floor['spec_step_weight_mb']:.0f} MB ({args.num_speculative_tokens} x draft "

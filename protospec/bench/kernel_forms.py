@@ -1,0 +1,43 @@
+"""The switches the bench and the kernel census share: kernel forms chosen process-wide before any
+engine captures a graph (each off until timed faster, or "two" launches), and the engine's on/off
+settings for repeated prefills and draft step 1, as flags and applied from parsed arguments."""
+from __future__ import annotations
+
+import argparse
+
+from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling
+
+ON_OFF_CHOICES = ["on", "off"]
+
+
+def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
+                   help="the sampling kernels as two launches or one cooperative launch with a grid sync "
+                        "(same bits; default: %(default)s)")
+    p.add_argument("--step-kernels-dependent", default="off", choices=ON_OFF_CHOICES,
+                   help="the draft step's sampling kernels and advance_step launched as programmatic dependents "
+                        "where the forward before them is (sm_90; default: %(default)s)")
+    p.add_argument("--prefetch-norm", default="off", choices=ON_OFF_CHOICES,
+                   help="the tensor-core GEMVs' normed forms load the norm weight before waiting for their "
+                        "input (same bits; default: %(default)s)")
+    p.add_argument("--attention-early-loads", default="off", choices=ON_OFF_CHOICES,
+                   help="the tensor-core attention, launched as a dependent, loads the positions, table entries "
+                        "and a first tile of older keys before its wait (same bits; default: %(default)s)")
+    p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
+                   help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
+    p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
+                   help="where no spec step was launched ahead (the batch changed, or a request nears its end), "
+                        "build draft step 1 on the device at the step's start (off: on the CPU; default: %(default)s)")
+
+
+def apply_kernel_forms(args: argparse.Namespace) -> None:
+    """Set the process-wide kernel forms the flags chose (before any engine captures a graph)."""
+    sampling.LAUNCHES = args.sampling_launches
+    dependent_launch.STEP_KERNELS = args.step_kernels_dependent == "on"
+    gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
+    attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
+
+
+def engine_switches(args: argparse.Namespace) -> dict:
+    """The engine's on/off settings the flags chose, as BenchSetup (and EngineConfig) take them."""
+    return dict(first_step_at_begin=args.first_step_at_begin == "on", prefill_graphs=args.prefill_graphs == "on")
