@@ -161,7 +161,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
     slices = -(-logits.shape[1] // VOCAB_PER_BLOCK)
     part_max, part_index, part_sum, row_max, row_index, row_sum = _scratch(rows, slices, logits.device)
     counters = arrival_counters(logits.device, rows, "sampling")  # the two launches count in turn
-    if LAUNCHES == "one":
+    if LAUNCHES == "one":  # a cooperative launch: never a dependent
         from protospec.kernels.sampling_one_launch import launch_one
 
         win_value, win_index = _scratch(rows, slices, logits.device, "winners")
