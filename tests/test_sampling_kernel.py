@@ -224,7 +224,7 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
         expected = [o.token_ids for o in plain.generate(prompts, params)]
     monkeypatch.setattr(ModelRunner, "launches_dependents", property(lambda runner: dependent))
     monkeypatch.setattr(sampling, "_launch", recording)
-    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)  # the kernel form's switch (off until timed)
+    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)  # the kernel form's switch, pinned on
     llm = tiny_llm(tiny_target, tiny_draft, k=2, device=DEV, fused_sampling=True, draft_loop="gpu")
     tokens = [o.token_ids for o in llm.generate(prompts, params)]
     assert len(tokens[0]) == params.max_tokens and tokens == (expected or tokens)

@@ -1,5 +1,5 @@
 """The switches the bench and the kernel census share: kernel forms chosen process-wide before any
-engine captures a graph (each off until timed faster, or "two" launches), and the engine's on/off
+engine captures a graph (each at the form timed faster), and the engine's on/off
 settings for repeated prefills and draft step 1, as flags and applied from parsed arguments."""
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
                    help="the sampling kernels as two launches or one cooperative launch with a grid sync "
                         "(same bits; default: %(default)s)")
-    p.add_argument("--step-kernels-dependent", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--step-kernels-dependent", default="on", choices=ON_OFF_CHOICES,
                    help="the draft step's sampling kernels and advance_step launched as programmatic dependents "
                         "where the forward before them is (sm_90; default: %(default)s)")
-    p.add_argument("--prefetch-norm", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--prefetch-norm", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core GEMVs' normed forms load the norm weight before waiting for their "
                         "input (same bits; default: %(default)s)")
-    p.add_argument("--attention-early-loads", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--attention-early-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core attention, launched as a dependent, loads the positions, table entries "
                         "and a first tile of older keys before its wait (same bits; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,

@@ -51,8 +51,8 @@ TILES_PER_SPLIT = 8
 # Launch bounds: the fewest blocks per SM the register allocation must allow (None: the compiler's choice).
 MIN_BLOCKS_PER_SM = None
 # A dependent's loads no kernel of this forward writes (positions, table entries, a first tile of keys
-# older than its tokens) before its wait. Off until timed (bench, kernel_census: --attention-early-loads).
-EARLY_LOADS = False
+# older than its tokens) before its wait. On: timed faster (bench, kernel_census: --attention-early-loads).
+EARLY_LOADS = True
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
 MERGE_BYTES = 40 * 1024

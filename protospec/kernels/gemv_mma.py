@@ -16,9 +16,9 @@ from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference  # noq
 from protospec.kernels.interop import check_tensor
 
 # The normed forms load the norm's weight with the weights, before a dependent's wait, instead of
-# after the norm's reduction (same bits). Off until timed (bench and kernel_census: --prefetch-norm on);
-# set before any graph is captured.
-PREFETCH_NORM = False
+# after the norm's reduction (same bits). On: timed faster (bench and kernel_census: --prefetch-norm off
+# for the plain order); set before any graph is captured.
+PREFETCH_NORM = True
 
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
