@@ -49,7 +49,7 @@ def test_sampled_rows_match_the_reference(seed, batch, k, vocab):
 
 
 def test_a_vocabulary_over_several_gpu_slices_matches_the_reference():
-    """Sized for the GPU's 2048-entry slices (the other cases fit one slice there); twice, so the
+    """Sized for the GPU's 512-entry slices (the other cases fit one or two there); twice, so the
     arrival counters must be back at zero."""
     from protospec.kernels import rejection
 
@@ -58,6 +58,26 @@ def test_a_vocabulary_over_several_gpu_slices_matches_the_reference():
     args = _case(5, 3, 4, 7000)
     for _ in range(2):
         _assert_same(args)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_more_positions_than_threads_match_the_reference(greedy):
+    """k past the block's threads: a thread tests several positions and writes several outputs."""
+    from protospec.kernels import rejection
+
+    _assert_same(_case(6, 2, rejection.THREADS + 3, 20, greedy=greedy))
+
+
+def test_more_slices_than_threads_match_the_reference():
+    """A vocabulary of more slices than the block has threads: the last block's threads combine several
+    slices each (and the fallback race where p == q everywhere)."""
+    from protospec.kernels import rejection
+
+    vocab = rejection.THREADS * rejection.VOCAB_PER_BLOCK + 100
+    _assert_same(_case(7, 1, 2, vocab))
+    args = _case(8, 1, 2, vocab, uniforms=torch.ones(1, 2))
+    args[2][:, :2] = args[1]
+    assert _assert_same(args).num_accepted.tolist() == [0]
 
 
 def test_greedy_rows_match_including_full_accepts():

@@ -151,16 +151,17 @@ def _layers_and_gemv() -> None:
     gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
              x_rows=ids, out_dtype=torch.float32)                             # the LM head over the wanted rows
     gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
-    gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope, dependent_launch=True)
     gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True)
     from protospec.kernels import gemv_mma as linears
-    chosen, linears.PREFETCH_NORM = linears.PREFETCH_NORM, True
-    try:  # the normed forms with the norm weight loaded before the wait: qkv, gate/up, the LM head
-        gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
-        gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h[:6].clone(),
-                 glu=True, dependent_launch=True)
-        gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
-                 x_rows=ids, out_dtype=torch.float32, dependent_launch=True)
+    chosen = linears.PREFETCH_NORM
+    try:  # the normed forms with the norm weight loaded after and before the wait: qkv, gate/up, the LM head
+        for linears.PREFETCH_NORM in (False, True):
+            gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope, dependent_launch=True)
+            gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
+            gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(),
+                     residual=h[:6].clone(), glu=True, dependent_launch=True)
+            gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
+                     x_rows=ids, out_dtype=torch.float32, dependent_launch=True)
     finally:
         linears.PREFETCH_NORM = chosen
 

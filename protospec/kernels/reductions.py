@@ -53,3 +53,35 @@ else:
     def xor_exchange(value, lane_mask, scratch, tid):
         """The `value` held by thread tid ^ lane_mask (lane_mask < 32: inside the warp)."""
         return cuda.shfl_xor_sync(0xFFFFFFFF, value, lane_mask)
+
+
+WARP = 32
+
+
+@cuda.jit(device=True)
+def block_argmax_or(value, index, flag, value_slots, index_slots, flag_slots, tid, width):
+    """The best (value, index) over the block's `width` threads (ties to the lowest index) and the OR
+    of their flags, returned in every thread. Shuffles inside each warp, then every thread merges the
+    warps' winners from shared slots: two barriers where tree_argmax needs log2(width). The slots
+    (shared, [width] each) may be reused once every thread has returned; the leading barrier guards
+    the previous call's reads. A width under a warp (the simulator's narrow test blocks) is one group."""
+    cuda.syncthreads()
+    lanes = min(width, WARP)
+    lane_mask = lanes // 2
+    while lane_mask > 0:
+        other_value = xor_exchange(value, lane_mask, value_slots, tid)
+        other_index = xor_exchange(index, lane_mask, index_slots, tid)
+        flag = flag | xor_exchange(flag, lane_mask, flag_slots, tid)
+        if other_value > value or (other_value == value and other_index < index):
+            value, index = other_value, other_index
+        lane_mask //= 2
+    cuda.syncthreads()  # the simulator's exchanges read the slots
+    if tid % lanes == 0:
+        value_slots[tid // lanes], index_slots[tid // lanes], flag_slots[tid // lanes] = value, index, flag
+    cuda.syncthreads()
+    value, index, flag = value_slots[0], index_slots[0], flag_slots[0]
+    for w in range(1, width // lanes):
+        if value_slots[w] > value or (value_slots[w] == value and index_slots[w] < index):
+            value, index = value_slots[w], index_slots[w]
+        flag = flag | flag_slots[w]
+    return value, index, flag

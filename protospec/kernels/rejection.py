@@ -7,16 +7,18 @@ the same work in one launch and computes the very same float32 values (u * q < p
 p / noise, argmax ties to the lowest index), so both give identical tokens; tests check that in the
 simulator and on the GPU.
 
-Why several blocks per sequence: the races read k + 1 rows of the vocabulary; one block per sequence
-(an earlier version) left batch 1 with one block walking 32000 entries, its loads one stride at a
-time. Here block (b, s) takes the vocabulary slice s of sequence b (VOCAB_PER_BLOCK entries):
-    thread 0: passed[i] = u[i] * q[i, d_i] < p[i, d_i];  n = first i that failed (k if none); slice 0
-              writes the masks and the count
+At batch 1 the kernel's time is latency, not bytes: every step that waits on a load before the next
+is spread over threads. Block (b, s) takes the vocabulary slice s of sequence b (VOCAB_PER_BLOCK
+entries, 2 a thread on a GPU, so a 32000-entry row spreads over 63 blocks):
+    thread i < k: passed[i] = u[i] * q[i, d_i] < p[i, d_i] (each thread its own two dependent loads;
+              one thread walking the k positions chained 2k of them); n = the first i that failed (k if
+              none), a block reduction; slice 0 writes the masks and the count
     all:      if n < k, the slice's argmax of w[v] / noise[n, v], w = max(0, p_n - q_n), whether any w > 0,
               and its argmax of p_n[v] / noise[n, v] (the fallback when the whole residual is zero);
               else the slice's argmax of p_k[v] / bonus_noise[v]
-    the last slice block to finish (an arrival count) combines the slices (ties to the lowest index)
-    and writes out = d_1..d_n, the recovered or bonus token, then -1 (PLACEHOLDER_TOKEN_ID).
+    the last slice block to finish (an arrival count) combines the slices, a slice per thread and a
+    block reduction (ties to the lowest index), and writes out = d_1..d_n, the recovered or bonus token,
+    then -1 (PLACEHOLDER_TOKEN_ID), a position per thread.
 """
 from __future__ import annotations
 
@@ -27,20 +29,26 @@ from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
-from protospec.kernels.reductions import tree_argmax
+from protospec.kernels.reductions import block_argmax_or
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
-# Threads per block (a power of two, for the tree reduction) and vocabulary entries per block: on a
-# GPU 8 entries a thread, 16 blocks per sequence at a 32000-entry vocabulary. The simulator runs a
-# Python thread per CUDA thread: a narrow block, and small slices so its tests span several blocks.
+# Threads per block (a power of two, for the tree reduction) and vocabulary entries per block. The
+# simulator runs a Python thread per CUDA thread: a narrow block, and small slices so its tests span
+# several blocks.
 THREADS = 32 if interop.SIMULATOR else 256
-VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 2048
+VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
 
 
 @cuda.jit(device=True)
 def _better(value, index, best_value, best_index):
     """value at index beats the best so far: larger, or equal at a lower index (torch.argmax's rule)."""
     return value > best_value or (value == best_value and index < best_index)
+
+
+@cuda.jit(device=True)
+def _block_best(value, index, flag, best_value, best_index, flags, tid):
+    """The block's best (value, index) (ties to the lowest index) and the OR of its flags, in every thread."""
+    return block_argmax_or(value, index, flag, best_value, best_index, flags, tid, THREADS)
 
 
 @cuda.jit
@@ -65,28 +73,27 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
     vocab = target_probs.shape[2]
     best_value = cuda.shared.array(THREADS, float32)
     best_index = cuda.shared.array(THREADS, int64)
-    any_mass = cuda.shared.array(THREADS, int64)
-    first_reject = cuda.shared.array(1, int64)
+    flags = cuda.shared.array(THREADS, int64)
     last = cuda.shared.array(1, int32)
     zero = float32(0.0)
 
-    if tid == 0:
-        n = k
-        proposed = num_proposed[row]
-        for i in range(k):
-            d = draft_ids[row, i]
-            passed = i < proposed and uniforms[row, i] * draft_probs[row, i, d] < target_probs[row, i, d]
-            if piece == 0:
-                passed_mask[row, i] = 1 if passed else 0
-            if not passed and n == k:
-                n = i
+    # The acceptance tests, a position per thread; n = the first that failed (all values tie at 0: the
+    # reduction keeps the lowest index).
+    proposed = num_proposed[row]
+    failed = int64(k)
+    for i in range(tid, k, THREADS):
+        d = draft_ids[row, i]
+        passed = i < proposed and uniforms[row, i] * draft_probs[row, i, d] < target_probs[row, i, d]
         if piece == 0:
-            for i in range(k):
-                accepted_mask[row, i] = 1 if i < n else 0
+            passed_mask[row, i] = 1 if passed else 0
+        if not passed and failed == k:
+            failed = i
+    n = _block_best(zero, failed, 0, best_value, best_index, flags, tid)[1]
+    if piece == 0:
+        for i in range(tid, k, THREADS):
+            accepted_mask[row, i] = 1 if i < n else 0
+        if tid == 0:
             num_accepted[row] = n
-        first_reject[0] = n
-    cuda.syncthreads()
-    n = first_reject[0]
     nn = min(n, k - 1)  # a row index that exists when n == k (its values unused then)
 
     # The slice's races: max(0, p - q) / noise and p / noise at n (n < k), or p_k / bonus noise (n == k)
@@ -105,29 +112,28 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
             score = target_probs[row, k, v] / bonus_noise[row, v]
         if score > value:
             value, index = score, v
-    best_value[tid], best_index[tid], any_mass[tid] = value, index, mass
-    cuda.syncthreads()
-    tree_argmax(best_value, best_index, any_mass, tid, THREADS)
+    value, index, mass = _block_best(value, index, mass, best_value, best_index, flags, tid)
     if tid == 0:
-        part_value[row, piece, 0], part_index[row, piece, 0] = best_value[0], best_index[0]
-        part_mass[row, piece] = any_mass[0]
-    cuda.syncthreads()
-    best_value[tid], best_index[tid], any_mass[tid] = fallback_value, fallback_index, 0
-    cuda.syncthreads()
-    tree_argmax(best_value, best_index, any_mass, tid, THREADS)
-    if tid == 0:
-        part_value[row, piece, 1], part_index[row, piece, 1] = best_value[0], best_index[0]
+        part_value[row, piece, 0], part_index[row, piece, 0], part_mass[row, piece] = value, index, mass
+    if n < k:  # the fallback race matters only past a rejection
+        value, index, mass = _block_best(fallback_value, fallback_index, 0, best_value, best_index, flags, tid)
+        if tid == 0:
+            part_value[row, piece, 1], part_index[row, piece, 1] = value, index
 
-    if arrived_last(counters, row, slices, last, tid) and tid == 0:
-        mass = 0
-        for s in range(slices):
+    if arrived_last(counters, row, slices, last, tid):  # the row's last block: a slice per thread
+        value, index, mass = float32(-1.0), int64(vocab), int64(0)
+        for s in range(tid, slices, THREADS):
             mass = mass | part_mass[row, s]
-        which = 1 if n < k and mass == 0 else 0  # the residual was zero everywhere: race over p_n itself
-        value, index = float32(-1.0), int64(vocab)
-        for s in range(slices):
-            if _better(part_value[row, s, which], part_index[row, s, which], value, index):
-                value, index = part_value[row, s, which], part_index[row, s, which]
-        for i in range(k + 1):
+            if _better(part_value[row, s, 0], part_index[row, s, 0], value, index):
+                value, index = part_value[row, s, 0], part_index[row, s, 0]
+        value, index, mass = _block_best(value, index, mass, best_value, best_index, flags, tid)
+        if n < k and mass == 0:  # the residual was zero everywhere: race over p_n itself
+            value, index = float32(-1.0), int64(vocab)
+            for s in range(tid, slices, THREADS):
+                if _better(part_value[row, s, 1], part_index[row, s, 1], value, index):
+                    value, index = part_value[row, s, 1], part_index[row, s, 1]
+            index = _block_best(value, index, 0, best_value, best_index, flags, tid)[1]
+        for i in range(tid, k + 1, THREADS):
             if i < n:
                 out_ids[row, i] = draft_ids[row, i]
             elif i == n:

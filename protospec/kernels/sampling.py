@@ -70,7 +70,7 @@ def _kernels(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         seq = row // rows_per_seq
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)
-        no_flags = cuda.shared.array(THREADS, int64)  # tree_argmax's OR, unused here
+        no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots, unused here
         last = cuda.shared.array(1, int32)
         no_flags[tid] = 0
         t = temperature[seq]

@@ -12,7 +12,7 @@ from numba import float32, int64
 from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import cuda
-from protospec.kernels.reductions import tree_argmax, tree_sum
+from protospec.kernels.reductions import block_argmax_or, tree_sum
 
 # Threads per block (a power of two, for the tree reductions) and vocabulary entries per block: on a
 # GPU 2 entries a thread, so a 32000-entry row spreads over 63 blocks (at 8 a thread its 16 blocks
@@ -30,11 +30,9 @@ def better(value, index, best_value, best_index):
 
 @cuda.jit(device=True)
 def block_argmax(value, index, best_value, best_index, no_flags, tid):
-    """The block's best (value, index) over its threads' (ties to the lower index), in every thread."""
-    best_value[tid], best_index[tid] = value, index
-    cuda.syncthreads()
-    tree_argmax(best_value, best_index, no_flags, tid, THREADS)
-    value, index = best_value[0], best_index[0]
+    """The block's best (value, index) over its threads' (ties to the lower index), in every thread; the
+    trailing barrier lets the caller reuse the scratch at once."""
+    value, index, _ = block_argmax_or(value, index, int64(0), best_value, best_index, no_flags, tid, THREADS)
     cuda.syncthreads()
     return value, index
 
