@@ -29,3 +29,6 @@ class RejectionOutput:
     accepted_mask: torch.Tensor     # [B, k] bool, per position (False after the first rejection)
     passed_mask: torch.Tensor       # [B, k] bool, each draft token's own test u < p/q, also after a
                                     # rejection (those are discarded): what vLLM's acceptance rate counts
+    # [B, k + 3] int64 or None: per row the output ids, the accepted and the passed counts, as the
+    # commit reads them (the rejection kernel writes it; step_graph.commit_row builds it otherwise)
+    commit_columns: torch.Tensor | None = None

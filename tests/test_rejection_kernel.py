@@ -39,6 +39,10 @@ def _assert_same(args):
     assert got.num_accepted.tolist() == ref.num_accepted.tolist()
     assert got.accepted_mask.tolist() == ref.accepted_mask.tolist()
     assert got.passed_mask.tolist() == ref.passed_mask.tolist()
+    assert got.accepted_mask.dtype == got.passed_mask.dtype == torch.bool
+    # The commit's columns: the ids, the accepted count and the passed count, as commit_row lays them out
+    expected = torch.cat([ref.output_token_ids, ref.num_accepted[:, None], ref.passed_mask.sum(-1, keepdim=True)], 1)
+    assert got.commit_columns.tolist() == expected.tolist()
     return ref
 
 
@@ -66,6 +70,22 @@ def test_more_positions_than_threads_match_the_reference(greedy):
     from protospec.kernels import rejection
 
     _assert_same(_case(6, 2, rejection.THREADS + 3, 20, greedy=greedy))
+
+
+def test_blocks_of_several_warps_match_the_reference(monkeypatch):
+    """The warps' partial results merged through shared slots (the first failure, the passed count, the
+    races): the simulator reads the block width at run time, so two warps of 32 there (8 on a GPU), and
+    k = 40 puts draft positions in the second warp."""
+    from protospec.kernels import interop, rejection
+
+    if interop.SIMULATOR:
+        monkeypatch.setattr(rejection, "THREADS", 64)
+    uniforms = torch.zeros(1, 40)  # u = 0 passes wherever p > 0 ...
+    uniforms[0, 37] = 1.0          # ... and u = 1 fails where p == q: the first failure in the second warp
+    args = _case(9, 1, 40, 130, uniforms=uniforms)
+    args[2][0, 37] = args[1][0, 37]
+    ref = _assert_same(args)
+    assert ref.num_accepted.tolist() == [37] and int(ref.passed_mask.sum()) == 39
 
 
 def test_more_slices_than_threads_match_the_reference():

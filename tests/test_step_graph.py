@@ -97,6 +97,12 @@ def test_commit_row_lays_out_ids_counts_and_the_flag():
     row = commit_row(result, None, torch.tensor([2], dtype=torch.int32))
     assert row.tolist() == [4, 5, -1, 1, 2, 6, -1, -1, 0, 1, 2]
     assert commit_row(result, torch.tensor([2, 1]), None).tolist() == [4, 5, -1, 1, 2, 2, 6, -1, -1, 0, 1, 1]
+    # Columns a rejection kernel wrote are taken as they are (here deliberately not the masks' counts),
+    # except where the proposed counts must go between the rows
+    written = RejectionOutput(out, result.num_accepted, result.accepted_mask, result.passed_mask,
+                              commit_columns=torch.tensor([[4, 5, -1, 1, 7], [6, -1, -1, 0, 8]]))
+    assert commit_row(written, None, torch.tensor([0], dtype=torch.int32)).tolist() == [4, 5, -1, 1, 7, 6, -1, -1, 0, 8, 0]
+    assert commit_row(written, torch.tensor([2, 1]), None).tolist() == [4, 5, -1, 1, 2, 2, 6, -1, -1, 0, 1, 1]
 
 
 def test_the_step_graph_applies_only_where_it_can_and_says_why_not():

@@ -12,13 +12,15 @@ is spread over threads. Block (b, s) takes the vocabulary slice s of sequence b 
 entries, 2 a thread on a GPU, so a 32000-entry row spreads over 63 blocks):
     thread i < k: passed[i] = u[i] * q[i, d_i] < p[i, d_i] (each thread its own two dependent loads;
               one thread walking the k positions chained 2k of them); n = the first i that failed (k if
-              none), a block reduction; slice 0 writes the masks and the count
+              none) and the number passed, warp shuffles and one merge of the warps; slice 0 writes the
+              masks and the count
     all:      if n < k, the slice's argmax of w[v] / noise[n, v], w = max(0, p_n - q_n), whether any w > 0,
               and its argmax of p_n[v] / noise[n, v] (the fallback when the whole residual is zero);
               else the slice's argmax of p_k[v] / bonus_noise[v]
     the last slice block to finish (an arrival count) combines the slices, a slice per thread and a
     block reduction (ties to the lowest index), and writes out = d_1..d_n, the recovered or bonus token,
-    then -1 (PLACEHOLDER_TOKEN_ID), a position per thread.
+    then -1 (PLACEHOLDER_TOKEN_ID), a position per thread, and the same ids with n and the number passed
+    as the row the commit reads (step_graph.commit_row): three torch kernels a step fewer.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
-from protospec.kernels.reductions import block_argmax_or
+from protospec.kernels.reductions import WARP, block_argmax_or, xor_exchange
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 # Threads per block (a power of two, for the tree reduction) and vocabulary entries per block. The
@@ -51,9 +53,30 @@ def _block_best(value, index, flag, best_value, best_index, flags, tid):
     return block_argmax_or(value, index, flag, best_value, best_index, flags, tid, THREADS)
 
 
+@cuda.jit(device=True)
+def _first_failed_and_passes(failed, passes, failed_slots, pass_slots, tid):
+    """The block's smallest `failed` and its sum of `passes` (int64s), in every thread: shuffles inside
+    each warp, then every thread merges the warps' from shared slots ([THREADS] each)."""
+    cuda.syncthreads()
+    lanes = min(THREADS, WARP)
+    lane_mask = lanes // 2
+    while lane_mask > 0:
+        failed = min(failed, xor_exchange(failed, lane_mask, failed_slots, tid))
+        passes += xor_exchange(passes, lane_mask, pass_slots, tid)
+        lane_mask //= 2
+    cuda.syncthreads()  # the simulator's exchanges read the slots
+    if tid % lanes == 0:
+        failed_slots[tid // lanes], pass_slots[tid // lanes] = failed, passes
+    cuda.syncthreads()
+    failed, passes = failed_slots[0], pass_slots[0]
+    for w in range(1, THREADS // lanes):
+        failed, passes = min(failed, failed_slots[w]), passes + pass_slots[w]
+    return failed, passes
+
+
 @cuda.jit
 def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
-                            num_proposed, out_ids, num_accepted, accepted_mask, passed_mask,
+                            num_proposed, out_ids, num_accepted, accepted_mask, passed_mask, commit,
                             part_value, part_index, part_mass, counters):
     """
     draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
@@ -61,7 +84,8 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
     recovered_noise [B, k, V] float32     bonus_noise    [B, V] float32   (Exp(1), > 0)
     num_proposed    [B] int64: positions past it are not tested (their draft_probs rows are zero)
     out_ids         [B, k + 1] int64 out  num_accepted   [B] int64 out
-    accepted_mask   [B, k] uint8 out      passed_mask    [B, k] uint8 out
+    accepted_mask   [B, k] bool out       passed_mask    [B, k] bool out
+    commit          [B, k + 3] int64 out: the ids, n and the number passed (the commit's row)
     part_value      [B, S, 2] float32, part_index [B, S, 2] int64, part_mass [B, S] int32: each slice's
                     (residual or bonus race, fallback race) winners and whether its residual had mass
     counters        [>= B] int32, zero between calls (the last block of a row resets its own)
@@ -77,21 +101,22 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
     last = cuda.shared.array(1, int32)
     zero = float32(0.0)
 
-    # The acceptance tests, a position per thread; n = the first that failed (all values tie at 0: the
-    # reduction keeps the lowest index).
+    # The acceptance tests, a position per thread; n = the first that failed.
     proposed = num_proposed[row]
-    failed = int64(k)
+    failed, passes = int64(k), int64(0)
     for i in range(tid, k, THREADS):
         d = draft_ids[row, i]
         passed = i < proposed and uniforms[row, i] * draft_probs[row, i, d] < target_probs[row, i, d]
         if piece == 0:
-            passed_mask[row, i] = 1 if passed else 0
-        if not passed and failed == k:
+            passed_mask[row, i] = passed
+        if passed:
+            passes += 1
+        elif failed == k:
             failed = i
-    n = _block_best(zero, failed, 0, best_value, best_index, flags, tid)[1]
+    n, passes = _first_failed_and_passes(failed, passes, best_index, flags, tid)
     if piece == 0:
         for i in range(tid, k, THREADS):
-            accepted_mask[row, i] = 1 if i < n else 0
+            accepted_mask[row, i] = i < n
         if tid == 0:
             num_accepted[row] = n
     nn = min(n, k - 1)  # a row index that exists when n == k (its values unused then)
@@ -134,12 +159,10 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
                     value, index = part_value[row, s, 1], part_index[row, s, 1]
             index = _block_best(value, index, 0, best_value, best_index, flags, tid)[1]
         for i in range(tid, k + 1, THREADS):
-            if i < n:
-                out_ids[row, i] = draft_ids[row, i]
-            elif i == n:
-                out_ids[row, i] = index
-            else:
-                out_ids[row, i] = PLACEHOLDER_TOKEN_ID
+            token = draft_ids[row, i] if i < n else (index if i == n else PLACEHOLDER_TOKEN_ID)
+            out_ids[row, i], commit[row, i] = token, token
+        if tid == 0:
+            commit[row, k + 1], commit[row, k + 2] = n, passes
 
 
 _all_proposed: dict[tuple, torch.Tensor] = {}  # (batch, k, device) -> [B] int64 filled with k, never written
@@ -175,7 +198,8 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     check_tensor("num_proposed", num_proposed, torch.int64, 1, rows=batch)
     out_ids = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
-    masks = torch.empty(2, batch, k, dtype=torch.uint8, device=device)  # accepted, passed
+    masks = torch.empty(2, batch, k, dtype=torch.bool, device=device)  # accepted, passed
+    commit = torch.empty(batch, k + 3, dtype=torch.int64, device=device)  # ids, accepted, passed counts
     slices = -(-vocab // VOCAB_PER_BLOCK)
     key = (batch, slices, device)
     if key not in _partials:  # written and read inside one launch: one set serves every call
@@ -183,7 +207,6 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
                           torch.empty(batch, slices, 2, dtype=torch.int64, device=device),
                           torch.empty(batch, slices, dtype=torch.int32, device=device))
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-            out_ids, num_accepted, masks[0], masks[1], *_partials[key], arrival_counters(device, batch, "rejection")]
+            out_ids, num_accepted, masks[0], masks[1], commit, *_partials[key], arrival_counters(device, batch, "rejection")]
     interop.launch_tensors(rejection_sample_kernel, batch * slices, THREADS, args)
-    masks = masks.bool()
-    return RejectionOutput(out_ids, num_accepted, masks[0], masks[1])
+    return RejectionOutput(out_ids, num_accepted, masks[0], masks[1], commit_columns=commit)

@@ -51,10 +51,13 @@ def commit_row(result: RejectionOutput, num_proposed: torch.Tensor | None, error
     """What the commit reads, as one int64 vector: per row the k + 1 output ids, the accepted and the
     passed counts (and the proposed count, where a proposer may offer fewer than k); then the error
     flag of device-built inputs (0 = none). [B * (k + 3) (+ B) (+ 1)] int64."""
-    columns = [result.output_token_ids, result.num_accepted[:, None], result.passed_mask.sum(-1, keepdim=True)]
-    if num_proposed is not None:
-        columns.append(num_proposed[:, None])
-    parts = [torch.cat(columns, 1).flatten()]
+    if result.commit_columns is not None and num_proposed is None:
+        parts = [result.commit_columns.flatten()]  # the rejection kernel wrote them (no extra kernels)
+    else:
+        columns = [result.output_token_ids, result.num_accepted[:, None], result.passed_mask.sum(-1, keepdim=True)]
+        if num_proposed is not None:
+            columns.append(num_proposed[:, None])
+        parts = [torch.cat(columns, 1).flatten()]
     if error_flag is not None:
         parts.append(error_flag.long())
     return torch.cat(parts)
