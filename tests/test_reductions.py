@@ -1,13 +1,13 @@
-"""The block-wide argmax by warp shuffles (kernels/reductions.block_argmax_or) gives every thread the
-block's best value, its lowest index on ties, and the OR of the flags, across warps (the simulator
-and the GPU alike)."""
+"""The block-wide reductions by warp shuffles (kernels/reductions.py): block_argmax_or gives every thread
+the block's best value, its lowest index on ties, and the OR of the flags, across warps;
+block_sum_tree_order gives tree_sum's very bits (the simulator and the GPU alike)."""
 import pytest
 import torch
 from numba import float32, int64
 
 from protospec.kernels import interop
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE, cuda
-from protospec.kernels.reductions import block_argmax_or
+from protospec.kernels.reductions import block_argmax_or, block_sum_tree_order, tree_sum
 
 DEV = KERNEL_DEVICE_TYPE
 WIDTH = 64  # two warps: the merge across warps runs even in the simulator
@@ -47,3 +47,30 @@ def test_every_thread_gets_the_best_lowest_index_and_the_or(seed):
     got_values, got_indices, got_flags = _run(values, indices, flags.clone())
     assert (got_values[0] == 9.0).all() and (got_indices[0] == 70).all() and (got_flags[0] == 1).all()
     assert (got_values[1] == 7.0).all() and (got_indices[1] == 4).all() and (got_flags[1] == 0).all()
+
+
+SUM_WIDTH = 128  # four warps: two of the tree's levels cross warps before the shuffles
+
+
+@cuda.jit
+def _sums(values, width, by_shuffles, by_tree):
+    """Every thread's block_sum_tree_order result, and tree_sum's, over the first `width` threads."""
+    tid = cuda.threadIdx.x
+    scratch = cuda.shared.array(SUM_WIDTH, float32)
+    by_shuffles[tid] = block_sum_tree_order(values[tid], scratch, tid, width)
+    cuda.syncthreads()
+    scratch[tid] = values[tid]
+    cuda.syncthreads()
+    tree_sum(scratch, tid, width)
+    by_tree[0] = scratch[0]
+
+
+@pytest.mark.parametrize("width", [32, 128])
+def test_the_shuffle_sum_has_the_trees_bits(width):
+    # Normal values of one scale: their float32 sum's last bits depend on the order of the additions
+    # (these seeds' do: the same shuffles in ascending lane order give other bits)
+    values = torch.randn(width, generator=torch.Generator().manual_seed(1))
+    by_shuffles, by_tree = torch.empty(width, device=DEV), torch.empty(1, device=DEV)
+    interop.launch_tensors(_sums, 1, width, [values.to(DEV), width, by_shuffles, by_tree])
+    by_shuffles, by_tree = by_shuffles.cpu(), by_tree.cpu()
+    assert (by_shuffles.view(torch.int32) == by_tree.view(torch.int32)).all()  # bit for bit, in every thread

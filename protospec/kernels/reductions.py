@@ -85,3 +85,29 @@ def block_argmax_or(value, index, flag, value_slots, index_slots, flag_slots, ti
             value, index = value_slots[w], index_slots[w]
         flag = flag | flag_slots[w]
     return value, index, flag
+
+
+@cuda.jit(device=True)
+def block_sum_tree_order(value, scratch, tid, width):
+    """The sum of the block's `width` threads' values, in every thread, with tree_sum's exact bits: the
+    tree's levels across warps in shared memory, then its levels inside warp 0 as xor shuffles (at
+    stride s lane t < s adds lane t ^ s = t + s, the tree's very pair; a + b == b + a bit for bit), so
+    log2(32) of its barriers go. scratch: shared, [width]."""
+    scratch[tid] = value
+    cuda.syncthreads()
+    stride = width // 2
+    while stride >= WARP:
+        if tid < stride:
+            scratch[tid] += scratch[tid + stride]
+        cuda.syncthreads()
+        stride //= 2
+    value = scratch[tid]
+    lane_mask = min(width, WARP) // 2
+    while lane_mask > 0:  # every thread takes part (the simulator's exchange is block-wide); warp 0 counts
+        value += xor_exchange(value, lane_mask, scratch, tid)
+        lane_mask //= 2
+    cuda.syncthreads()  # the simulator's exchanges read the scratch
+    if tid == 0:
+        scratch[0] = value
+    cuda.syncthreads()
+    return scratch[0]

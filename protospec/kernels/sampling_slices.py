@@ -12,7 +12,7 @@ from numba import float32, int64
 from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import cuda
-from protospec.kernels.reductions import block_argmax_or, tree_sum
+from protospec.kernels.reductions import block_argmax_or, block_sum_tree_order
 
 # Threads per block (a power of two, for the tree reductions) and vocabulary entries per block: on a
 # GPU 2 entries a thread, so a 32000-entry row spreads over 63 blocks (at 8 a thread its 16 blocks
@@ -39,11 +39,9 @@ def block_argmax(value, index, best_value, best_index, no_flags, tid):
 
 @cuda.jit(device=True)
 def block_sum(value, scratch, tid):
-    """The sum of the block's threads' values, in every thread."""
-    scratch[tid] = value
-    cuda.syncthreads()
-    tree_sum(scratch, tid, THREADS)
-    total = scratch[0]
+    """The sum of the block's threads' values, in every thread (tree_sum's bits, fewer barriers); the
+    trailing barrier lets the caller reuse the scratch at once."""
+    total = block_sum_tree_order(value, scratch, tid, THREADS)
     cuda.syncthreads()
     return total
 
