@@ -136,6 +136,24 @@ def test_the_on_off_switches_reach_the_engine(tiny_target, tiny_draft, off):
     assert engine.spec_step.commit_policy.at_begin is (not off)
 
 
+@pytest.mark.parametrize("flipped", [False, True], ids=["defaults", "flipped"])
+def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
+    """Each process-wide kernel form follows its flag: the measured defaults, and every one flipped."""
+    from protospec.bench.args import build_parser
+    from protospec.bench.kernel_forms import apply_kernel_forms
+    from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling, verify_inputs
+
+    switches = [(sampling, "LAUNCHES"), (dependent_launch, "STEP_KERNELS"), (gemv_mma, "PREFETCH_NORM"),
+                (attention_mma, "EARLY_LOADS"), (verify_inputs, "ALLOW_DEPENDENTS")]
+    for module, name in switches:  # restored after the test
+        monkeypatch.setattr(module, name, getattr(module, name))
+    flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
+             "--attention-early-loads", "off", "--verify-inputs-allow", "on"] if flipped else []
+    apply_kernel_forms(build_parser().parse_args(flags))
+    got = [getattr(module, name) for module, name in switches]
+    assert got == (["one", False, False, False, True] if flipped else ["two", True, True, True, False])
+
+
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])
 def test_draft_equals_target_flag(flag):
     from protospec.bench.args import build_parser, resolve_args

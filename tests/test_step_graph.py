@@ -31,12 +31,21 @@ def _first_step(rows, width, block_size, lengths, last_tokens, tables):
     return first
 
 
-WAYS = [pytest.param(True, id="kernel"), pytest.param(False, id="torch_twin")]
+WAYS = ["kernel", "torch_twin", "kernel_allowing"]
 
 
-@pytest.mark.parametrize("use_kernel", WAYS)
+def _build(way, monkeypatch, first, drafts, verify, rows, width, error):
+    """build_verify_inputs the given way; "kernel_allowing": the form that lets a dependent start at once."""
+    from protospec.kernels import verify_inputs
+
+    monkeypatch.setattr(verify_inputs, "ALLOW_DEPENDENTS", way == "kernel_allowing")
+    build_verify_inputs(first, drafts, verify, rows, width, error, use_kernel=way != "torch_twin",
+                        allow_dependents=way == "kernel_allowing")
+
+
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("batch,rows,k,block_size", [(1, 1, 5, 16), (3, 4, 4, 4), (6, 8, 2, 8)])
-def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows, k, block_size, use_kernel):
+def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows, k, block_size, way, monkeypatch):
     rng = random.Random(batch * 10 + k)
     free = list(range(1, 500))
     rng.shuffle(free)
@@ -49,7 +58,7 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     verify = PersistentInputs("verify", rows, k + 1, width, k + 1, block_size, KERNEL_DEVICE)
     verify.slot_mapping.fill_(123)  # stale slots a padding row must not keep
     error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
-    build_verify_inputs(first, drafts, verify, rows, width, error, use_kernel=use_kernel)
+    _build(way, monkeypatch, first, drafts, verify, rows, width, error)
 
     cpu = prepare_inputs([[t] + drafts[r].tolist() for r, t in enumerate(last)], [n - 1 for n in lengths], tables,
                          block_size, k + 1, torch.device("cpu"), width)
@@ -63,15 +72,15 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     assert error.item() == 0
 
 
-@pytest.mark.parametrize("use_kernel", WAYS)
-def test_verify_inputs_flag_a_position_past_the_table(use_kernel):
+@pytest.mark.parametrize("way", WAYS)
+def test_verify_inputs_flag_a_position_past_the_table(way, monkeypatch):
     block_size, k = 4, 3
     tables = [[5, 6, 7], [8, NULL_BLOCK, NULL_BLOCK]]  # row 1 holds 4 positions only
     lengths, last = [6, 3], [11, 12]
     first = _first_step(2, 3, block_size, lengths, last, tables)
     verify = PersistentInputs("verify", 2, k + 1, 3, k + 1, block_size, KERNEL_DEVICE)
     error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
-    build_verify_inputs(first, torch.full((2, k), 7, device=KERNEL_DEVICE), verify, 2, 3, error, use_kernel=use_kernel)
+    _build(way, monkeypatch, first, torch.full((2, k), 7, device=KERNEL_DEVICE), verify, 2, 3, error)
     assert error.item() == 2  # row 1, + 1
     assert verify.slot_mapping[k + 1 :].tolist() == [8 * 4 + 2, 8 * 4 + 3, PAD_SLOT_ID, PAD_SLOT_ID]
     assert verify.slot_mapping[: k + 1].tolist() == [6 * 4 + 1, 6 * 4 + 2, 6 * 4 + 3, 7 * 4 + 0]
@@ -141,3 +150,39 @@ def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_ta
         assert bm.num_free_blocks == bm.num_usable_blocks
     assert outs[None] == outs[False]
     assert counters[None]["spec_step_graph"] > 0 and "spec_step_graph" not in counters[False]
+
+
+@pytest.mark.parametrize("asked,switch", [(False, True), (True, False), (True, True)])
+def test_the_allowing_verify_kernel_goes_out_only_when_asked_and_switched_on(asked, switch, monkeypatch):
+    """The step graph asks for it where the verify's forward is launched as dependents; the module switch
+    (off until timed) must also be on."""
+    from protospec.kernels import interop, verify_inputs
+
+    launched = []
+    monkeypatch.setattr(interop, "launch_tensors", lambda kernel, grid, block, args, dependent=False: launched.append(kernel))
+    monkeypatch.setattr(verify_inputs, "ALLOW_DEPENDENTS", switch)
+    first = _first_step(1, 2, 4, [5], [9], [[3, 4]])
+    verify = PersistentInputs("verify", 1, 3, 2, 3, 4, KERNEL_DEVICE)
+    build_verify_inputs(first, torch.full((1, 2), 7, device=KERNEL_DEVICE), verify, 1, 2,
+                        torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE), use_kernel=True, allow_dependents=asked)
+    assert launched == [verify_inputs._verify_kernel(asked and switch)]
+    assert verify_inputs._verify_kernel(True) is not verify_inputs._verify_kernel(False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
+def test_the_allowing_verify_kernel_keeps_the_step_graphs_tokens(tiny_target, tiny_draft, monkeypatch):
+    """With the verify's first GEMV started during the input kernel (its wait before it reads the
+    tokens), the step graph's tokens stay the stage-by-stage step's."""
+    from protospec.kernels import verify_inputs
+
+    prompts = random_prompts(3, seed=7)
+    params = SamplingParams(temperature=1.0, max_tokens=40, seed=5, ignore_eos=True)
+    outs = {}
+    for allow in (False, True):
+        monkeypatch.setattr(verify_inputs, "ALLOW_DEPENDENTS", allow)
+        llm = tiny_llm(tiny_target, tiny_draft, k=4, device="cuda", dtype="float16", draft_loop="graph",
+                       spec_step_graph=None if allow else False)
+        outs[allow] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert not allow or llm.counters["draft"]["spec_step_graph"] > 0
+    assert outs[True] == outs[False]

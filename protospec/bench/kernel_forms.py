@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling
+from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling, verify_inputs
 
 ON_OFF_CHOICES = ["on", "off"]
 
@@ -23,6 +23,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-early-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core attention, launched as a dependent, loads the positions, table entries "
                         "and a first tile of older keys before its wait (same bits; default: %(default)s)")
+    p.add_argument("--verify-inputs-allow", default="off", choices=ON_OFF_CHOICES,
+                   help="in the step graph, the kernel that builds the verify's inputs lets the verify's first GEMV "
+                        "(a programmatic dependent) start at once, its weight loads overlapping it (sm_90; "
+                        "default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
@@ -36,6 +40,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     dependent_launch.STEP_KERNELS = args.step_kernels_dependent == "on"
     gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
     attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
+    verify_inputs.ALLOW_DEPENDENTS = args.verify_inputs_allow == "on"
 
 
 def engine_switches(args: argparse.Namespace) -> dict:

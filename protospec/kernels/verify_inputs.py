@@ -9,66 +9,89 @@ One thread per verify token (row r, offset i in 0..k). For a real row (L' = firs
 and thread i = 0 writes seq_lens[r] = L' + k and copies the row's first `width` table entries. A
 padding row (L' = 0) gets token 0, position 0, slot -1 and seq_len 0. A position past `width` or on the
 null block gets slot -1 and sets error_row to row + 1, as advance_step and first_draft_step do.
+
+With ALLOWS (sm_90 and later) the kernel lets its dependent start at once: the verify's first GEMV,
+launched as a programmatic dependent (kernels/dependent_launch.py), then has its weight loads in
+flight during this kernel and waits for it before reading the tokens it wrote. The kernel itself is
+an ordinary launch, so every kernel before it has completed when that dependent starts.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from protospec.layout import PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
+from protospec.kernels.dependent_launch import allow_dependent_launch
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.slot_lookup import slot_or_flag
 
+# Callers that launch the verify's forward as dependents ask for the allowing form only with this on:
+# off until timed (bench and kernel_census: --verify-inputs-allow on); set before any graph is captured.
+ALLOW_DEPENDENTS = False
 
-@cuda.jit
-def verify_inputs_kernel(block_size, width, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
-                         input_ids, positions, slot_mapping, seq_lens, block_tables, error_row):
-    """
-    block_size          int64 scalar
-    width               int64 scalar            table columns in use (<= both tables' widths)
-    first_input_ids     [2 * rows] int64        draft step 1's tokens: t_{L'-2}, t_{L'-1} per row
-    first_seq_lens      [rows] int32            L' per row, 0 on padding rows
-    first_block_tables  [rows, max_blocks] int32
-    draft_ids           [rows, k] int64
-    input_ids           [rows * (k + 1)] int64  out
-    positions           [rows * (k + 1)] int64  out
-    slot_mapping        [rows * (k + 1)] int64  out, -1 = skip
-    seq_lens            [rows] int32            out: L' + k
-    block_tables        [rows, verify_blocks] int32   out: the first `width` columns
-    error_row           [1] int32               out: row + 1 of a position the table cannot hold
-    """
-    t = cuda.grid(1)
-    k = draft_ids.shape[1]
-    q = k + 1
-    if t >= input_ids.shape[0]:
-        return
-    row = t // q
-    i = t - row * q
-    length = first_seq_lens[row]
-    if length == 0:
-        input_ids[t] = 0
-        positions[t] = 0
-        slot_mapping[t] = PAD_SLOT_ID
+@functools.lru_cache(maxsize=None)
+def _verify_kernel(ALLOWS: bool):  # noqa: N803 (Numba freezes it as a constant)
+    """The kernel; ALLOWS: it lets a programmatic dependent start as soon as it begins."""
+
+    @cuda.jit
+    def verify_inputs_kernel(block_size, width, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
+                             input_ids, positions, slot_mapping, seq_lens, block_tables, error_row):
+        """
+        block_size          int64 scalar
+        width               int64 scalar            table columns in use (<= both tables' widths)
+        first_input_ids     [2 * rows] int64        draft step 1's tokens: t_{L'-2}, t_{L'-1} per row
+        first_seq_lens      [rows] int32            L' per row, 0 on padding rows
+        first_block_tables  [rows, max_blocks] int32
+        draft_ids           [rows, k] int64
+        input_ids           [rows * (k + 1)] int64  out
+        positions           [rows * (k + 1)] int64  out
+        slot_mapping        [rows * (k + 1)] int64  out, -1 = skip
+        seq_lens            [rows] int32            out: L' + k
+        block_tables        [rows, verify_blocks] int32   out: the first `width` columns
+        error_row           [1] int32               out: row + 1 of a position the table cannot hold
+        """
+        if ALLOWS:
+            allow_dependent_launch()
+        t = cuda.grid(1)
+        k = draft_ids.shape[1]
+        q = k + 1
+        if t >= input_ids.shape[0]:
+            return
+        row = t // q
+        i = t - row * q
+        length = first_seq_lens[row]
+        if length == 0:
+            input_ids[t] = 0
+            positions[t] = 0
+            slot_mapping[t] = PAD_SLOT_ID
+            if i == 0:
+                seq_lens[row] = 0
+            return
+        token = first_input_ids[2 * row + 1]
+        if i > 0:
+            token = draft_ids[row, i - 1]
+        pos = length - 1 + i
+        input_ids[t] = token
+        positions[t] = pos
+        slot_mapping[t] = slot_or_flag(first_block_tables, row, pos, width, block_size, error_row)
         if i == 0:
-            seq_lens[row] = 0
-        return
-    token = first_input_ids[2 * row + 1]
-    if i > 0:
-        token = draft_ids[row, i - 1]
-    pos = length - 1 + i
-    input_ids[t] = token
-    positions[t] = pos
-    slot_mapping[t] = slot_or_flag(first_block_tables, row, pos, width, block_size, error_row)
-    if i == 0:
-        seq_lens[row] = length + k
-    for j in range(i, width, q):  # the row's k + 1 threads share the table's copy (a load an entry)
-        block_tables[row, j] = first_block_tables[row, j]
+            seq_lens[row] = length + k
+        for j in range(i, width, q):  # the row's k + 1 threads share the table's copy (a load an entry)
+            block_tables[row, j] = first_block_tables[row, j]
 
+    return verify_inputs_kernel
+
+
+verify_inputs_kernel = _verify_kernel(False)
 
 def verify_inputs(block_size: int, width: int, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
-                  input_ids, positions, slot_mapping, seq_lens, block_tables, error_row) -> None:
-    """Check the arguments (rows = first_seq_lens' length), then one launch of rows * (k + 1) threads."""
+                  input_ids, positions, slot_mapping, seq_lens, block_tables, error_row,
+                  allow_dependents: bool = False) -> None:
+    """Check the arguments (rows = first_seq_lens' length), then one launch of rows * (k + 1) threads.
+    allow_dependents: the kernel form that lets the next kernel (a programmatic dependent) start at once."""
     check_tensor("first_seq_lens", first_seq_lens, torch.int32, 1)
     rows = first_seq_lens.shape[0]
     check_tensor("draft_ids", draft_ids, torch.int64, 2, rows=rows)
@@ -84,6 +107,6 @@ def verify_inputs(block_size: int, width: int, first_input_ids, first_seq_lens, 
     if not 0 < width <= widest:
         raise KernelArgumentError(f"verify_inputs: width {width} outside 1..{widest} (the narrower of the two block tables)")
     grid, block = interop.launch_config(rows * q)
-    interop.launch_tensors(verify_inputs_kernel, grid, block,
+    interop.launch_tensors(_verify_kernel(bool(allow_dependents) and ALLOW_DEPENDENTS), grid, block,
                            [block_size, width, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
                             input_ids, positions, slot_mapping, seq_lens, block_tables, error_row])

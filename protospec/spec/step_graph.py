@@ -86,7 +86,8 @@ class SpecStepGraph:
     def _record(self) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
         d, rows, k = self.draft, self.rows, self.k
         d.steps()
-        build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row)
+        build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row,
+                            allow_dependents=self.target.launches_dependents)
         v = self.verify.view(rows, self.width)
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
         probs = target_probs(logits, d.st, k + 1, self.fused,
