@@ -1,16 +1,18 @@
 """The block-wide reductions by warp shuffles (kernels/reductions.py): block_argmax_or gives every thread
 the block's best value, its lowest index on ties, and the OR of the flags, across warps;
-block_sum_tree_order gives tree_sum's very bits (the simulator and the GPU alike)."""
+block_sum_tree_order gives tree_sum's very bits (the simulator and the GPU alike). In the simulator each
+test runs the shuffles (SHUFFLE_LANES = 32) and the slots-only form the simulator uses by default."""
 import pytest
 import torch
 from numba import float32, int64
 
-from protospec.kernels import interop
+from protospec.kernels import interop, reductions
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE, cuda
 from protospec.kernels.reductions import block_argmax_or, block_sum_tree_order, tree_sum
 
 DEV = KERNEL_DEVICE_TYPE
 WIDTH = 64  # two warps: the merge across warps runs even in the simulator
+LANES = [pytest.param(32, id="shuffles"), pytest.param(1, id="slots_only")]
 
 
 @cuda.jit
@@ -33,8 +35,10 @@ def _run(values, indices, flags):
     return [t.cpu() for t in out]
 
 
+@pytest.mark.parametrize("lanes", LANES)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_every_thread_gets_the_best_lowest_index_and_the_or(seed):
+def test_every_thread_gets_the_best_lowest_index_and_the_or(seed, lanes, monkeypatch):
+    monkeypatch.setattr(reductions, "SHUFFLE_LANES", lanes)
     gen = torch.Generator().manual_seed(seed)
     values = torch.randint(0, 5, (2, WIDTH), generator=gen).float()  # few distinct values: many ties
     indices = torch.randperm(2 * WIDTH, generator=gen)[: 2 * WIDTH].view(2, WIDTH)
@@ -65,8 +69,10 @@ def _sums(values, width, by_shuffles, by_tree):
     by_tree[0] = scratch[0]
 
 
+@pytest.mark.parametrize("lanes", LANES)
 @pytest.mark.parametrize("width", [32, 128])
-def test_the_shuffle_sum_has_the_trees_bits(width):
+def test_the_shuffle_sum_has_the_trees_bits(width, lanes, monkeypatch):
+    monkeypatch.setattr(reductions, "SHUFFLE_LANES", lanes)
     # Normal values of one scale: their float32 sum's last bits depend on the order of the additions
     # (these seeds' do: the same shuffles in ascending lane order give other bits)
     values = torch.randn(width, generator=torch.Generator().manual_seed(1))

@@ -74,12 +74,13 @@ def test_more_positions_than_threads_match_the_reference(greedy):
 
 def test_blocks_of_several_warps_match_the_reference(monkeypatch):
     """The warps' partial results merged through shared slots (the first failure, the passed count, the
-    races): the simulator reads the block width at run time, so two warps of 32 there (8 on a GPU), and
-    k = 40 puts draft positions in the second warp."""
-    from protospec.kernels import interop, rejection
+    races): the simulator reads the block width and the shuffle width at run time, so two warps of 32
+    there (8 on a GPU), and k = 40 puts draft positions in the second warp."""
+    from protospec.kernels import interop, reductions, rejection
 
     if interop.SIMULATOR:
         monkeypatch.setattr(rejection, "THREADS", 64)
+        monkeypatch.setattr(reductions, "SHUFFLE_LANES", 32)  # the GPU's shuffles, emulated
     uniforms = torch.zeros(1, 40)  # u = 0 passes wherever p > 0 ...
     uniforms[0, 37] = 1.0          # ... and u = 1 fails where p == q: the first failure in the second warp
     args = _case(9, 1, 40, 130, uniforms=uniforms)

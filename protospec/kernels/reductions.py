@@ -55,7 +55,13 @@ else:
         return cuda.shfl_xor_sync(0xFFFFFFFF, value, lane_mask)
 
 
+
 WARP = 32
+# Lanes that combine by shuffles before the slots' merge. The simulator emulates each shuffle with two
+# block barriers (one OS thread per lane), so there every thread writes its own slot and each merges
+# them all: the same results (argmax and min are order-free; block_sum_tree_order keeps the tree's
+# order at any width) at simulator speed. Tests set it to WARP to run the shuffles in the simulator.
+SHUFFLE_LANES = 1 if interop.SIMULATOR else WARP
 
 
 @cuda.jit(device=True)
@@ -64,9 +70,9 @@ def block_argmax_or(value, index, flag, value_slots, index_slots, flag_slots, ti
     of their flags, returned in every thread. Shuffles inside each warp, then every thread merges the
     warps' winners from shared slots: two barriers where tree_argmax needs log2(width). The slots
     (shared, [width] each) may be reused once every thread has returned; the leading barrier guards
-    the previous call's reads. A width under a warp (the simulator's narrow test blocks) is one group."""
+    the previous call's reads."""
     cuda.syncthreads()
-    lanes = min(width, WARP)
+    lanes = min(width, SHUFFLE_LANES)
     lane_mask = lanes // 2
     while lane_mask > 0:
         other_value = xor_exchange(value, lane_mask, value_slots, tid)
@@ -88,6 +94,27 @@ def block_argmax_or(value, index, flag, value_slots, index_slots, flag_slots, ti
 
 
 @cuda.jit(device=True)
+def block_min_and_sum(low, total, low_slots, total_slots, tid, width):
+    """The smallest `low` and the sum of `total` (int64s) over the block's `width` threads, in every
+    thread: as block_argmax_or, shuffles inside each warp, then one merge of the warps' from the slots."""
+    cuda.syncthreads()
+    lanes = min(width, SHUFFLE_LANES)
+    lane_mask = lanes // 2
+    while lane_mask > 0:
+        low = min(low, xor_exchange(low, lane_mask, low_slots, tid))
+        total += xor_exchange(total, lane_mask, total_slots, tid)
+        lane_mask //= 2
+    cuda.syncthreads()  # the simulator's exchanges read the slots
+    if tid % lanes == 0:
+        low_slots[tid // lanes], total_slots[tid // lanes] = low, total
+    cuda.syncthreads()
+    low, total = low_slots[0], total_slots[0]
+    for w in range(1, width // lanes):
+        low, total = min(low, low_slots[w]), total + total_slots[w]
+    return low, total
+
+
+@cuda.jit(device=True)
 def block_sum_tree_order(value, scratch, tid, width):
     """The sum of the block's `width` threads' values, in every thread, with tree_sum's exact bits: the
     tree's levels across warps in shared memory, then its levels inside warp 0 as xor shuffles (at
@@ -95,14 +122,15 @@ def block_sum_tree_order(value, scratch, tid, width):
     log2(32) of its barriers go. scratch: shared, [width]."""
     scratch[tid] = value
     cuda.syncthreads()
+    lanes = min(width, SHUFFLE_LANES)
     stride = width // 2
-    while stride >= WARP:
+    while stride >= lanes and stride > 0:
         if tid < stride:
             scratch[tid] += scratch[tid + stride]
         cuda.syncthreads()
         stride //= 2
     value = scratch[tid]
-    lane_mask = min(width, WARP) // 2
+    lane_mask = lanes // 2
     while lane_mask > 0:  # every thread takes part (the simulator's exchange is block-wide); warp 0 counts
         value += xor_exchange(value, lane_mask, scratch, tid)
         lane_mask //= 2

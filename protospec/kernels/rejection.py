@@ -31,7 +31,7 @@ from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
-from protospec.kernels.reductions import WARP, block_argmax_or, xor_exchange
+from protospec.kernels.reductions import block_argmax_or, block_min_and_sum
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 # Threads per block (a power of two, for the tree reduction) and vocabulary entries per block. The
@@ -51,27 +51,6 @@ def _better(value, index, best_value, best_index):
 def _block_best(value, index, flag, best_value, best_index, flags, tid):
     """The block's best (value, index) (ties to the lowest index) and the OR of its flags, in every thread."""
     return block_argmax_or(value, index, flag, best_value, best_index, flags, tid, THREADS)
-
-
-@cuda.jit(device=True)
-def _first_failed_and_passes(failed, passes, failed_slots, pass_slots, tid):
-    """The block's smallest `failed` and its sum of `passes` (int64s), in every thread: shuffles inside
-    each warp, then every thread merges the warps' from shared slots ([THREADS] each)."""
-    cuda.syncthreads()
-    lanes = min(THREADS, WARP)
-    lane_mask = lanes // 2
-    while lane_mask > 0:
-        failed = min(failed, xor_exchange(failed, lane_mask, failed_slots, tid))
-        passes += xor_exchange(passes, lane_mask, pass_slots, tid)
-        lane_mask //= 2
-    cuda.syncthreads()  # the simulator's exchanges read the slots
-    if tid % lanes == 0:
-        failed_slots[tid // lanes], pass_slots[tid // lanes] = failed, passes
-    cuda.syncthreads()
-    failed, passes = failed_slots[0], pass_slots[0]
-    for w in range(1, THREADS // lanes):
-        failed, passes = min(failed, failed_slots[w]), passes + pass_slots[w]
-    return failed, passes
 
 
 @cuda.jit
@@ -113,7 +92,7 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
             passes += 1
         elif failed == k:
             failed = i
-    n, passes = _first_failed_and_passes(failed, passes, best_index, flags, tid)
+    n, passes = block_min_and_sum(failed, passes, best_index, flags, tid, THREADS)
     if piece == 0:
         for i in range(tid, k, THREADS):
             accepted_mask[row, i] = i < n
