@@ -65,6 +65,12 @@ SHUFFLE_LANES = 1 if interop.SIMULATOR else WARP
 
 
 @cuda.jit(device=True)
+def better(value, index, best_value, best_index):
+    """value at index beats the best so far: larger, or equal at a lower index (torch.argmax's rule)."""
+    return value > best_value or (value == best_value and index < best_index)
+
+
+@cuda.jit(device=True)
 def block_argmax_or(value, index, flag, value_slots, index_slots, flag_slots, tid, width):
     """The best (value, index) over the block's `width` threads (ties to the lowest index) and the OR
     of their flags, returned in every thread. Shuffles inside each warp, then every thread merges the
@@ -78,7 +84,7 @@ def block_argmax_or(value, index, flag, value_slots, index_slots, flag_slots, ti
         other_value = xor_exchange(value, lane_mask, value_slots, tid)
         other_index = xor_exchange(index, lane_mask, index_slots, tid)
         flag = flag | xor_exchange(flag, lane_mask, flag_slots, tid)
-        if other_value > value or (other_value == value and other_index < index):
+        if better(other_value, other_index, value, index):
             value, index = other_value, other_index
         lane_mask //= 2
     cuda.syncthreads()  # the simulator's exchanges read the slots
@@ -87,7 +93,7 @@ def block_argmax_or(value, index, flag, value_slots, index_slots, flag_slots, ti
     cuda.syncthreads()
     value, index, flag = value_slots[0], index_slots[0], flag_slots[0]
     for w in range(1, width // lanes):
-        if value_slots[w] > value or (value_slots[w] == value and index_slots[w] < index):
+        if better(value_slots[w], index_slots[w], value, index):
             value, index = value_slots[w], index_slots[w]
         flag = flag | flag_slots[w]
     return value, index, flag

@@ -31,7 +31,7 @@ from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
-from protospec.kernels.reductions import block_argmax_or, block_min_and_sum
+from protospec.kernels.reductions import better, block_argmax_or, block_min_and_sum
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 # Threads per block (a power of two, for the tree reduction) and vocabulary entries per block. The
@@ -39,12 +39,6 @@ from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 # several blocks.
 THREADS = 32 if interop.SIMULATOR else 256
 VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
-
-
-@cuda.jit(device=True)
-def _better(value, index, best_value, best_index):
-    """value at index beats the best so far: larger, or equal at a lower index (torch.argmax's rule)."""
-    return value > best_value or (value == best_value and index < best_index)
 
 
 @cuda.jit(device=True)
@@ -128,13 +122,13 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
         value, index, mass = float32(-1.0), int64(vocab), int64(0)
         for s in range(tid, slices, THREADS):
             mass = mass | part_mass[row, s]
-            if _better(part_value[row, s, 0], part_index[row, s, 0], value, index):
+            if better(part_value[row, s, 0], part_index[row, s, 0], value, index):
                 value, index = part_value[row, s, 0], part_index[row, s, 0]
         value, index, mass = _block_best(value, index, mass, best_value, best_index, flags, tid)
         if n < k and mass == 0:  # the residual was zero everywhere: race over p_n itself
             value, index = float32(-1.0), int64(vocab)
             for s in range(tid, slices, THREADS):
-                if _better(part_value[row, s, 1], part_index[row, s, 1], value, index):
+                if better(part_value[row, s, 1], part_index[row, s, 1], value, index):
                     value, index = part_value[row, s, 1], part_index[row, s, 1]
             index = _block_best(value, index, 0, best_value, best_index, flags, tid)[1]
         for i in range(tid, k + 1, THREADS):

@@ -12,7 +12,7 @@ from numba import float32, int64
 from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import cuda
-from protospec.kernels.reductions import block_argmax_or, block_sum_tree_order
+from protospec.kernels.reductions import better, block_argmax_or, block_sum_tree_order
 
 # Threads per block (a power of two, for the tree reductions) and vocabulary entries per block: on a
 # GPU 2 entries a thread, so a 32000-entry row spreads over 63 blocks (at 8 a thread its 16 blocks
@@ -20,12 +20,6 @@ from protospec.kernels.reductions import block_argmax_or, block_sum_tree_order
 # runs a Python thread per CUDA thread: a narrow block, and small slices so its tests span several blocks.
 THREADS = 32 if interop.SIMULATOR else 256
 VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
-
-
-@cuda.jit(device=True)
-def better(value, index, best_value, best_index):
-    """value at index beats the best so far: larger, or equal at a lower index (torch.argmax's rule)."""
-    return value > best_value or (value == best_value and index < best_index)
 
 
 @cuda.jit(device=True)
