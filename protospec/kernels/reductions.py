@@ -1,7 +1,8 @@
-"""Block-wide tree reductions in shared memory, shared by the kernels (device functions).
+"""Block-wide reductions shared by the kernels (device functions): a tree in shared memory, and
+argmax / min / sum forms that combine inside each warp by shuffles before one merge of the warps.
 
 `width` is the number of threads taking part, a power of two; every thread of the block must call
-(they synchronise). The result lands in slot 0.
+(they synchronise).
 """
 from __future__ import annotations
 
@@ -16,24 +17,6 @@ def tree_sum(values, tid, width):
     while stride > 0:
         if tid < stride:
             values[tid] += values[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-
-
-@cuda.jit(device=True)
-def tree_argmax(best_value, best_index, flags, tid, width):
-    """(best_value[0], best_index[0]) = the largest value and its index, ties to the lowest index
-    (torch.argmax's rule); flags[0] = 1 if any flags[:width] is non-zero (an OR riding along)."""
-    stride = width // 2
-    while stride > 0:
-        if tid < stride:
-            other = tid + stride
-            if best_value[other] > best_value[tid] or (best_value[other] == best_value[tid]
-                                                       and best_index[other] < best_index[tid]):
-                best_value[tid] = best_value[other]
-                best_index[tid] = best_index[other]
-            if flags[other] != 0:
-                flags[tid] = 1
         cuda.syncthreads()
         stride //= 2
 
@@ -74,7 +57,7 @@ def better(value, index, best_value, best_index):
 def block_argmax_or(value, index, flag, value_slots, index_slots, flag_slots, tid, width):
     """The best (value, index) over the block's `width` threads (ties to the lowest index) and the OR
     of their flags, returned in every thread. Shuffles inside each warp, then every thread merges the
-    warps' winners from shared slots: two barriers where tree_argmax needs log2(width). The slots
+    warps' winners from shared slots: two barriers where a shared-memory tree needs log2(width). The slots
     (shared, [width] each) may be reused once every thread has returned; the leading barrier guards
     the previous call's reads."""
     cuda.syncthreads()

@@ -70,9 +70,8 @@ def _kernels(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         seq = row // rows_per_seq
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)
-        no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots, unused here
+        no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots (it writes them), unused here
         last = cuda.shared.array(1, int32)
-        no_flags[tid] = 0
         t = temperature[seq]
         slice_stats(logits, row, piece, t, is_greedy[seq], part_max, part_index, part_sum, best_value, best_index,
                     no_flags, tid)
@@ -103,7 +102,6 @@ def _kernels(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         best_index = cuda.shared.array(THREADS, int64)
         no_flags = cuda.shared.array(THREADS, int64)
         last = cuda.shared.array(1, int32)
-        no_flags[tid] = 0
         greedy, chosen = is_greedy[seq], row_index[row]
         if slice_probs(logits, row, piece, temperature[seq], greedy, row_max[row], chosen, row_sum[row], probs_out,
                        out_step, do_sample, noise, part_max, part_index, counters, best_value, best_index, no_flags,

@@ -33,9 +33,8 @@ def sample_one_launch_kernel(logits, temperature, is_greedy, rows_per_seq, probs
     tid = cuda.threadIdx.x
     best_value = cuda.shared.array(THREADS, float32)
     best_index = cuda.shared.array(THREADS, int64)
-    no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots, unused here
+    no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots (it writes them), unused here
     last = cuda.shared.array(1, int32)
-    no_flags[tid] = 0
     for item in range(cuda.blockIdx.x, items, cuda.gridDim.x):
         row, piece = item // slices, item % slices
         seq = row // rows_per_seq
