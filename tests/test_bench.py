@@ -144,14 +144,17 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
     from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling, verify_inputs
 
     switches = [(sampling, "LAUNCHES"), (dependent_launch, "STEP_KERNELS"), (gemv_mma, "PREFETCH_NORM"),
-                (attention_mma, "EARLY_LOADS"), (verify_inputs, "ALLOW_DEPENDENTS")]
+                (attention_mma, "EARLY_LOADS"), (verify_inputs, "ALLOW_DEPENDENTS"), (gemv_mma, "LM_HEAD_MAX_REGISTERS"),
+                (gemv_mma, "LM_HEAD_PREFETCH_NORM"), (gemv_mma, "SECTOR_WORDS")]
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
     flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
-             "--attention-early-loads", "off", "--verify-inputs-allow", "on"] if flipped else []
+             "--attention-early-loads", "off", "--verify-inputs-allow", "on", "--lm-head-max-registers", "128",
+             "--lm-head-prefetch-norm", "off", "--gemv-sector-words", "on"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
-    assert got == (["one", False, False, False, True] if flipped else ["two", True, True, True, False])
+    assert got == (["one", False, False, False, True, 128, False, True] if flipped
+                   else ["two", True, True, True, False, 0, True, False])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

@@ -20,18 +20,34 @@ from protospec.kernels.interop import check_tensor
 # for the plain order); set before any graph is captured.
 PREFETCH_NORM = True
 
+# Which words of a row chunk each lane loads (gemv_mma_kernel.py's layout): False, a lane's four words
+# contiguous; True, each load instruction reads whole 32-byte sectors across the lane group. Other bits
+# (the columns meet the products in another order). Set before any graph is captured (bench and
+# kernel_census: --gemv-sector-words).
+SECTOR_WORDS = False
+
+# The LM head is the one linear launched with more blocks than fit on the GPU at once (2000 blocks of
+# 16 vocabulary rows): they run in waves of (blocks an SM holds) x SMs, each wave a whole chain of
+# loads, norm and products. Its registers a thread (0: the compiler's choice) and its norm-weight
+# prefetch (which gains only in the first wave, and costs registers) set how many blocks an SM holds.
+# Set before any graph is captured (bench and kernel_census: --lm-head-max-registers, --lm-head-prefetch-norm).
+LM_HEAD_MAX_REGISTERS = 0
+LM_HEAD_PREFETCH_NORM = True
+
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
              x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16,
-             dependent_launch: bool = False):
+             dependent_launch: bool = False, max_registers: int = 0, prefetch_norm: bool | None = None):
     """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
     (gate rows, then up rows), y [T, I] = silu(gate) * up. x_rows [T] int64: token i's x (and residual)
     row is x_rows[i] (x [R, K], any R). rope: weight is a qkv projection; y is q [T, h, d], rotated, and
     k (rotated) and v are stored in rope.kv_cache. dependent_launch: start while the kernel before
-    it ends, its weight loads overlapping that kernel (sm_90 and later: dependent_launch.py)."""
+    it ends, its weight loads overlapping that kernel (sm_90 and later: dependent_launch.py).
+    max_registers: at most that many registers a thread (0: the compiler's choice); prefetch_norm: the
+    normed forms load the norm weight before the wait (None: PREFETCH_NORM). Neither changes the bits."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
     k = x.shape[1]
@@ -52,6 +68,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         raise KernelArgumentError("gemv_mma: a residual is added only with the norm (norm_weight)")
     if dependent_launch and not dependents_supported(x.device):
         raise KernelArgumentError(f"gemv_mma: dependent_launch needs compute capability 9.0 or later ({x.device})")
+    if max_registers and not 32 <= max_registers <= 255:
+        raise KernelArgumentError(f"gemv_mma: max_registers 0 or 32 to 255, got {max_registers}")
     if out_dtype not in (torch.float16, torch.float32):
         raise KernelArgumentError(f"gemv_mma: out_dtype float16 or float32, got {out_dtype}")
     if norm_weight is not None:
@@ -68,7 +86,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     res_out = torch.empty(tokens, k, dtype=torch.float16, device=x.device) if norm else y
     warps = warps_for(k)
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
-                             dependent_launch, norm and PREFETCH_NORM)
+                             dependent_launch, norm and (PREFETCH_NORM if prefetch_norm is None else prefetch_norm),
+                             max_registers, SECTOR_WORDS)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     interop.launch_tensors(kernel, -(-n // TILE_ROWS), warps * WARP, [
