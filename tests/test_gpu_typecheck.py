@@ -63,3 +63,24 @@ def test_a_kernel_the_gpu_compiler_rejects_is_reported():
     assert done.returncode == 0, done.stderr[-3000:]
     bad, good = json.loads(done.stdout.splitlines()[-1])
     assert bad is not None and bad.startswith("TypingError") and good is None
+
+
+def test_ptxas_reports_are_read_for_registers_spills_and_shared_memory():
+    """kernels/gpu_registers.py reads ptxas -v's report (it needs the CUDA toolkit, which CI lacks; the
+    reading is checked here on a report as ptxas 13 prints it, and a report without figures is refused)."""
+    import pytest
+
+    from protospec.kernels.gpu_registers import parse_ptxas
+
+    report = textwrap.dedent("""\
+        ptxas info    : 96 bytes gmem
+        ptxas info    : Compiling entry function '_ZN8gemv_mma' for 'sm_90'
+        ptxas info    : Function properties for _ZN8gemv_mma
+            136 bytes stack frame, 136 bytes spill stores, 140 bytes spill loads
+        ptxas info    : Used 128 registers, used 1 barriers, 136 bytes cumulative stack size, 2176 bytes smem
+        """)
+    assert parse_ptxas(report) == dict(registers=128, shared_bytes=2176, spill_stores=136, spill_loads=140)
+    no_shared = report.replace(", 136 bytes cumulative stack size, 2176 bytes smem", "").replace("136 bytes spill stores", "0 bytes spill stores")
+    assert parse_ptxas(no_shared) == dict(registers=128, shared_bytes=0, spill_stores=0, spill_loads=140)
+    with pytest.raises(ValueError, match="no register report"):
+        parse_ptxas("ptxas info    : 96 bytes gmem\n")

@@ -27,9 +27,6 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="in the step graph, the kernel that builds the verify's inputs lets the verify's first GEMV "
                         "(a programmatic dependent) start at once, its weight loads overlapping it (sm_90; "
                         "default: %(default)s)")
-    p.add_argument("--gemv-sector-words", default="off", choices=ON_OFF_CHOICES,
-                   help="the tensor-core GEMVs' load instructions each read whole 32-byte sectors across a lane "
-                        "group (off: a lane's words contiguous; other rounding order; default: %(default)s)")
     p.add_argument("--lm-head-max-registers", type=int, default=0, choices=[0, 128, 96],
                    help="registers a thread of the tensor-core LM head, so more of its blocks fit an SM at once "
                         "(0: the compiler's choice; same bits; default: %(default)s)")
@@ -51,7 +48,6 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
     verify_inputs.ALLOW_DEPENDENTS = args.verify_inputs_allow == "on"
     gemv_mma.LM_HEAD_MAX_REGISTERS = args.lm_head_max_registers
-    gemv_mma.SECTOR_WORDS = args.gemv_sector_words == "on"
     gemv_mma.LM_HEAD_PREFETCH_NORM = args.lm_head_prefetch_norm == "on"
 
 

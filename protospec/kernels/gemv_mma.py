@@ -20,12 +20,6 @@ from protospec.kernels.interop import check_tensor
 # for the plain order); set before any graph is captured.
 PREFETCH_NORM = True
 
-# Which words of a row chunk each lane loads (gemv_mma_kernel.py's layout): False, a lane's four words
-# contiguous; True, each load instruction reads whole 32-byte sectors across the lane group. Other bits
-# (the columns meet the products in another order). Set before any graph is captured (bench and
-# kernel_census: --gemv-sector-words).
-SECTOR_WORDS = False
-
 # The LM head is the one linear launched with more blocks than fit on the GPU at once (2000 blocks of
 # 16 vocabulary rows): they run in waves of (blocks an SM holds) x SMs, each wave a whole chain of
 # loads, norm and products. Its registers a thread (0: the compiler's choice) and its norm-weight
@@ -87,7 +81,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     warps = warps_for(k)
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
                              dependent_launch, norm and (PREFETCH_NORM if prefetch_norm is None else prefetch_norm),
-                             max_registers, SECTOR_WORDS)
+                             max_registers)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     interop.launch_tensors(kernel, -(-n // TILE_ROWS), warps * WARP, [

@@ -12,13 +12,11 @@ each covering CHUNKS_PER_WARP chunks of 64 columns, and every weight word a warp
 before its first product (bytes in flight are what a memory-bound kernel needs). The sum over k does
 not care in which order the columns go into the products, so they go in the order that makes the
 loads wide: in a chunk of 16 8-byte words a row, lane (g, t) (g = lane // 4, t = lane % 4) reads
-four words of rows g and g + 8, the lane group all 16; its word j feeds product j as the A
-fragment's "k = 2t" pair (low half) and "k = 2t + 8" pair (high half), and the lane's x word at the
-same columns of token g feeds B the same way. Which four: words 4t..4t+3 (the lane's 32 bytes
-contiguous, one load instruction a word j: each of the group's four lanes in a different 32-byte
-sector, every sector read by four instructions), or with SECTOR_WORDS words t, t+4, t+8, t+12 (an
-instruction's four lanes read one whole sector, each sector once). Tokens past T feed
-zeros; rows past N read row N - 1 and are not written. The warps' D fragments are summed in shared memory.
+words 4t..4t+3 of rows g and g + 8 (32 contiguous bytes; the lane group all 16), and word j feeds
+product j as the A fragment's "k = 2t" pair (low half) and "k = 2t + 8" pair (high half); the lane's
+x word at the same columns of token g feeds B the same way (an instruction's four lanes spread over
+one 32-byte sector instead, words t, t + 4, ... a lane, timed slower). Tokens past T feed zeros; rows
+past N read row N - 1 and are not written. The warps' D fragments are summed in shared memory.
 
 Fused forms, for a decoder layer's chain (model/layer_kernels.py, linear="mma_fused"):
   norm (+ residual): x + residual, then the RMSNorm, applied to x's words as they are loaded, with
@@ -69,7 +67,7 @@ def warps_for(k: int) -> int:
 @functools.cache
 def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
                     gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False,
-                    max_registers: int = 0, sector_words: bool = False):
+                    max_registers: int = 0):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -78,9 +76,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     PREFETCH_NORM (with NORM) loads the norm's weight words with the weights, before the wait: read
     where they are used, after the norm's block reduction, they add a load's latency to every
     normed kernel's chain. MAX_REGISTERS (0: the compiler's choice) caps the registers a thread, so
-    more blocks fit on an SM at once (a launch of more blocks than fit runs in waves). SECTOR_WORDS: the
-    lane group's load instructions each read whole 32-byte sectors (the layout above; other bits:
-    the columns meet the products in another order)."""
+    more blocks fit on an SM at once (a launch of more blocks than fit runs in waves)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     if max_registers and not interop.SIMULATOR:
         options["max_registers"] = max_registers
@@ -94,7 +90,6 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     SQUARES = warps * MAX_TOKENS      # each warp's sum of squares per token
     THREADS = warps * WARP
     UP_WORDS = WORDS if glu else 1
-    LANE_STRIDE, WORD_STRIDE = (1, 4) if sector_words else (4, 1)  # noqa: N806 (a lane's words: t * LANE_STRIDE + j * WORD_STRIDE)
 
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots):
         """x64, res64 [R, K / 4] int64 (float16 words; R = T unless GATHER); x_rows [T] int64 (GATHER);
@@ -116,7 +111,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             row_lo = min(n0 + g, n_rows - 1)
             row_hi = min(n0 + g + 8, n_rows - 1)
         token = min(g, tokens - 1)                                   # a real row's words (zeroed below)
-        first = warp * (COLUMNS_PER_WARP // 4) + LANE_STRIDE * t     # this lane's first word in a row
+        first = warp * (COLUMNS_PER_WARP // 4) + 4 * t               # this lane's first word in a row
         w_lo = cuda.local.array(WORDS, int64)
         w_hi = cuda.local.array(WORDS, int64)
         u_lo = cuda.local.array(UP_WORDS, int64)                     # GLU: the up rows (gate rows in w_*)
@@ -135,7 +130,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             x_row = x_rows[token]
         for c in range(CHUNKS_PER_WARP):                             # every load before any product
             for j in range(4):
-                word = first + 16 * c + WORD_STRIDE * j
+                word = first + 16 * c + j
                 w_lo[c * 4 + j] = load_flat(w64, row_lo * k_words + word)
                 w_hi[c * 4 + j] = load_flat(w64, row_hi * k_words + word)
                 if GLU:
@@ -153,7 +148,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             if GATHER:
                 x_row = x_rows[token]
             for i in range(WORDS):
-                word = first + 16 * (i // 4) + WORD_STRIDE * (i % 4)
+                word = first + 16 * (i // 4) + i % 4
                 xw[i] = load_flat(x64, x_row * k_words + word)
                 if RESIDUAL:
                     rw[i] = load_flat(res64, x_row * k_words + word)
@@ -176,7 +171,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             inv_rms = float32(1.0) / math.sqrt(total / float32(4 * k_words) + float32(eps))
         for i in range(WORDS):
             if NORM:
-                word = first + 16 * (i // 4) + WORD_STRIDE * (i % 4)
+                word = first + 16 * (i // 4) + i % 4
                 gw = nw[i] if PREFETCH else load_flat(norm64, word)
                 v0, v1 = _summed(xw[i], rw[i], 0, RESIDUAL), _summed(xw[i], rw[i], 1, RESIDUAL)
                 v2, v3 = _summed(xw[i], rw[i], 2, RESIDUAL), _summed(xw[i], rw[i], 3, RESIDUAL)
@@ -235,17 +230,17 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     y[tok, n] = sums[i]
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
-                                                             PREFETCH, max_registers, sector_words)
+                                                             PREFETCH, max_registers)
     return cuda.jit(**options)(gemv_mma)
 
 
 def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool,
-                 prefetch_norm: bool = False, max_registers: int = 0, sector_words: bool = False) -> str:
+                 prefetch_norm: bool = False, max_registers: int = 0) -> str:
     """e.g. gemv_mma_k768_norm_residual_rope_dep: K, then each fused form the kernel takes (regs128: at
-    most 128 registers a thread; sector: SECTOR_WORDS)."""
+    most 128 registers a thread)."""
     forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
                              ("rope", rope_dim), ("dep", dependent), ("prefetch", prefetch_norm),
-                             (f"regs{max_registers}", max_registers), ("sector", sector_words)) if on]
+                             (f"regs{max_registers}", max_registers)) if on]
     return "_".join(["gemv_mma", f"k{warps * COLUMNS_PER_WARP}", *forms])
 
 

@@ -153,23 +153,20 @@ def _layers_and_gemv() -> None:
     gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
     gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True)
     from protospec.kernels import gemv_mma as linears
-    chosen = linears.PREFETCH_NORM, linears.SECTOR_WORDS
-    try:  # the normed forms with the norm weight loaded after and before the wait: qkv, gate/up, the LM head;
-        for linears.PREFETCH_NORM, linears.SECTOR_WORDS in ((False, False), (True, False), (True, True)):  # both layouts
+    chosen = linears.PREFETCH_NORM
+    try:  # the normed forms with the norm weight loaded after and before the wait: qkv, gate/up, the LM head
+        for linears.PREFETCH_NORM in (False, True):
             gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope, dependent_launch=True)
             gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
             gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(),
                      residual=h[:6].clone(), glu=True, dependent_launch=True)
             gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
                      x_rows=ids, out_dtype=torch.float32, dependent_launch=True)
-            gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True)     # o
-            gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(40, 3072, dtype=torch.float16),
-                     dependent_launch=True)                                                # down
             for registers in (128, 96):  # the LM head's register caps (--lm-head-max-registers)
                 gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
                          x_rows=ids, out_dtype=torch.float32, dependent_launch=True, max_registers=registers)
     finally:
-        linears.PREFETCH_NORM, linears.SECTOR_WORDS = chosen
+        linears.PREFETCH_NORM = chosen
 
 
 def _sampling_and_rejection() -> None:
