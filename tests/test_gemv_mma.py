@@ -207,6 +207,44 @@ def test_a_register_cap_and_no_prefetch_give_the_same_bits(monkeypatch):
         kernel.gemv_mma(table, w, max_registers=20)
 
 
+def test_the_lm_head_writes_each_tiles_softmax_statistics():
+    """logit_stats: per token and 16-row vocabulary tile, the max of the logits the kernel stored, its
+    first row (ties planted at the max, across a tile's two row halves and inside one, keep the lower
+    row), and the sum of exp(x - max); 40 rows make the last tile half empty. The logits are the
+    same bits as without the statistics; a slice of them carries none."""
+    from protospec.kernels.logit_stats import TILE_ROWS, attached
+
+    gen = torch.Generator().manual_seed(21)
+    k, n, tokens = 2 * kernel.COLUMNS_PER_WARP, 40, 3
+    table, residual = (torch.randn(5, k, generator=gen).half() for _ in range(2))
+    g = (1 + 0.3 * torch.randn(k, generator=gen)).half()
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).half()
+    rows = torch.tensor([4, 1, 4])
+    v = table[rows].float() + residual[rows].float()
+    h = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * g.float()        # the normed rows
+    direction = (h / h.norm(dim=-1, keepdim=True)).sum(0)
+    top = (direction / direction.norm() * 0.5).half()                             # every token's largest logit
+    w[1], w[9], w[17], w[20] = top, top, top * 0.9, top * 0.9  # ties at the max: tile 0's two halves, inside tile 1
+    args = (table.to(DEV), w.to(DEV), g.to(DEV), residual.to(DEV), 1e-6)
+    logits, _ = kernel.gemv_mma(*args, x_rows=rows.to(DEV), out_dtype=torch.float32, logit_stats=True)
+    plain, _ = kernel.gemv_mma(*args, x_rows=rows.to(DEV), out_dtype=torch.float32)
+    assert torch.equal(logits, plain)
+    assert torch.equal(logits[:, 1], logits[:, 9]) and torch.equal(logits[:, 17], logits[:, 20])
+    stats = attached(logits)
+    assert stats is not None and attached(logits[:2]) is None and attached(plain) is None
+    padded = torch.full((tokens, 3 * TILE_ROWS), float("-inf"))
+    padded[:, :n] = logits.cpu()
+    tiles = padded.view(tokens, 3, TILE_ROWS)
+    want_max = tiles.max(-1).values
+    first = tiles.argmax(-1) + torch.arange(3) * TILE_ROWS                  # torch.argmax: the first max
+    assert torch.equal(stats.tile_max.cpu(), want_max) and torch.equal(stats.tile_index.cpu(), first)
+    assert (stats.tile_index[:, 0] == 1).all() and (stats.tile_index[:, 1] == 17).all()  # the planted ties
+    want_sum = (tiles - want_max[..., None]).exp().sum(-1)
+    torch.testing.assert_close(stats.tile_sum.cpu(), want_sum, rtol=1e-6, atol=0)
+    with pytest.raises(KernelArgumentError, match="logit_stats"):
+        kernel.gemv_mma(table.to(DEV), w.to(DEV), logit_stats=True)        # float16 logits
+
+
 def test_dependent_launches_give_the_same_results():
     """Launched as a programmatic dependent, the GEMV loads its weights, then waits, then reads x (here
     gathered rows plus the residual, normalised): exactly the ordinary launch's results. On a GPU also a

@@ -155,6 +155,57 @@ def test_one_launch_gives_the_two_launches_bits(monkeypatch, batch, rows_per_seq
         assert (out["one"][0][:, step] >= 0).all() and out["one"][0][1, step] == 0
 
 
+def _with_tile_stats(logits):
+    """logits carrying the tile statistics the LM head writes (logit_stats.py), computed here by torch."""
+    from protospec.kernels.logit_stats import TILE_ROWS, LogitStats, attach
+
+    rows, vocab = logits.shape
+    tiles = -(-vocab // TILE_ROWS)
+    padded = torch.full((rows, tiles * TILE_ROWS), -float("inf"), device=logits.device)
+    padded[:, :vocab] = logits
+    padded = padded.view(rows, tiles, TILE_ROWS)
+    top = padded.max(-1).values
+    index = padded.argmax(-1) + torch.arange(tiles, device=logits.device) * TILE_ROWS
+    total = (padded - top[..., None]).exp().sum(-1).nan_to_num(0.0)  # an all -inf tile: 0
+    attach(logits, LogitStats(top.contiguous(), index.contiguous(), total.contiguous()))
+    return logits
+
+
+@pytest.mark.parametrize("batch,rows_per_seq", [(2, 1), (2, 3)])
+def test_tile_statistics_replace_the_statistics_kernel_at_unit_temperature(monkeypatch, batch, rows_per_seq):
+    """Logits that carry the LM head's tile statistics, every row at T = 1 or greedy: one kernel
+    (no statistics kernel) gives the torch sampler's ids and probabilities (float32 rounding), for a
+    sampled and a greedy row, a masked stretch and a greedy row of -inf (id 0), in the draft and the
+    verify layouts; at another temperature the statistics kernel runs as before."""
+    from protospec.kernels import interop
+
+    slice_width = _narrow_slices(monkeypatch)
+    names, launch = [], interop.launch_tensors
+    monkeypatch.setattr(interop, "launch_tensors", lambda kern, *a, **kw: (names.append(kern.py_func.__name__),
+                                                                          launch(kern, *a, **kw)))
+    k, vocab, step = 2, 2 * slice_width + 24, 1
+    rows = batch * rows_per_seq
+    raw = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(12)) * 4
+    raw[0, : slice_width + 2] = -float("inf")
+    raw[rows_per_seq] = -float("inf")             # the greedy sequence's first row
+    for temperatures, tiles_used in (([1.0, 0.0], True), ([0.7, 0.0], False)):
+        st = _tensors(temperatures, vocab)
+        logits = _with_tile_stats(raw.to(DEV))
+        noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()  # [B, k, V]
+        names.clear()
+        if rows_per_seq == 1:
+            ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
+            probs = torch.zeros(rows, k, vocab, device=DEV)
+            sample_into(logits, st, step, probs, ids, noise)
+            ref_ids, ref_probs = sample(logits, st, noise[:, step])
+            assert ids[:, step].tolist() == ref_ids.tolist() and ids[1, step] == 0
+            torch.testing.assert_close(probs[:, step], ref_probs, atol=1e-6, rtol=1e-5)
+        else:
+            probs = probs_into(logits, st, torch.zeros(rows, vocab, device=DEV), rows_per_seq)
+            torch.testing.assert_close(probs, compute_probs(logits, st, rows_per_seq=rows_per_seq), atol=1e-6, rtol=1e-5)
+        assert names == (["probs_from_tiles_kernel"] if tiles_used else ["row_stats_kernel", "probs_and_sample_kernel"])
+
+
 def test_filtered_batches_keep_the_torch_path_and_bad_buffers_are_named():
     st = SamplingTensors.build([SamplingParams(temperature=1.0, top_k=5)], [torch.Generator(device=DEV)], 50, DEV)
     assert not fused_applies(st) and fused_applies(_tensors([1.0], 50))
@@ -248,4 +299,4 @@ def test_the_dependent_form_is_launched_only_with_its_switch_on(switch, monkeypa
     sample_into(torch.zeros(1, vocab, device=DEV), st, 0, torch.zeros(1, 2, vocab, device=DEV),
                 torch.zeros(1, 2, dtype=torch.int64, device=DEV), torch.ones(1, 2, vocab, device=DEV), dependent=True)
     assert [dependent for _, dependent in launched] == [switch, switch]
-    assert [kernel for kernel, _ in launched] == list(sampling._kernels(switch))
+    assert [kernel for kernel, _ in launched] == list(sampling._kernels(switch)[:2])  # statistics, probabilities

@@ -33,6 +33,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm-head-prefetch-norm", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core LM head loads the norm weight before waiting for its input, as "
                         "--prefetch-norm (which turns it off too; same bits; default: %(default)s)")
+    p.add_argument("--logit-stats", default="off", choices=ON_OFF_CHOICES,
+                   help="the tensor-core LM head also writes each 16-row vocabulary tile's softmax statistics, and the "
+                        "sampling kernels combine them instead of a statistics kernel reading the logits (rows at "
+                        "T = 1 or greedy; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
@@ -49,6 +53,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     verify_inputs.ALLOW_DEPENDENTS = args.verify_inputs_allow == "on"
     gemv_mma.LM_HEAD_MAX_REGISTERS = args.lm_head_max_registers
     gemv_mma.LM_HEAD_PREFETCH_NORM = args.lm_head_prefetch_norm == "on"
+    gemv_mma.LOGIT_STATS = args.logit_stats == "on"
 
 
 def engine_switches(args: argparse.Namespace) -> dict:

@@ -14,6 +14,7 @@ from protospec.kernels.gemv_mma_kernel import (COLUMNS_PER_WARP, MAX_TOKENS, MAX
                                                gemv_mma_kernel, supports, warps_for)
 from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference  # noqa: F401 (the twin, beside)
 from protospec.kernels.interop import check_tensor
+from protospec.kernels.logit_stats import LogitStats, attach
 
 # The normed forms load the norm's weight with the weights, before a dependent's wait, instead of
 # after the norm's reduction (same bits). On: timed faster (bench and kernel_census: --prefetch-norm off
@@ -28,11 +29,17 @@ PREFETCH_NORM = True
 LM_HEAD_MAX_REGISTERS = 0
 LM_HEAD_PREFETCH_NORM = True
 
+# The LM head also writes each 16-row vocabulary tile's softmax statistics (logit_stats.py), which the
+# sampling kernels then combine instead of reading the logits for them (rows at T = 1 or greedy).
+# Set before any graph is captured (bench and kernel_census: --logit-stats).
+LOGIT_STATS = False
+
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
              x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16,
-             dependent_launch: bool = False, max_registers: int = 0, prefetch_norm: bool | None = None):
+             dependent_launch: bool = False, max_registers: int = 0, prefetch_norm: bool | None = None,
+             logit_stats: bool = False):
     """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
@@ -41,7 +48,9 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     k (rotated) and v are stored in rope.kv_cache. dependent_launch: start while the kernel before
     it ends, its weight loads overlapping that kernel (sm_90 and later: dependent_launch.py).
     max_registers: at most that many registers a thread (0: the compiler's choice); prefetch_norm: the
-    normed forms load the norm weight before the wait (None: PREFETCH_NORM). Neither changes the bits."""
+    normed forms load the norm weight before the wait (None: PREFETCH_NORM). Neither changes the bits.
+    logit_stats (float32 y; not with glu or rope): y also carries its tiles' softmax statistics
+    (logit_stats.attached(y))."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
     k = x.shape[1]
@@ -64,6 +73,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         raise KernelArgumentError(f"gemv_mma: dependent_launch needs compute capability 9.0 or later ({x.device})")
     if max_registers and not 32 <= max_registers <= 255:
         raise KernelArgumentError(f"gemv_mma: max_registers 0 or 32 to 255, got {max_registers}")
+    if logit_stats and (out_dtype != torch.float32 or glu or rope is not None):
+        raise KernelArgumentError("gemv_mma: logit_stats takes float32 logits from the plain or normed forms")
     if out_dtype not in (torch.float16, torch.float32):
         raise KernelArgumentError(f"gemv_mma: out_dtype float16 or float32, got {out_dtype}")
     if norm_weight is not None:
@@ -81,15 +92,19 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     warps = warps_for(k)
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
                              dependent_launch, norm and (PREFETCH_NORM if prefetch_norm is None else prefetch_norm),
-                             max_registers)
+                             max_registers, logit_stats)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
+    stats = LogitStats.empty(tokens, n, x.device) if logit_stats else LogitStats(x64.view(torch.float32), x64,
+                                                                                   x64.view(torch.float32))
     interop.launch_tensors(kernel, -(-n // TILE_ROWS), warps * WARP, [
         x64, index, x64 if residual is None else residual.view(torch.int64),
         x64[0] if norm_weight is None else norm_weight.view(torch.int64), float(eps), weight.view(torch.int64),
         tokens, y, res_out.view(torch.int64) if norm else x64,
         index if rope is None else rope.positions, table, table if rope is None else rope.sin,
-        y.view(1, 1, 1, *y.shape) if rope is None else rope.kv_cache, index if rope is None else rope.slot_mapping],
-        dependent=dependent_launch)
+        y.view(1, 1, 1, *y.shape) if rope is None else rope.kv_cache, index if rope is None else rope.slot_mapping,
+        stats.tile_max, stats.tile_index, stats.tile_sum], dependent=dependent_launch)
+    if logit_stats:
+        attach(y, stats)
     out = y if rope is None else y.view(tokens, rope.num_heads, rope.head_dim)  # q [T, h, d] with rope
     return (out, res_out) if norm else out

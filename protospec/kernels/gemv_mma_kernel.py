@@ -43,6 +43,7 @@ from numba import float32, int64, uint32
 
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
+from protospec.kernels.logit_stats import tile_stats
 from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
 from protospec.kernels.word_loads import load_flat, store_flat, unpack_f16x4
@@ -67,7 +68,7 @@ def warps_for(k: int) -> int:
 @functools.cache
 def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
                     gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False,
-                    max_registers: int = 0):
+                    max_registers: int = 0, stats: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -76,8 +77,11 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     PREFETCH_NORM (with NORM) loads the norm's weight words with the weights, before the wait: read
     where they are used, after the norm's block reduction, they add a load's latency to every
     normed kernel's chain. MAX_REGISTERS (0: the compiler's choice) caps the registers a thread, so
-    more blocks fit on an SM at once (a launch of more blocks than fit runs in waves)."""
+    more blocks fit on an SM at once (a launch of more blocks than fit runs in waves). STATS (float32
+    y, not with GLU or ROPE) also writes each tile's softmax statistics per token (logit_stats.py)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
+    if stats and (glu or rope_dim):
+        raise ValueError("gemv_mma_kernel: tile statistics only for the plain and normed forms")
     if max_registers and not interop.SIMULATOR:
         options["max_registers"] = max_registers
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM, DEPENDENT = norm, residual, glu, gather, rope_dim, dependent  # noqa: N806
@@ -90,13 +94,16 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     SQUARES = warps * MAX_TOKENS      # each warp's sum of squares per token
     THREADS = warps * WARP
     UP_WORDS = WORDS if glu else 1
+    STATS, STATS_THREADS = stats, THREADS if stats else 1  # noqa: N806
 
-    def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots):
+    def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
+                 tile_max, tile_index, tile_sum):
         """x64, res64 [R, K / 4] int64 (float16 words; R = T unless GATHER); x_rows [T] int64 (GATHER);
         norm64 [K / 4] int64; w64 [N (2I with GLU), K / 4] int64; y [T, N (I; h * d with ROPE)] float16
         or float32; res_out64 [T, K / 4] int64 <- x + residual (NORM; block 0 writes it).
         ROPE: positions [T] int64, cos / sin [P, d], kv_cache [2, blocks, block_size, kvh, d], slots [T]
-        int64 (-1: no store)."""
+        int64 (-1: no store). STATS: tile_max, tile_sum [T, N / 16] float32, tile_index [T, N / 16] int64.
+        """
         n_rows, k_words = w64.shape[0] // PRODUCTS, w64.shape[1]
         tid = cuda.threadIdx.x
         warp, lane = tid // WARP, tid % WARP
@@ -123,6 +130,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         b_hi = cuda.local.array(WORDS, uint32)
         mma_scratch = cuda.shared.array(SCRATCH, uint32)             # the simulator's products
         shuffle_scratch = cuda.shared.array(THREADS, float32)        # the simulator's shuffles
+        index_scratch = cuda.shared.array(STATS_THREADS, int64)
         partials = cuda.shared.array(PARTIALS, float32)
         squares = cuda.shared.array(SQUARES, float32)
         x_row = token
@@ -206,8 +214,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             partials[base + 6] = e2
             partials[base + 7] = e3
         cuda.syncthreads()
+        sums = cuda.local.array(4, float32)                          # warp 0: D[g + 8 (i // 2)][2t + i % 2]
         if warp == 0:
-            sums = cuda.local.array(4, float32)                      # D[g + 8 (i // 2)][2t + i % 2]
             for i in range(4):
                 s = float32(0.0)
                 up = float32(0.0)
@@ -228,19 +236,22 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                                         kv_cache, slots)
                 elif tok < tokens and n < n_rows:
                     y[tok, n] = sums[i]
+        if STATS:
+            tile_stats(sums, warp == 0, g, t, n0, n_rows, tokens, tile_max, tile_index, tile_sum, shuffle_scratch,
+                       index_scratch, tid)
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
-                                                             PREFETCH, max_registers)
+                                                             PREFETCH, max_registers, stats)
     return cuda.jit(**options)(gemv_mma)
 
 
 def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool,
-                 prefetch_norm: bool = False, max_registers: int = 0) -> str:
+                 prefetch_norm: bool = False, max_registers: int = 0, stats: bool = False) -> str:
     """e.g. gemv_mma_k768_norm_residual_rope_dep: K, then each fused form the kernel takes (regs128: at
     most 128 registers a thread)."""
     forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
                              ("rope", rope_dim), ("dep", dependent), ("prefetch", prefetch_norm),
-                             (f"regs{max_registers}", max_registers)) if on]
+                             (f"regs{max_registers}", max_registers), ("stats", stats)) if on]
     return "_".join(["gemv_mma", f"k{warps * COLUMNS_PER_WARP}", *forms])
 
 

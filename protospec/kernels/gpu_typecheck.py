@@ -162,6 +162,9 @@ def _layers_and_gemv() -> None:
                      residual=h[:6].clone(), glu=True, dependent_launch=True)
             gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
                      x_rows=ids, out_dtype=torch.float32, dependent_launch=True)
+            for dependent in (False, True):  # the LM head writing its tiles' statistics (--logit-stats)
+                gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
+                         x_rows=ids, out_dtype=torch.float32, dependent_launch=dependent, logit_stats=True)
             for registers in (128, 96):  # the LM head's register caps (--lm-head-max-registers)
                 gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
                          x_rows=ids, out_dtype=torch.float32, dependent_launch=True, max_registers=registers)
@@ -170,7 +173,7 @@ def _layers_and_gemv() -> None:
 
 
 def _sampling_and_rejection() -> None:
-    from protospec.kernels import counter_randoms, dependent_launch, ngram_match, sampling
+    from protospec.kernels import counter_randoms, dependent_launch, logit_stats, ngram_match, sampling
     from protospec.kernels.rejection import rejection_sample_fused
     from protospec.config import SamplingParams
     from protospec.spec.sampler import SamplingTensors
@@ -187,6 +190,10 @@ def _sampling_and_rejection() -> None:
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
             sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1,
                                 dependent)
+            tiled = torch.zeros(batch, vocab)  # logits the LM head wrote with its tiles' statistics
+            logit_stats.attach(tiled, logit_stats.LogitStats.empty(batch, vocab, tiled.device))
+            sampling.sample_into(tiled, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
     finally:
         sampling.LAUNCHES, dependent_launch.STEP_KERNELS = chosen
     rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),

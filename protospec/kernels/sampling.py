@@ -14,7 +14,9 @@ row on one SM walking 32000 entries three times: slower than torch's kernels spr
           last slice block combines the winners into the sample
 The same float32 formula as the torch path for p; only the softmax sum's order and its rescaling by
 slice differ, so probabilities agree to a few ulps (tests bound it) and ids agree unless two scores tie
-to that precision. Rows with top-k / top-p filtering keep the torch path. EngineConfig.fused_sampling
+to that precision. Rows with top-k / top-p filtering keep the torch path. Logits the LM head wrote
+with its tiles' statistics (logit_stats.py; rows at T = 1 or greedy) skip the statistics launch: one
+kernel combines them in every block, then the probabilities as above. EngineConfig.fused_sampling
 chooses these kernels over torch's; LAUNCHES chooses the two launches or one cooperative launch of
 the same arithmetic (sampling_slices.py holds it for both).
 """
@@ -27,13 +29,13 @@ import torch
 from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import dependent_launch, interop
+from protospec.kernels import dependent_launch, interop, logit_stats
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
 from protospec.kernels.sampling_slices import (THREADS, VOCAB_PER_BLOCK, combine_stats, combine_winners,  # noqa: F401
-                                               slice_probs, slice_stats)
+                                               slice_probs, slice_stats, write_sample)
 
 if TYPE_CHECKING:
     from protospec.spec.sampler import SamplingTensors
@@ -106,14 +108,37 @@ def _kernels(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         if slice_probs(logits, row, piece, temperature[seq], greedy, row_max[row], chosen, row_sum[row], probs_out,
                        out_step, do_sample, noise, part_max, part_index, counters, best_value, best_index, no_flags,
                        last, tid):
-            chosen = combine_winners(row, logits.shape[1], greedy, chosen, part_max, part_index, best_value, best_index,
-                                     no_flags, tid)
-            if tid == 0:
-                ids_out[row, out_step] = chosen
-                if use_mirror:
-                    mirror[row] = chosen
+            write_sample(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
+                         use_mirror, best_value, best_index, no_flags, tid)
 
-    return row_stats_kernel, probs_and_sample_kernel
+    @cuda.jit
+    def probs_from_tiles_kernel(logits, is_greedy, rows_per_seq, tile_max, tile_index, tile_sum, probs_out, out_step,
+                                do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters):
+        """probs_and_sample_kernel for rows at T = 1 (or greedy), with no row_stats_kernel before it:
+        every block combines its row's max, index and sum from the LM head's tile statistics
+        (logit_stats.py; tile_max, tile_sum [R, S'] f32, tile_index [R, S'] int64), a few thousand
+        entries from L2 where the statistics kernel read the row's logits and launched once more."""
+        if DEPENDENT:
+            grid_dependency_wait()
+            allow_dependent_launch()
+        slices = part_max.shape[1]
+        row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
+        tid = cuda.threadIdx.x
+        best_value = cuda.shared.array(THREADS, float32)
+        best_index = cuda.shared.array(THREADS, int64)
+        no_flags = cuda.shared.array(THREADS, int64)
+        last = cuda.shared.array(1, int32)
+        one = float32(1.0)
+        greedy = is_greedy[row // rows_per_seq]
+        row_max, chosen, total = combine_stats(row, logits.shape[1], one, tile_max, tile_index, tile_sum, best_value,
+                                               best_index, no_flags, tid)
+        if slice_probs(logits, row, piece, one, greedy, row_max, chosen, total, probs_out, out_step, do_sample, noise,
+                       part_max, part_index, counters, best_value, best_index, no_flags, last, tid):
+            write_sample(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
+                         use_mirror, best_value, best_index, no_flags, tid)
+
+    return row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel
+
 
 
 def fused_applies(st: SamplingTensors) -> bool:
@@ -168,7 +193,14 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                     win_index, counters], rows, slices, logits.device)
         return
     dependent = bool(dependent) and dependent_launch.STEP_KERNELS  # callers: ModelRunner.launches_dependents
-    row_stats_kernel, probs_and_sample_kernel = _kernels(dependent)
+    row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel = _kernels(dependent)
+    tiles = logit_stats.attached(logits) if st.unit_temperature else None
+    if tiles is not None:  # the LM head wrote its tiles' statistics: no statistics kernel
+        interop.launch_tensors(probs_from_tiles_kernel, rows * slices, THREADS,
+                               [logits, st.is_greedy, int(rows_per_seq), tiles.tile_max, tiles.tile_index,
+                                tiles.tile_sum, probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg,
+                                int(mirror is not None), part_max, part_index, counters], dependent=dependent)
+        return
     interop.launch_tensors(row_stats_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,
                             row_max, row_index, row_sum, counters], dependent=dependent)

@@ -127,3 +127,14 @@ def combine_winners(row, vocab, greedy, chosen, win_value, win_index, best_value
         if better(win_value[row, s], win_index[row, s], value, index):
             value, index = win_value[row, s], win_index[row, s]
     return block_argmax(value, index, best_value, best_index, no_flags, tid)[1]
+
+
+@cuda.jit(device=True)
+def write_sample(row, vocab, greedy, chosen, win_value, win_index, ids_out, out_step, mirror, use_mirror, best_value,
+                 best_index, no_flags, tid):
+    """The row's sample (combine_winners) into ids_out[row, out_step], and into mirror[row] with use_mirror."""
+    chosen = combine_winners(row, vocab, greedy, chosen, win_value, win_index, best_value, best_index, no_flags, tid)
+    if tid == 0:
+        ids_out[row, out_step] = chosen
+        if use_mirror:
+            mirror[row] = chosen

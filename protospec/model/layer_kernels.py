@@ -157,9 +157,10 @@ class LayerKernelForward:
         if HEAD_NORM == "separate":
             h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # [num_logits, hidden]
             return gemv_mma.gemv_mma(h, model.lm_head.weight, out_dtype=torch.float32, dependent_launch=dep,
-                                     max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS)
+                                     max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS, logit_stats=gemv_mma.LOGIT_STATS)
         logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,
                                       out_dtype=torch.float32, dependent_launch=dep,
                                       max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS,
-                                      prefetch_norm=gemv_mma.PREFETCH_NORM and gemv_mma.LM_HEAD_PREFETCH_NORM)
+                                      prefetch_norm=gemv_mma.PREFETCH_NORM and gemv_mma.LM_HEAD_PREFETCH_NORM,
+                                      logit_stats=gemv_mma.LOGIT_STATS)
         return logits

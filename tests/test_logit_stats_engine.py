@@ -1,0 +1,37 @@
+"""The LM head's tile statistics end to end (kernels/logit_stats.py, gemv_mma.LOGIT_STATS): an engine
+whose forwards run the tensor-core layer kernels (float16, on a GPU) samples without the statistics
+kernel and emits the tokens it emits with them off, greedy and seeded at T = 1, in the step-by-step
+and the captured draft loops. (The simulator would take minutes for one such engine; the kernels'
+own tests run there: tests/test_gemv_mma.py, tests/test_sampling_kernel.py.)"""
+import pytest
+import torch
+
+from protospec.config import SamplingParams
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["gpu", "graph"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded_t1"])
+def test_tile_statistics_keep_the_engines_tokens(tiny_target, tiny_draft, temperature, mode, monkeypatch):
+    from tiny import random_prompts, tiny_llm
+
+    from protospec.kernels import gemv_mma, interop
+
+    names, launch = [], interop.launch_tensors
+    monkeypatch.setattr(interop, "launch_tensors", lambda kern, *a, **kw: (names.append(kern.py_func.__name__),
+                                                                          launch(kern, *a, **kw)))
+    params = SamplingParams(temperature=temperature, max_tokens=24, ignore_eos=True, seed=4)
+    prompts = random_prompts(3, seed=3)
+    tokens, statistics_kernels = {}, {}
+    for on in (False, True):
+        monkeypatch.setattr(gemv_mma, "LOGIT_STATS", on)
+        names.clear()
+        llm = tiny_llm(tiny_target, tiny_draft, k=3, dtype="float16", device="cuda", draft_loop=mode)
+        assert llm.engine.fused_sampling
+        tokens[on] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert ("probs_from_tiles_kernel" in names) is on
+        assert any(name.endswith("_stats") for name in names) is on  # the LM head's form with the statistics
+        statistics_kernels[on] = names.count("row_stats_kernel")  # prefills (not the layer kernels') keep it
+    assert statistics_kernels[True] < statistics_kernels[False]
+    assert tokens[True] == tokens[False] and all(len(t) == params.max_tokens for t in tokens[True])
