@@ -20,3 +20,19 @@ def tiny_draft(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_draft_other_vocab(tmp_path_factory):
     return write_config(tmp_path_factory.mktemp("draft_vocab"), dict(DRAFT_CFG, vocab_size=TINY_VOCAB + 8))
+
+
+@pytest.fixture
+def launched_kernels(monkeypatch):
+    """The names of the Numba kernels launched through interop.launch_tensors while the test runs, in
+    order (each still launches)."""
+    from protospec.kernels import interop
+
+    names, launch = [], interop.launch_tensors
+
+    def recording(kernel, grid, block, args, dependent=False):
+        names.append(kernel.py_func.__name__)
+        launch(kernel, grid, block, args, dependent)
+
+    monkeypatch.setattr(interop, "launch_tensors", recording)
+    return names

@@ -152,25 +152,17 @@ def test_gemv_mma_gathers_rows_and_writes_float32():
 
 
 @pytest.mark.parametrize("glu", [False, True], ids=["linear", "glu"])
-def test_the_norm_weight_prefetch_gives_the_same_bits(glu, monkeypatch):
+def test_the_norm_weight_prefetch_gives_the_same_bits(glu, monkeypatch, launched_kernels):
     """gemv_mma.PREFETCH_NORM moves the norm weight's loads before a dependent's wait: the normed forms
     (here gathered rows plus the residual, as an LM head or a layer's first GEMV takes them) give exactly
     the results of the loads after the norm, through the kernel named for its form."""
-    from protospec.kernels import interop
-
     gen = torch.Generator().manual_seed(11 + glu)
     k, n = kernel.COLUMNS_PER_WARP, 21
     table, residual = (torch.randn(4, k, generator=gen).half().to(DEV) for _ in range(2))
     g = (1 + 0.3 * torch.randn(k, generator=gen)).half().to(DEV)
     w = (torch.randn(2 * n if glu else n, k, generator=gen) / k ** 0.5).half().to(DEV)
     rows = torch.tensor([2, 0, 2], device=DEV)
-    names, launch = [], interop.launch_tensors
-
-    def recording(kern, grid, block, args, dependent=False):
-        names.append(kern.py_func.__name__)
-        launch(kern, grid, block, args, dependent)
-
-    monkeypatch.setattr(interop, "launch_tensors", recording)
+    names = launched_kernels
     out = {}
     for prefetch in (False, True):
         monkeypatch.setattr(kernel, "PREFETCH_NORM", prefetch)
@@ -179,25 +171,17 @@ def test_the_norm_weight_prefetch_gives_the_same_bits(glu, monkeypatch):
     assert [name.endswith("_prefetch") for name in names] == [False, True]
 
 
-def test_a_register_cap_and_no_prefetch_give_the_same_bits(monkeypatch):
+def test_a_register_cap_and_no_prefetch_give_the_same_bits(launched_kernels):
     """The LM head's occupancy settings: at most 128 registers a thread (the compiler spills, never
     rounds differently) and the norm weight loaded after the wait give exactly the default's results,
     through a kernel named for them; a cap outside 32..255 is refused by name."""
-    from protospec.kernels import interop
-
     gen = torch.Generator().manual_seed(12)
     k = kernel.COLUMNS_PER_WARP
     table, residual = (torch.randn(4, k, generator=gen).half().to(DEV) for _ in range(2))
     g = (1 + 0.3 * torch.randn(k, generator=gen)).half().to(DEV)
     w = (torch.randn(21, k, generator=gen) / k ** 0.5).half().to(DEV)
     rows = torch.tensor([2, 0, 2], device=DEV)
-    names, launch = [], interop.launch_tensors
-
-    def recording(kern, grid, block, args, dependent=False):
-        names.append(kern.py_func.__name__)
-        launch(kern, grid, block, args, dependent)
-
-    monkeypatch.setattr(interop, "launch_tensors", recording)
+    names = launched_kernels
     default, capped = (kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows, out_dtype=torch.float32,
                                        dependent_launch=True, **form)
                        for form in ({}, dict(max_registers=128, prefetch_norm=False)))

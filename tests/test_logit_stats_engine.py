@@ -13,14 +13,13 @@ from protospec.config import SamplingParams
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("mode", ["gpu", "graph"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded_t1"])
-def test_tile_statistics_keep_the_engines_tokens(tiny_target, tiny_draft, temperature, mode, monkeypatch):
+def test_tile_statistics_keep_the_engines_tokens(tiny_target, tiny_draft, temperature, mode, monkeypatch,
+                                                 launched_kernels):
     from tiny import random_prompts, tiny_llm
 
-    from protospec.kernels import gemv_mma, interop
+    from protospec.kernels import gemv_mma
 
-    names, launch = [], interop.launch_tensors
-    monkeypatch.setattr(interop, "launch_tensors", lambda kern, *a, **kw: (names.append(kern.py_func.__name__),
-                                                                          launch(kern, *a, **kw)))
+    names = launched_kernels
     params = SamplingParams(temperature=temperature, max_tokens=24, ignore_eos=True, seed=4)
     prompts = random_prompts(3, seed=3)
     tokens, statistics_kernels = {}, {}

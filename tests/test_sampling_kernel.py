@@ -172,17 +172,14 @@ def _with_tile_stats(logits):
 
 
 @pytest.mark.parametrize("batch,rows_per_seq", [(2, 1), (2, 3)])
-def test_tile_statistics_replace_the_statistics_kernel_at_unit_temperature(monkeypatch, batch, rows_per_seq):
+def test_tile_statistics_replace_the_statistics_kernel_at_unit_temperature(monkeypatch, launched_kernels, batch,
+                                                                           rows_per_seq):
     """Logits that carry the LM head's tile statistics, every row at T = 1 or greedy: one kernel
     (no statistics kernel) gives the torch sampler's ids and probabilities (float32 rounding), for a
     sampled and a greedy row, a masked stretch and a greedy row of -inf (id 0), in the draft and the
     verify layouts; at another temperature the statistics kernel runs as before."""
-    from protospec.kernels import interop
-
     slice_width = _narrow_slices(monkeypatch)
-    names, launch = [], interop.launch_tensors
-    monkeypatch.setattr(interop, "launch_tensors", lambda kern, *a, **kw: (names.append(kern.py_func.__name__),
-                                                                          launch(kern, *a, **kw)))
+    names = launched_kernels
     k, vocab, step = 2, 2 * slice_width + 24, 1
     rows = batch * rows_per_seq
     raw = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(12)) * 4
