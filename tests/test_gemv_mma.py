@@ -196,7 +196,7 @@ def test_the_lm_head_writes_each_tiles_softmax_statistics():
     first row (ties planted at the max, across a tile's two row halves and inside one, keep the lower
     row), and the sum of exp(x - max); 40 rows make the last tile half empty. The logits are the
     same bits as without the statistics; a slice of them carries none."""
-    from protospec.kernels.logit_stats import TILE_ROWS, attached
+    from protospec.kernels.logit_stats import attached, tile_stats_reference
 
     gen = torch.Generator().manual_seed(21)
     k, n, tokens = 2 * kernel.COLUMNS_PER_WARP, 40, 3
@@ -216,15 +216,11 @@ def test_the_lm_head_writes_each_tiles_softmax_statistics():
     assert torch.equal(logits[:, 1], logits[:, 9]) and torch.equal(logits[:, 17], logits[:, 20])
     stats = attached(logits)
     assert stats is not None and attached(logits[:2]) is None and attached(plain) is None
-    padded = torch.full((tokens, 3 * TILE_ROWS), float("-inf"))
-    padded[:, :n] = logits.cpu()
-    tiles = padded.view(tokens, 3, TILE_ROWS)
-    want_max = tiles.max(-1).values
-    first = tiles.argmax(-1) + torch.arange(3) * TILE_ROWS                  # torch.argmax: the first max
-    assert torch.equal(stats.tile_max.cpu(), want_max) and torch.equal(stats.tile_index.cpu(), first)
+    want = tile_stats_reference(logits.cpu())                               # torch's, on the stored logits
+    assert torch.equal(stats.tile_max.cpu(), want.tile_max) and torch.equal(stats.tile_index.cpu(), want.tile_index)
     assert (stats.tile_index[:, 0] == 1).all() and (stats.tile_index[:, 1] == 17).all()  # the planted ties
-    want_sum = (tiles - want_max[..., None]).exp().sum(-1)
-    torch.testing.assert_close(stats.tile_sum.cpu(), want_sum, rtol=1e-6, atol=0)
+    assert want.tile_max.shape == (tokens, 3)
+    torch.testing.assert_close(stats.tile_sum.cpu(), want.tile_sum, rtol=1e-6, atol=0)
     with pytest.raises(KernelArgumentError, match="logit_stats"):
         kernel.gemv_mma(table.to(DEV), w.to(DEV), logit_stats=True)        # float16 logits
 

@@ -225,8 +225,12 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
     monkeypatch.setattr(layer_kernels, "add_rms_norm", lambda *a: norm_calls.append(1) or real_norm(*a))
     monkeypatch.setattr(layer_kernels, "rope_and_cache", lambda *a: rope_calls.append(1) or real_rope(*a))
     monkeypatch.setattr(layer_kernels, "HEAD_NORM", head_norm)  # the final norm in the LM head's loads, or before it
+    stats = linear == "mma_fused"  # the fused head hands over its tiles' statistics (gemv_mma.LOGIT_STATS)
+    monkeypatch.setattr(gemv_mma, "LOGIT_STATS", stats)
     model.layer_kernels = LayerKernelForward(model, linear=linear)
     got = model(inputs.input_ids, inputs.positions, mma_caches, inputs.meta)
+    from protospec.kernels.logit_stats import attached
+    assert (attached(got) is not None) is stats
     assert len(calls) == 5 and len(norm_calls) == norms and len(rope_calls) == ropes  # qkv, o, gate_up, down, LM head
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(mma_caches[0], caches[0], **TOL[torch.float16])

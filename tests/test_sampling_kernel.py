@@ -157,17 +157,9 @@ def test_one_launch_gives_the_two_launches_bits(monkeypatch, batch, rows_per_seq
 
 def _with_tile_stats(logits):
     """logits carrying the tile statistics the LM head writes (logit_stats.py), computed here by torch."""
-    from protospec.kernels.logit_stats import TILE_ROWS, LogitStats, attach
+    from protospec.kernels.logit_stats import attach, tile_stats_reference
 
-    rows, vocab = logits.shape
-    tiles = -(-vocab // TILE_ROWS)
-    padded = torch.full((rows, tiles * TILE_ROWS), -float("inf"), device=logits.device)
-    padded[:, :vocab] = logits
-    padded = padded.view(rows, tiles, TILE_ROWS)
-    top = padded.max(-1).values
-    index = padded.argmax(-1) + torch.arange(tiles, device=logits.device) * TILE_ROWS
-    total = (padded - top[..., None]).exp().sum(-1).nan_to_num(0.0)  # an all -inf tile: 0
-    attach(logits, LogitStats(top.contiguous(), index.contiguous(), total.contiguous()))
+    attach(logits, tile_stats_reference(logits))
     return logits
 
 

@@ -12,6 +12,7 @@ import torch
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels.interop import check_tensor
+from protospec.kernels.logit_stats import attach, tile_stats_reference
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,10 @@ class RopeCache:
 def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                        residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
                        x_rows: torch.Tensor | None = None, rope: RopeCache | None = None,
-                       out_dtype: torch.dtype = torch.float16, dependent_launch: bool = False):
-    """gemv_mma in torch (same arguments, same results; dependent_launch is a launch detail, unused)."""
+                       out_dtype: torch.dtype = torch.float16, dependent_launch: bool = False, max_registers: int = 0,
+                       prefetch_norm: bool | None = None, logit_stats: bool = False):
+    """gemv_mma in torch (same arguments, same results; dependent_launch, max_registers and prefetch_norm
+    are launch details, unused; logit_stats attaches the tiles' statistics computed by torch)."""
     if x_rows is not None:
         x = x[x_rows]
         residual = None if residual is None else residual[x_rows]
@@ -82,4 +85,6 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
         out = gate * torch.sigmoid(gate) * up
     out = out.half()
     out = rope.apply(out) if rope is not None else out.to(out_dtype)
+    if logit_stats:
+        attach(out, tile_stats_reference(out))
     return (out, stream.half()) if norm_weight is not None else out

@@ -45,6 +45,19 @@ def attach(logits: torch.Tensor, stats: LogitStats) -> None:
     setattr(logits, _ATTRIBUTE, stats)
 
 
+def tile_stats_reference(logits: torch.Tensor) -> LogitStats:
+    """The statistics of logits [R, V] float32 in torch (the kernel's twin; an all -inf tile sums to 0)."""
+    rows, vocab = logits.shape
+    tiles = -(-vocab // TILE_ROWS)
+    padded = torch.full((rows, tiles * TILE_ROWS), -float("inf"), device=logits.device)
+    padded[:, :vocab] = logits
+    padded = padded.view(rows, tiles, TILE_ROWS)
+    top = padded.max(-1).values                                                      # [R, S]
+    first = padded.argmax(-1) + torch.arange(tiles, device=logits.device) * TILE_ROWS  # torch.argmax: the first max
+    total = (padded - top[..., None]).exp().sum(-1).nan_to_num(0.0)
+    return LogitStats(top.contiguous(), first.contiguous(), total.contiguous())
+
+
 def attached(logits: torch.Tensor) -> LogitStats | None:
     """The statistics written with these logits, if the tensor is the LM head's own output."""
     stats = getattr(logits, _ATTRIBUTE, None)
