@@ -140,7 +140,6 @@ def _kernels(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
     return row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel
 
 
-
 def fused_applies(st: SamplingTensors) -> bool:
     """Filtering (top-k / top-p) needs a sort: those batches keep the torch path."""
     return not st.needs_filter
