@@ -10,6 +10,16 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 
 
+def _normed_operands(seed: int, rows: int, weight_rows: int):
+    """x rows, a residual, a norm weight and a weight (K = one warp's columns) for the normed forms, on DEV."""
+    gen = torch.Generator().manual_seed(seed)
+    k = kernel.COLUMNS_PER_WARP
+    table, residual = (torch.randn(rows, k, generator=gen).half().to(DEV) for _ in range(2))
+    g = (1 + 0.3 * torch.randn(k, generator=gen)).half().to(DEV)
+    w = (torch.randn(weight_rows, k, generator=gen) / k ** 0.5).half().to(DEV)
+    return table, residual, g, w
+
+
 @pytest.mark.parametrize("tokens,n,warps", [(1, 16, 1), (6, 37, 2), (8, 5, 1)])
 def test_gemv_mma_matches_torch_linear(tokens, n, warps):
     gen = torch.Generator().manual_seed(tokens * 100 + n)
@@ -156,11 +166,8 @@ def test_the_norm_weight_prefetch_gives_the_same_bits(glu, monkeypatch, launched
     """gemv_mma.PREFETCH_NORM moves the norm weight's loads before a dependent's wait: the normed forms
     (here gathered rows plus the residual, as an LM head or a layer's first GEMV takes them) give exactly
     the results of the loads after the norm, through the kernel named for its form."""
-    gen = torch.Generator().manual_seed(11 + glu)
-    k, n = kernel.COLUMNS_PER_WARP, 21
-    table, residual = (torch.randn(4, k, generator=gen).half().to(DEV) for _ in range(2))
-    g = (1 + 0.3 * torch.randn(k, generator=gen)).half().to(DEV)
-    w = (torch.randn(2 * n if glu else n, k, generator=gen) / k ** 0.5).half().to(DEV)
+    n = 21
+    table, residual, g, w = _normed_operands(11 + glu, 4, 2 * n if glu else n)
     rows = torch.tensor([2, 0, 2], device=DEV)
     names = launched_kernels
     out = {}
@@ -175,11 +182,7 @@ def test_a_register_cap_and_no_prefetch_give_the_same_bits(launched_kernels):
     """The LM head's occupancy settings: at most 128 registers a thread (the compiler spills, never
     rounds differently) and the norm weight loaded after the wait give exactly the default's results,
     through a kernel named for them; a cap outside 32..255 is refused by name."""
-    gen = torch.Generator().manual_seed(12)
-    k = kernel.COLUMNS_PER_WARP
-    table, residual = (torch.randn(4, k, generator=gen).half().to(DEV) for _ in range(2))
-    g = (1 + 0.3 * torch.randn(k, generator=gen)).half().to(DEV)
-    w = (torch.randn(21, k, generator=gen) / k ** 0.5).half().to(DEV)
+    table, residual, g, w = _normed_operands(12, 4, 21)
     rows = torch.tensor([2, 0, 2], device=DEV)
     names = launched_kernels
     default, capped = (kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows, out_dtype=torch.float32,
@@ -229,17 +232,15 @@ def test_dependent_launches_give_the_same_results():
     """Launched as a programmatic dependent, the GEMV loads its weights, then waits, then reads x (here
     gathered rows plus the residual, normalised): exactly the ordinary launch's results. On a GPU also a
     chain of three, each reading the one before, captured in a CUDA graph and replayed, as a forward is."""
-    gen = torch.Generator().manual_seed(9)
     k = kernel.COLUMNS_PER_WARP
-    table, residual = (torch.randn(6, k, generator=gen).half().to(DEV) for _ in range(2))
-    g = (1 + 0.3 * torch.randn(k, generator=gen)).half().to(DEV)
-    w = (torch.randn(24, k, generator=gen) / k ** 0.5).half().to(DEV)
+    table, residual, g, w = _normed_operands(9, 6, 24)
     rows = torch.tensor([4, 1, 4], device=DEV)
     plain = kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows)
     dependent = kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows, dependent_launch=True)
     assert torch.equal(dependent[0], plain[0]) and torch.equal(dependent[1], plain[1])
     if not torch.cuda.is_available():
         return
+    gen = torch.Generator().manual_seed(10)
     ws = [(torch.randn(k, k, generator=gen) / k ** 0.5).half().to(DEV) for _ in range(3)]
 
     def chain(dependent):
