@@ -10,10 +10,10 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 
 
-def _normed_operands(seed: int, rows: int, weight_rows: int):
-    """x rows, a residual, a norm weight and a weight (K = one warp's columns) for the normed forms, on DEV."""
+def _normed_operands(seed: int, rows: int, weight_rows: int, warps: int = 1):
+    """x rows, a residual, a norm weight and a weight (K = `warps` warps' columns) for the normed forms, on DEV."""
     gen = torch.Generator().manual_seed(seed)
-    k = kernel.COLUMNS_PER_WARP
+    k = kernel.COLUMNS_PER_WARP * warps
     table, residual = (torch.randn(rows, k, generator=gen).half().to(DEV) for _ in range(2))
     g = (1 + 0.3 * torch.randn(k, generator=gen)).half().to(DEV)
     w = (torch.randn(weight_rows, k, generator=gen) / k ** 0.5).half().to(DEV)
@@ -192,6 +192,35 @@ def test_a_register_cap_and_no_prefetch_give_the_same_bits(launched_kernels):
     assert names[1].endswith("_dep_regs128") and names[0] != names[1]
     with pytest.raises(KernelArgumentError, match="max_registers"):
         kernel.gemv_mma(table, w, max_registers=20)
+
+
+@pytest.mark.parametrize("warps", [1, 2])
+@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "no_residual"])
+def test_the_head_norm_then_the_plain_product_give_the_normed_forms_bits(with_residual, warps, launched_kernels):
+    """layer_kernels.HEAD_NORM = "separate": head_norm's rows (one block, the normed forms' arithmetic)
+    fed to the plain product give exactly the logits of the fused head form over the same gathered rows
+    (K over one and two warps: the sum of squares crosses warps in the same order), and the rows are
+    the RMSNorm of x + residual to float16 rounding."""
+    table, residual, g, w = _normed_operands(13 + warps, 5, 40, warps)
+    rows = torch.tensor([4, 1, 4], device=DEV)
+    res = residual if with_residual else None
+    fused, _ = kernel.gemv_mma(table, w, g, res, 1e-6, x_rows=rows, out_dtype=torch.float32, dependent_launch=True)
+    normed = kernel.head_norm(table, res, g, 1e-6, rows, dependent_launch=True)
+    separate = kernel.gemv_mma(normed, w, out_dtype=torch.float32, dependent_launch=True)
+    assert torch.equal(separate, fused)
+    want = kernel.head_norm_reference(table, res, g, 1e-6, rows)
+    torch.testing.assert_close(normed.float(), want.float(), atol=2e-3, rtol=2e-3)
+    assert launched_kernels[1] == f"head_norm_k{192 * warps}{'_residual' if with_residual else ''}_dep"
+
+
+def test_the_head_norm_names_bad_arguments():
+    table, residual, g, _ = _normed_operands(3, 10, 16)
+    with pytest.raises(KernelArgumentError, match="1 to 8 token rows"):
+        kernel.head_norm(table, residual, g, 1e-6, torch.arange(9, device=DEV))
+    with pytest.raises(KernelArgumentError, match="residual .* must match x"):
+        kernel.head_norm(table, residual[:4], g, 1e-6, torch.arange(2, device=DEV))
+    with pytest.raises(KernelArgumentError, match="multiple of 192"):
+        kernel.head_norm(table[:, :64].contiguous(), None, g[:64], 1e-6, torch.arange(2, device=DEV))
 
 
 def test_the_lm_head_writes_each_tiles_softmax_statistics():

@@ -193,7 +193,7 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
 
 
 @pytest.mark.parametrize("linear,norms,ropes,head_norm", [
-    ("mma", 3, 1, "fused"), ("mma_fused", 0, 0, "fused"), ("mma_fused", 1, 0, "separate")])
+    ("mma", 3, 1, "fused"), ("mma_fused", 0, 0, "fused"), ("mma_fused", 0, 0, "separate")])
 def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes, head_norm):
     """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma" sends every
     linear layer through it (counted), "mma_fused" also folds the norms, RoPE and the cache store into
@@ -220,6 +220,8 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
     # On the CPU the GEMV's torch twin stands in (the simulator takes a minute per forward; the kernel is
     # held to the twin in test_gemv_mma.py): here the forward's plumbing is what is tested.
     real = gemv_mma.gemv_mma if DEV != "cpu" else gemv_mma.gemv_mma_reference
+    real_head_norm, head_norms = gemv_mma.head_norm if DEV != "cpu" else gemv_mma.head_norm_reference, []
+    monkeypatch.setattr(gemv_mma, "head_norm", lambda *a, **kw: head_norms.append(1) or real_head_norm(*a, **kw))
     real_norm, real_rope, rope_calls = layer_kernels.add_rms_norm, layer_kernels.rope_and_cache, []
     monkeypatch.setattr(gemv_mma, "gemv_mma", lambda x, w, *a, **kw: calls.append(tuple(w.shape)) or real(x, w, *a, **kw))
     monkeypatch.setattr(layer_kernels, "add_rms_norm", lambda *a: norm_calls.append(1) or real_norm(*a))
@@ -232,6 +234,7 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
     from protospec.kernels.logit_stats import attached
     assert (attached(got) is not None) is stats
     assert len(calls) == 5 and len(norm_calls) == norms and len(rope_calls) == ropes  # qkv, o, gate_up, down, LM head
+    assert len(head_norms) == (head_norm == "separate" and linear == "mma_fused")
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(mma_caches[0], caches[0], **TOL[torch.float16])
     with pytest.raises(Exception, match="linear must be one of"):

@@ -29,7 +29,6 @@ from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.kernel_forms import add_kernel_form_args, apply_kernel_forms, engine_switches
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels import paged_attention as attention_kernels
-from protospec.model import layer_kernels
 from protospec.layout import ATTENTION_PATHS
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
 
@@ -200,8 +199,6 @@ def main(argv=None) -> dict:
                    help="the draft steps' and verify's sampling kernels (auto: on a GPU with the layer kernels)")
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
                    help="the tensor-core GEMVs as programmatic dependents (auto: on sm_90 and later)")
-    p.add_argument("--head-norm", default="fused", choices=["fused", "separate"],
-                   help="the fused forward's final norm in the LM head GEMV's loads, or a kernel of its own")
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (auto: wherever it applies; off: each "
                         "phase's kernels attributed apart)")
@@ -212,7 +209,6 @@ def main(argv=None) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
     attention_kernels.FUSED_COMBINE = args.attention_combine == "fused"  # before any graph is captured
-    layer_kernels.HEAD_NORM = args.head_norm
     apply_kernel_forms(args)
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,

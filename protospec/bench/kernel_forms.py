@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling, verify_inputs
+from protospec.model import layer_kernels
 
 ON_OFF_CHOICES = ["on", "off"]
 
@@ -37,6 +38,9 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="the tensor-core LM head also writes each 16-row vocabulary tile's softmax statistics, and the "
                         "sampling kernels combine them instead of a statistics kernel reading the logits (rows at "
                         "T = 1 or greedy; default: %(default)s)")
+    p.add_argument("--head-norm", default="fused", choices=["fused", "separate"],
+                   help="the fused forward's final norm in the LM head GEMV's loads, or a one-block kernel of its "
+                        "own before the plain GEMV (same bits; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
@@ -54,6 +58,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.LM_HEAD_MAX_REGISTERS = args.lm_head_max_registers
     gemv_mma.LM_HEAD_PREFETCH_NORM = args.lm_head_prefetch_norm == "on"
     gemv_mma.LOGIT_STATS = args.logit_stats == "on"
+    layer_kernels.HEAD_NORM = args.head_norm
 
 
 def engine_switches(args: argparse.Namespace) -> dict:

@@ -1,7 +1,8 @@
 """y = x @ W.T on tensor cores for a verify window's few token rows (T <= 8), float16, with the
 fused forms a decoder layer uses (the norm and residual add, SiLU x up, RoPE with the cache store,
-gathered rows, float32 logits): the checked entry point. The kernel and its layout are in
-gemv_mma_kernel.py, its torch twin in gemv_mma_twin.py.
+gathered rows, float32 logits): the checked entry point; and head_norm, the normed forms' norm as a
+kernel of its own (gemv_mma_norm.py). The kernel and its layout are in gemv_mma_kernel.py, its
+torch twin in gemv_mma_twin.py.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from protospec.kernels import interop
 from protospec.kernels.dependent_launch import supported as dependents_supported
 from protospec.kernels.gemv_mma_kernel import (COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS, TILE_ROWS, WARP,  # noqa: F401
                                                gemv_mma_kernel, supports, warps_for)
-from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference  # noqa: F401 (the twin, beside)
+from protospec.kernels.gemv_mma_norm import head_norm_kernel
+from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference, head_norm_reference  # noqa: F401 (the twins)
 from protospec.kernels.interop import check_tensor
 from protospec.kernels.logit_stats import LogitStats, attach
 
@@ -108,3 +110,33 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         attach(y, stats)
     out = y if rope is None else y.view(tokens, rope.num_heads, rope.head_dim)  # q [T, h, d] with rope
     return (out, res_out) if norm else out
+
+
+def head_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+              x_rows: torch.Tensor, dependent_launch: bool = False) -> torch.Tensor:
+    """rms_norm(x[x_rows] + residual[x_rows]) * norm_weight -> [T, K] float16 (T = len(x_rows) <= 8),
+    with the normed forms' arithmetic (gemv_mma_norm.py): gemv_mma of the result equals the normed
+    form's gemv_mma(x, W, norm_weight, residual, eps, x_rows=x_rows) bit for bit. One block.
+    dependent_launch: wait for the kernel before it, then let the next start (sm_90 and later)."""
+    check_tensor("head_norm x", x, torch.float16, 2)
+    check_tensor("head_norm x_rows", x_rows, torch.int64, 1)
+    k, tokens = x.shape[1], x_rows.shape[0]
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise KernelArgumentError(f"head_norm: 1 to {MAX_TOKENS} token rows, got {tokens}")
+    if not supports(k):
+        raise KernelArgumentError(f"head_norm: K = {k} must be a multiple of {COLUMNS_PER_WARP} "
+                                  f"(at most {MAX_WARPS * COLUMNS_PER_WARP})")
+    check_tensor("head_norm norm_weight", norm_weight, torch.float16, 1, rows=k)
+    if residual is not None:
+        check_tensor("head_norm residual", residual, torch.float16, 2)
+        if residual.shape != x.shape:
+            raise KernelArgumentError(f"head_norm: residual {tuple(residual.shape)} must match x {tuple(x.shape)}")
+    if dependent_launch and not dependents_supported(x.device):
+        raise KernelArgumentError(f"head_norm: dependent_launch needs compute capability 9.0 or later ({x.device})")
+    out = torch.empty(tokens, k, dtype=torch.float16, device=x.device)
+    x64 = x.view(torch.int64)
+    kernel = head_norm_kernel(warps_for(k), residual is not None, dependent_launch)
+    interop.launch_tensors(kernel, 1, warps_for(k) * WARP, [
+        x64, x64 if residual is None else residual.view(torch.int64), x_rows, norm_weight.view(torch.int64),
+        float(eps), tokens, out.view(torch.int64)], dependent=dependent_launch)
+    return out

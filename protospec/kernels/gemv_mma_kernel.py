@@ -43,21 +43,15 @@ from numba import float32, int64, uint32
 
 from protospec.kernels import interop
 from protospec.kernels.interop import cuda
+from protospec.kernels.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS,  # noqa: F401
+                                             WARP, WORDS, block_inv_rms, normed_halves, summed)
 from protospec.kernels.logit_stats import tile_stats
-from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
-from protospec.kernels.word_loads import load_flat, store_flat, unpack_f16x4
+from protospec.kernels.word_loads import load_flat, store_flat
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
 
-WARP = 32
 TILE_ROWS = 16        # output rows per block: the product's M
-MAX_TOKENS = 8        # the product's N
-CHUNK = 64            # columns a lane group of 4 covers per chunk (16 each)
-CHUNKS_PER_WARP = 3   # a warp's chunks, every word loaded before the first product
-WORDS = CHUNKS_PER_WARP * 4  # 8-byte words a lane loads per weight row (and per x row)
-MAX_WARPS = 32
 LOW32 = 0xFFFFFFFF
-COLUMNS_PER_WARP = CHUNK * CHUNKS_PER_WARP
 
 
 def warps_for(k: int) -> int:
@@ -162,32 +156,17 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     rw[i] = load_flat(res64, x_row * k_words + word)
         inv_rms = float32(1.0)
         if NORM:  # v = x + residual, rounded as add_rms_norm stores it; 1 / rms over the block's K
-            sq = float32(0.0)
-            for i in range(WORDS):
-                for e in range(4):
-                    v = _summed(xw[i], rw[i], e, RESIDUAL)
-                    sq += v * v
-            sq = sq if g < tokens else float32(0.0)
-            sq += xor_exchange(sq, 1, shuffle_scratch, tid)          # the 4 lanes of token g: the warp's K
-            sq += xor_exchange(sq, 2, shuffle_scratch, tid)
-            if t == 0:
-                squares[warp * MAX_TOKENS + g] = sq
-            cuda.syncthreads()
-            total = float32(0.0)
-            for w in range(warps):
-                total += squares[w * MAX_TOKENS + g]
-            inv_rms = float32(1.0) / math.sqrt(total / float32(4 * k_words) + float32(eps))
+            inv_rms = block_inv_rms(xw, rw, RESIDUAL, g, t, warp, warps, tokens, k_words, eps, squares,
+                                    shuffle_scratch, tid)
         for i in range(WORDS):
             if NORM:
                 word = first + 16 * (i // 4) + i % 4
                 gw = nw[i] if PREFETCH else load_flat(norm64, word)
-                v0, v1 = _summed(xw[i], rw[i], 0, RESIDUAL), _summed(xw[i], rw[i], 1, RESIDUAL)
-                v2, v3 = _summed(xw[i], rw[i], 2, RESIDUAL), _summed(xw[i], rw[i], 3, RESIDUAL)
                 if cuda.blockIdx.x == 0 and g < tokens:              # the residual stream, once
+                    v0, v1 = summed(xw[i], rw[i], 0, RESIDUAL), summed(xw[i], rw[i], 1, RESIDUAL)
+                    v2, v3 = summed(xw[i], rw[i], 2, RESIDUAL), summed(xw[i], rw[i], 3, RESIDUAL)
                     store_flat(res_out64, g * k_words + word, int64(pack_half2(v0, v1)) | (int64(pack_half2(v2, v3)) << 32))
-                n0_, n1_, n2_, n3_ = unpack_f16x4(gw)
-                b_lo[i] = pack_half2(n0_ * (v0 * inv_rms), n1_ * (v1 * inv_rms))
-                b_hi[i] = pack_half2(n2_ * (v2 * inv_rms), n3_ * (v3 * inv_rms))
+                b_lo[i], b_hi[i] = normed_halves(xw[i], rw[i], gw, inv_rms, RESIDUAL)
             else:
                 b_lo[i] = uint32(xw[i] & LOW32)
                 b_hi[i] = uint32((xw[i] >> 32) & LOW32)
@@ -278,15 +257,6 @@ def _rope_and_store(lo, hi, tok, head, dim, half, positions, cos, sin, y, kv_cac
             at = (plane * kv_cache.shape[1] * kv_cache.shape[2] + slot) * (kv_heads * head_dim) + kv_head * head_dim + dim
             store_flat(kv_cache, at, lo)
             store_flat(kv_cache, at + half, hi)
-
-
-@cuda.jit(device=True)
-def _summed(x_word, r_word, e, residual):
-    """Element e of x's word (plus the residual's, rounded to float16 as add_rms_norm stores it), float32."""
-    v = unpack_f16x4(x_word)[e]
-    if residual:
-        v = float32(np.float16(v + unpack_f16x4(r_word)[e]))
-    return v
 
 
 def supports(k: int) -> bool:

@@ -75,9 +75,7 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
         x = x[x_rows]
         residual = None if residual is None else residual[x_rows]
     stream = x.float() if residual is None else (x.float() + residual.float()).half().float()
-    h = x.float()
-    if norm_weight is not None:
-        h = (norm_weight.float() * (stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps))).half().float()
+    h = x.float() if norm_weight is None else _rms_normed(stream, norm_weight, eps).float()
     out = h @ weight.float().T
     if glu:
         gate, up = out.chunk(2, dim=-1)
@@ -88,3 +86,16 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
     if logit_stats:
         attach(out, tile_stats_reference(out))
     return (out, stream.half()) if norm_weight is not None else out
+
+
+def head_norm_reference(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                        x_rows: torch.Tensor, dependent_launch: bool = False) -> torch.Tensor:
+    """gemv_mma.head_norm in torch: the normed forms' rows, [len(x_rows), K] float16 (dependent_launch unused)."""
+    x = x[x_rows].float()
+    stream = x if residual is None else (x + residual[x_rows].float()).half().float()
+    return _rms_normed(stream, norm_weight, eps)
+
+
+def _rms_normed(stream: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """norm_weight * rms_norm(stream) in float32, rounded to float16 as the B operand takes it."""
+    return (norm_weight.float() * (stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps))).half()

@@ -152,6 +152,10 @@ def _layers_and_gemv() -> None:
              x_rows=ids, out_dtype=torch.float32)                             # the LM head over the wanted rows
     gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
     gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True)
+    from protospec.kernels.gemv_mma import head_norm
+    for dependent in (False, True):  # the final norm as a kernel of its own (--head-norm separate)
+        head_norm(h, h.clone(), h[0].clone(), 1e-6, ids, dependent_launch=dependent)
+    gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), out_dtype=torch.float32, dependent_launch=True)
     from protospec.kernels import gemv_mma as linears
     chosen = linears.PREFETCH_NORM
     try:  # the normed forms with the norm weight loaded after and before the wait: qkv, gate/up, the LM head

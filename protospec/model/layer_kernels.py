@@ -30,8 +30,9 @@ from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_an
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path
 # The fused forward's final norm: "fused" into the LM head GEMV's loads (one kernel, but each of its
-# ~2000 blocks recomputes the norm of the wanted rows), or "separate" (add_rms_norm over the wanted
-# rows once, then the plain GEMV). A switch for the census (--head-norm) until one is timed faster.
+# ~2000 blocks recomputes the norm of the wanted rows), or "separate" (gemv_mma.head_norm: the same
+# arithmetic once, in one block launched as a dependent, then the plain GEMV; the same logits).
+# Set before any graph is captured (bench and kernel_census: --head-norm).
 HEAD_NORM = "fused"
 
 
@@ -155,7 +156,7 @@ class LayerKernelForward:
             x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep), None
         norm = model.model.norm
         if HEAD_NORM == "separate":
-            h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # [num_logits, hidden]
+            h = gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted, dependent_launch=dep)  # [num_logits, hidden]
             return gemv_mma.gemv_mma(h, model.lm_head.weight, out_dtype=torch.float32, dependent_launch=dep,
                                      max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS, logit_stats=gemv_mma.LOGIT_STATS)
         logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,

@@ -1,7 +1,8 @@
 """The tensor-core LM head alone (llama-160m's head, 768 x 32000, 49 MB), out of the forward's chain:
 us per call and x its bytes floor for the plain product, the fused head form the forward launches
 (final norm after the residual add, wanted rows gathered, float32 logits), that form as a chain of
-programmatic dependents, and the same with the register cap; each case 20 calls cycling through
+programmatic dependents, the same with the register cap, and the norm as a one-block kernel of its
+own before the plain product (layer_kernels.HEAD_NORM = "separate"); each case 20 calls cycling through
 weight copies that exceed L2 (as in the forward, the head's weight is not in L2 when its turn comes).
     python3 scripts/device/lm_head_profile.py [--tokens 1 6]
 For ncu, --once launches each form a few times without graphs:
@@ -37,6 +38,11 @@ for tokens in args.tokens:
         "head form, dependents, 128 registers, no prefetch": lambda w: gemv_mma.gemv_mma(
             hidden, w, g, residual, 1e-6, x_rows=wanted, out_dtype=torch.float32, dependent_launch=True,
             max_registers=128, prefetch_norm=False),
+        "norm kernel, then plain (dependents)": lambda w: gemv_mma.gemv_mma(
+            gemv_mma.head_norm(hidden, residual, g, 1e-6, wanted, dependent_launch=True), w,
+            out_dtype=torch.float32, dependent_launch=True),
+        "plain, dependents": lambda w: gemv_mma.gemv_mma(hidden[:tokens], w, out_dtype=torch.float32,
+                                                         dependent_launch=True),
     }
     for name, form in forms.items():
         if args.once:
