@@ -4,7 +4,7 @@ from protospec.kernels.simulator import choose_numba_cuda_target
 choose_numba_cuda_target()  # simulator on CPU-only machines
 
 import pytest  # noqa: E402
-from tiny import DRAFT_CFG, TARGET_CFG, TINY_VOCAB, write_config  # noqa: E402
+from tiny import DRAFT_CFG, MMA_DRAFT_CFG, MMA_TARGET_CFG, TARGET_CFG, TINY_VOCAB, write_config  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +15,13 @@ def tiny_target(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_draft(tmp_path_factory):
     return write_config(tmp_path_factory.mktemp("draft"), DRAFT_CFG)
+
+
+@pytest.fixture(scope="session")
+def mma_pair(tmp_path_factory):
+    """(target, draft) checkpoints whose widths the tensor-core layer kernels take (tiny.MMA_*_CFG)."""
+    return (write_config(tmp_path_factory.mktemp("mma_target"), MMA_TARGET_CFG),
+            write_config(tmp_path_factory.mktemp("mma_draft"), MMA_DRAFT_CFG))
 
 
 @pytest.fixture(scope="session")

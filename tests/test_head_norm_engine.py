@@ -12,8 +12,8 @@ from protospec.config import SamplingParams
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded_t1"])
-def test_the_separate_head_norm_keeps_the_engines_tokens(tiny_target, tiny_draft, temperature, monkeypatch,
-                                                        launched_kernels):
+def test_the_separate_head_norm_keeps_the_engines_tokens(mma_pair, temperature, monkeypatch,
+                                                         launched_kernels):
     from tiny import random_prompts, tiny_llm
 
     from protospec.model import layer_kernels
@@ -25,7 +25,7 @@ def test_the_separate_head_norm_keeps_the_engines_tokens(tiny_target, tiny_draft
     for head_norm in ("fused", "separate"):
         monkeypatch.setattr(layer_kernels, "HEAD_NORM", head_norm)
         names.clear()
-        llm = tiny_llm(tiny_target, tiny_draft, k=3, dtype="float16", device="cuda", draft_loop="graph")
+        llm = tiny_llm(*mma_pair, k=3, dtype="float16", device="cuda", draft_loop="graph")
         tokens[head_norm] = [o.token_ids for o in llm.generate(prompts, params)]
         assert any(name.startswith("head_norm_") for name in names) is (head_norm == "separate")
     assert tokens["separate"] == tokens["fused"] and all(len(t) == params.max_tokens for t in tokens["fused"])

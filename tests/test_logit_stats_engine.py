@@ -13,7 +13,7 @@ from protospec.config import SamplingParams
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("mode", ["gpu", "graph"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded_t1"])
-def test_tile_statistics_keep_the_engines_tokens(tiny_target, tiny_draft, temperature, mode, monkeypatch,
+def test_tile_statistics_keep_the_engines_tokens(mma_pair, temperature, mode, monkeypatch,
                                                  launched_kernels):
     from tiny import random_prompts, tiny_llm
 
@@ -26,7 +26,7 @@ def test_tile_statistics_keep_the_engines_tokens(tiny_target, tiny_draft, temper
     for on in (False, True):
         monkeypatch.setattr(gemv_mma, "LOGIT_STATS", on)
         names.clear()
-        llm = tiny_llm(tiny_target, tiny_draft, k=3, dtype="float16", device="cuda", draft_loop=mode)
+        llm = tiny_llm(*mma_pair, k=3, dtype="float16", device="cuda", draft_loop=mode)
         assert llm.engine.fused_sampling
         tokens[on] = [o.token_ids for o in llm.generate(prompts, params)]
         assert ("probs_from_tiles_kernel" in names) is on
