@@ -5,7 +5,8 @@
           -> add_rms_norm on the logits rows, LM head
     linear="mma_fused" (float16, <= 8 tokens, widths the tensor-core GEMV takes): 5 per layer, the norms
              and residual adds folded into the qkv and gate/up GEMVs, RoPE and the cache store into qkv's
-             epilogue, SiLU x up into gate/up's; the embedding and the final norm into the first and last GEMV
+             epilogue, SiLU x up into gate/up's; the embedding into the first GEMV; the final norm over the
+             wanted rows a one-block kernel before the LM head (or folded into it: HEAD_NORM)
 
 The draft loop, the verify and the target's decode feed a few tokens per sequence; at batch 1 such
 a forward costs its kernel count (a few microseconds each on the GPU, plus a gap between kernels
@@ -32,8 +33,9 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 # The fused forward's final norm: "fused" into the LM head GEMV's loads (one kernel, but each of its
 # ~2000 blocks recomputes the norm of the wanted rows), or "separate" (gemv_mma.head_norm: the same
 # arithmetic once, in one block launched as a dependent, then the plain GEMV; the same logits).
-# Set before any graph is captured (bench and kernel_census: --head-norm).
-HEAD_NORM = "fused"
+# "separate": timed faster (data/results README); set before any graph is captured (bench and
+# kernel_census: --head-norm).
+HEAD_NORM = "separate"
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
@@ -139,8 +141,9 @@ class LayerKernelForward:
 
     def _fused_forward(self, model, input_ids, positions, kv_caches, meta, tables, wanted) -> torch.Tensor:
         """linear="mma_fused": 5 kernels a layer (qkv with the norm, RoPE and the cache store; attention;
-        o; gate/up with the norm and SiLU x up; down) and one for the whole head (norm, wanted rows,
-        LM head, float32): the embedding rows are gathered by the first qkv projection."""
+        o; gate/up with the norm and SiLU x up; down) and two for the head (the norm of the wanted rows,
+        then the LM head, float32; one with HEAD_NORM "fused"): the embedding rows are gathered by the
+        first qkv projection."""
         x, x_rows, residual = model.model.embed_tokens.weight, input_ids, None  # [V, hidden]: rows by token id
         dep = self.dependent
         for layer, kv_cache in zip(model.model.layers, kv_caches):

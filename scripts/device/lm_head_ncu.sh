@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tensor-core LM head alone: each form's us per call against its bytes floor, then Nsight Compute
-# on the form the forward launches (a dependent: final norm after the residual add, gathered rows,
-# float32 logits; its 4th launch, 6 token rows). Text under $OUT/res; about two minutes.
+# on the fused head form (layer_kernels.HEAD_NORM = "fused": a dependent, final norm after the residual
+# add, gathered rows, float32 logits; its 4th launch, 6 token rows). Text under $OUT/res; about two minutes.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/lm_head_ncu.sh
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
