@@ -223,6 +223,27 @@ def test_the_head_norm_names_bad_arguments():
         kernel.head_norm(table[:, :64].contiguous(), None, g[:64], 1e-6, torch.arange(2, device=DEV))
 
 
+@pytest.mark.parametrize("splits", [2, 4])
+def test_split_k_gives_the_unsplit_bits(splits, launched_kernels):
+    """k_splits: a tile's K over several blocks, the last to arrive summing every warp's products in the
+    unsplit order: the same bits as the unsplit kernel (K over 4 warps, a tile past N's end, 1 and 6
+    tokens), twice in a row (the arrival counters reset), named for the split; refused for a fused form
+    or a split that does not divide K's warps."""
+    gen = torch.Generator().manual_seed(20 + splits)
+    k, n = 4 * kernel.COLUMNS_PER_WARP, 37
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).half().to(DEV)
+    for tokens in (1, 6):
+        x = torch.randn(tokens, k, generator=gen).half().to(DEV)
+        whole = kernel.gemv_mma(x, w, dependent_launch=True)
+        for _ in range(tokens // 6 + 1):  # 6 tokens twice: the counters were reset by the last block
+            assert torch.equal(kernel.gemv_mma(x, w, dependent_launch=True, k_splits=splits), whole)
+    assert launched_kernels[1] == f"gemv_mma_k768_dep_split{splits}"
+    with pytest.raises(KernelArgumentError, match="k_splits 3 must divide"):
+        kernel.gemv_mma(x, w, k_splits=3)
+    with pytest.raises(KernelArgumentError, match="plain form only"):
+        kernel.gemv_mma(x, w, w[0].clone(), k_splits=splits)
+
+
 def test_the_lm_head_writes_each_tiles_softmax_statistics():
     """logit_stats: per token and 16-row vocabulary tile, the max of the logits the kernel stored, its
     first row (ties planted at the max, across a tile's two row halves and inside one, keep the lower

@@ -6,6 +6,8 @@ torch twin in gemv_mma_twin.py.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from protospec.errors import KernelArgumentError
@@ -17,6 +19,7 @@ from protospec.kernels.gemv_mma_norm import head_norm_kernel
 from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference, head_norm_reference  # noqa: F401 (the twins)
 from protospec.kernels.interop import check_tensor
 from protospec.kernels.logit_stats import LogitStats, attach
+from protospec.kernels.paged_attention import arrival_counters
 
 # The normed forms load the norm's weight with the weights, before a dependent's wait, instead of
 # after the norm's reduction (same bits). On: timed faster (bench and kernel_census: --prefetch-norm off
@@ -36,12 +39,17 @@ LM_HEAD_PREFETCH_NORM = True
 # Set before any graph is captured (bench and kernel_census: --logit-stats).
 LOGIT_STATS = False
 
+# The down projection (K = 3072, N = 768) is 48 tiles of 16 rows: one block each leaves most SMs idle
+# while 48 of them pull its 4.7 MB. Split K over this many blocks a tile (1: unsplit; same bits).
+# Set before any graph is captured (bench and kernel_census: --down-k-splits).
+DOWN_K_SPLITS = 1
+
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
              x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16,
              dependent_launch: bool = False, max_registers: int = 0, prefetch_norm: bool | None = None,
-             logit_stats: bool = False):
+             logit_stats: bool = False, k_splits: int = 1):
     """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
@@ -52,7 +60,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     max_registers: at most that many registers a thread (0: the compiler's choice); prefetch_norm: the
     normed forms load the norm weight before the wait (None: PREFETCH_NORM). Neither changes the bits.
     logit_stats (float32 y; not with glu or rope): y also carries its tiles' softmax statistics
-    (logit_stats.attached(y))."""
+    (logit_stats.attached(y)). k_splits (the plain form): a 16-row tile's K over that many blocks, the
+    last to finish summing every warp's products in the unsplit order (the same bits)."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
     k = x.shape[1]
@@ -77,6 +86,9 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         raise KernelArgumentError(f"gemv_mma: max_registers 0 or 32 to 255, got {max_registers}")
     if logit_stats and (out_dtype != torch.float32 or glu or rope is not None):
         raise KernelArgumentError("gemv_mma: logit_stats takes float32 logits from the plain or normed forms")
+    if k_splits != 1 and (k_splits < 1 or warps_for(k) % k_splits or norm_weight is not None or glu
+                          or x_rows is not None or rope is not None or logit_stats):
+        raise KernelArgumentError(f"gemv_mma: k_splits {k_splits} must divide K's {warps_for(k)} warps, plain form only")
     if out_dtype not in (torch.float16, torch.float32):
         raise KernelArgumentError(f"gemv_mma: out_dtype float16 or float32, got {out_dtype}")
     if norm_weight is not None:
@@ -91,21 +103,22 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     x64 = x.view(torch.int64)
     norm = norm_weight is not None
     res_out = torch.empty(tokens, k, dtype=torch.float16, device=x.device) if norm else y
-    warps = warps_for(k)
+    warps, tiles = warps_for(k) // k_splits, -(-n // TILE_ROWS)
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
                              dependent_launch, norm and (PREFETCH_NORM if prefetch_norm is None else prefetch_norm),
-                             max_registers, logit_stats)
+                             max_registers, logit_stats, k_splits)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     stats = LogitStats.empty(tokens, n, x.device) if logit_stats else LogitStats(x64.view(torch.float32), x64,
                                                                                    x64.view(torch.float32))
-    interop.launch_tensors(kernel, -(-n // TILE_ROWS), warps * WARP, [
+    partials, counters = _split_buffers(tiles * warps_for(k) * WARP * 4, tiles, x.device, k_splits > 1)
+    interop.launch_tensors(kernel, tiles * k_splits, warps * WARP, [
         x64, index, x64 if residual is None else residual.view(torch.int64),
         x64[0] if norm_weight is None else norm_weight.view(torch.int64), float(eps), weight.view(torch.int64),
         tokens, y, res_out.view(torch.int64) if norm else x64,
         index if rope is None else rope.positions, table, table if rope is None else rope.sin,
         y.view(1, 1, 1, *y.shape) if rope is None else rope.kv_cache, index if rope is None else rope.slot_mapping,
-        stats.tile_max, stats.tile_index, stats.tile_sum], dependent=dependent_launch)
+        stats.tile_max, stats.tile_index, stats.tile_sum, partials, counters], dependent=dependent_launch)
     if logit_stats:
         attach(y, stats)
     out = y if rope is None else y.view(tokens, rope.num_heads, rope.head_dim)  # q [T, h, d] with rope
@@ -140,3 +153,24 @@ def head_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         x64, x64 if residual is None else residual.view(torch.int64), x_rows, norm_weight.view(torch.int64),
         float(eps), tokens, out.view(torch.int64)], dependent=dependent_launch)
     return out
+
+
+_SPLIT_PARTIALS: dict = {}
+
+
+def _split_buffers(floats: int, tiles: int, device: torch.device, split: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K form's scratch: its warps' products [>= floats] float32 and arrival counters [>= tiles]
+    int32 (zero between calls). One growing buffer per device (a call reads only what it wrote, and the
+    kernels of a forward run one after another); the old ones stay alive for the graphs that captured
+    them. Unsplit calls get 1-element stand-ins."""
+    if not split:
+        return _stand_ins(device)
+    kept = _SPLIT_PARTIALS.setdefault(device, [])
+    if not kept or kept[-1].numel() < floats:
+        kept.append(torch.empty(max(floats, 2 * kept[-1].numel() if kept else 0), dtype=torch.float32, device=device))
+    return kept[-1], arrival_counters(device, tiles, "gemv_split")
+
+
+@functools.cache
+def _stand_ins(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(1, dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.int32, device=device)

@@ -39,9 +39,10 @@ import functools
 import math
 
 import numpy as np
-from numba import float32, int64, uint32
+from numba import float32, int32, int64, uint32
 
 from protospec.kernels import interop
+from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import cuda
 from protospec.kernels.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS,  # noqa: F401
                                              WARP, WORDS, block_inv_rms, normed_halves, summed)
@@ -62,7 +63,7 @@ def warps_for(k: int) -> int:
 @functools.cache
 def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
                     gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False,
-                    max_registers: int = 0, stats: bool = False):
+                    max_registers: int = 0, stats: bool = False, splits: int = 1):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -72,10 +73,16 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     where they are used, after the norm's block reduction, they add a load's latency to every
     normed kernel's chain. MAX_REGISTERS (0: the compiler's choice) caps the registers a thread, so
     more blocks fit on an SM at once (a launch of more blocks than fit runs in waves). STATS (float32
-    y, not with GLU or ROPE) also writes each tile's softmax statistics per token (logit_stats.py)."""
+    y, not with GLU or ROPE) also writes each tile's softmax statistics per token (logit_stats.py).
+    SPLITS (the plain form only) spreads a tile's K over that many blocks of `warps` warps each: they
+    write their warps' fragments to global memory and the last to arrive sums all of them in the
+    unsplit kernel's warp order (the same bits), so a tall K (the down projection's 3072: 48 tiles)
+    loads its weights from SPLITS times as many SMs."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     if stats and (glu or rope_dim):
         raise ValueError("gemv_mma_kernel: tile statistics only for the plain and normed forms")
+    if splits > 1 and (norm or glu or gather or rope_dim or stats):
+        raise ValueError("gemv_mma_kernel: split K only for the plain form")
     if max_registers and not interop.SIMULATOR:
         options["max_registers"] = max_registers
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM, DEPENDENT = norm, residual, glu, gather, rope_dim, dependent  # noqa: N806
@@ -89,22 +96,25 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     THREADS = warps * WARP
     UP_WORDS = WORDS if glu else 1
     STATS, STATS_THREADS = stats, THREADS if stats else 1  # noqa: N806
+    SPLITS, ALL_WARPS = splits, warps * splits  # noqa: N806
 
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
-                 tile_max, tile_index, tile_sum):
+                 tile_max, tile_index, tile_sum, split_partials, counters):
         """x64, res64 [R, K / 4] int64 (float16 words; R = T unless GATHER); x_rows [T] int64 (GATHER);
         norm64 [K / 4] int64; w64 [N (2I with GLU), K / 4] int64; y [T, N (I; h * d with ROPE)] float16
         or float32; res_out64 [T, K / 4] int64 <- x + residual (NORM; block 0 writes it).
         ROPE: positions [T] int64, cos / sin [P, d], kv_cache [2, blocks, block_size, kvh, d], slots [T]
         int64 (-1: no store). STATS: tile_max, tile_sum [T, N / 16] float32, tile_index [T, N / 16] int64.
+        SPLITS: split_partials [tiles * ALL_WARPS * 32 * 4] float32, counters [>= tiles] int32 (zeros).
         """
         n_rows, k_words = w64.shape[0] // PRODUCTS, w64.shape[1]
         tid = cuda.threadIdx.x
         warp, lane = tid // WARP, tid % WARP
         g, t = lane // 4, lane % 4
-        n0 = cuda.blockIdx.x * TILE_ROWS
-        head = cuda.blockIdx.x // GROUPS                             # ROPE: this block's head ...
-        dim = (cuda.blockIdx.x % GROUPS) * 8 + g                     # ... and the lane's dim pair (dim, dim + d/2)
+        tile, part = cuda.blockIdx.x // SPLITS, cuda.blockIdx.x % SPLITS  # SPLITS: the tile's K part
+        n0 = tile * TILE_ROWS
+        head = tile // GROUPS                                        # ROPE: this block's head ...
+        dim = (tile % GROUPS) * 8 + g                                # ... and the lane's dim pair (dim, dim + d/2)
         if ROPE_DIM:
             row_lo = head * ROPE_DIM + dim
             row_hi = row_lo + HALF
@@ -112,7 +122,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             row_lo = min(n0 + g, n_rows - 1)
             row_hi = min(n0 + g + 8, n_rows - 1)
         token = min(g, tokens - 1)                                   # a real row's words (zeroed below)
-        first = warp * (COLUMNS_PER_WARP // 4) + 4 * t               # this lane's first word in a row
+        first = (part * warps + warp) * (COLUMNS_PER_WARP // 4) + 4 * t  # this lane's first word in a row
         w_lo = cuda.local.array(WORDS, int64)
         w_hi = cuda.local.array(WORDS, int64)
         u_lo = cuda.local.array(UP_WORDS, int64)                     # GLU: the up rows (gate rows in w_*)
@@ -126,6 +136,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         shuffle_scratch = cuda.shared.array(THREADS, float32)        # the simulator's shuffles
         index_scratch = cuda.shared.array(STATS_THREADS, int64)
         partials = cuda.shared.array(PARTIALS, float32)
+        last = cuda.shared.array(1, int32)
         squares = cuda.shared.array(SQUARES, float32)
         x_row = token
         if GATHER and not DEPENDENT:
@@ -182,24 +193,36 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 a, b = u_lo[i], u_hi[i]
                 e0, e1, e2, e3 = mma_f16(a & LOW32, b & LOW32, (a >> 32) & LOW32, (b >> 32) & LOW32,
                                          b_lo[i], b_hi[i], e0, e1, e2, e3, mma_scratch, tid)
-        base = tid * 4 * PRODUCTS
-        partials[base] = d0
-        partials[base + 1] = d1
-        partials[base + 2] = d2
-        partials[base + 3] = d3
-        if GLU:
-            partials[base + 4] = e0
-            partials[base + 5] = e1
-            partials[base + 6] = e2
-            partials[base + 7] = e3
-        cuda.syncthreads()
+        if SPLITS > 1:  # the fragments to global memory; the tile's last block to arrive goes on
+            base = ((tile * ALL_WARPS + part * warps + warp) * WARP + lane) * 4
+            split_partials[base] = d0
+            split_partials[base + 1] = d1
+            split_partials[base + 2] = d2
+            split_partials[base + 3] = d3
+            if not arrived_last(counters, tile, SPLITS, last, tid):
+                return
+        else:
+            base = tid * 4 * PRODUCTS
+            partials[base] = d0
+            partials[base + 1] = d1
+            partials[base + 2] = d2
+            partials[base + 3] = d3
+            if GLU:
+                partials[base + 4] = e0
+                partials[base + 5] = e1
+                partials[base + 6] = e2
+                partials[base + 7] = e3
+            cuda.syncthreads()
         sums = cuda.local.array(4, float32)                          # warp 0: D[g + 8 (i // 2)][2t + i % 2]
         if warp == 0:
             for i in range(4):
                 s = float32(0.0)
                 up = float32(0.0)
-                for w in range(warps):
-                    s += partials[(w * WARP + lane) * 4 * PRODUCTS + i]
+                for w in range(ALL_WARPS):
+                    if SPLITS > 1:
+                        s += split_partials[((tile * ALL_WARPS + w) * WARP + lane) * 4 + i]
+                    else:
+                        s += partials[(w * WARP + lane) * 4 * PRODUCTS + i]
                     if GLU:
                         up += partials[(w * WARP + lane) * 4 * PRODUCTS + 4 + i]
                 if GLU:  # gate and up rounded as the separate path stores them, then silu(gate) * up
@@ -220,18 +243,19 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                        index_scratch, tid)
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
-                                                             PREFETCH, max_registers, stats)
+                                                             PREFETCH, max_registers, stats, splits)
     return cuda.jit(**options)(gemv_mma)
 
 
 def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool,
-                 prefetch_norm: bool = False, max_registers: int = 0, stats: bool = False) -> str:
+                 prefetch_norm: bool = False, max_registers: int = 0, stats: bool = False, splits: int = 1) -> str:
     """e.g. gemv_mma_k768_norm_residual_rope_dep: K, then each fused form the kernel takes (regs128: at
-    most 128 registers a thread)."""
+    most 128 registers a thread; split4: a tile's K over 4 blocks of `warps` warps)."""
     forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
                              ("rope", rope_dim), ("dep", dependent), ("prefetch", prefetch_norm),
-                             (f"regs{max_registers}", max_registers), ("stats", stats)) if on]
-    return "_".join(["gemv_mma", f"k{warps * COLUMNS_PER_WARP}", *forms])
+                             (f"regs{max_registers}", max_registers), ("stats", stats), (f"split{splits}", splits > 1))
+             if on]
+    return "_".join(["gemv_mma", f"k{warps * splits * COLUMNS_PER_WARP}", *forms])
 
 
 @cuda.jit(device=True)

@@ -156,6 +156,9 @@ def _layers_and_gemv() -> None:
     for dependent in (False, True):  # the final norm as a kernel of its own (--head-norm separate)
         head_norm(h, h.clone(), h[0].clone(), 1e-6, ids, dependent_launch=dependent)
     gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), out_dtype=torch.float32, dependent_launch=True)
+    for splits in (2, 4):  # the down projection's split K (--down-k-splits)
+        gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(40, 3072, dtype=torch.float16),
+                 dependent_launch=True, k_splits=splits)
     from protospec.kernels import gemv_mma as linears
     chosen = linears.PREFETCH_NORM
     try:  # the normed forms with the norm weight loaded after and before the wait: qkv, gate/up, the LM head

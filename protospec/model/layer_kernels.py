@@ -106,6 +106,11 @@ class LayerKernelForward:
             return gemv_mma.gemv_mma(x if x.is_contiguous() else x.contiguous(), weight, dependent_launch=self.dependent)
         return F.linear(x, weight)
 
+    @staticmethod
+    def _down_splits(k: int) -> int:
+        """gemv_mma.DOWN_K_SPLITS where it divides the down projection's K warps, else unsplit."""
+        return gemv_mma.DOWN_K_SPLITS if gemv_mma.warps_for(k) % gemv_mma.DOWN_K_SPLITS == 0 else 1
+
     def applies(self, meta: AttentionMetadata) -> bool:
         """A host-side decision (no device read): a uniform layout of a few tokens per sequence
         whose context fits the attention kernel."""
@@ -156,7 +161,8 @@ class LayerKernelForward:
             o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep)
             act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True,
                                               dependent_launch=dep)
-            x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep), None
+            x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep,
+                                          k_splits=self._down_splits(act.shape[1])), None
         norm = model.model.norm
         if HEAD_NORM == "separate":
             h = gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted, dependent_launch=dep)  # [num_logits, hidden]

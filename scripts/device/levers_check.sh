@@ -14,7 +14,7 @@ if (($# == 0)); then set -- ""; fi
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_layer_kernels.py tests/test_sampling_kernel.py tests/test_overlap_commit.py \
   tests/test_draft_loop.py tests/test_step_graph.py tests/test_prefill_graphs.py tests/test_gemv_mma.py \
   tests/test_attention_mma.py tests/test_advance_step.py tests/test_rejection_kernel.py tests/test_reductions.py \
-  tests/test_logit_stats_engine.py tests/test_head_norm_engine.py 2>&1 \
+  tests/test_logit_stats_engine.py tests/test_gemv_forms_engine.py 2>&1 \
   | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
 for ((i = 1; i <= $#; i++)); do
   echo "census [${!i}]: $(timeout 90 python3 -m protospec.bench.kernel_census --modes graph ${!i} \

@@ -1,0 +1,38 @@
+"""The tensor-core GEMV's same-bits forms end to end: an engine whose forwards run the tensor-core
+layer kernels (float16, on a GPU) launches the form it is set to and emits the tokens of the other
+form, greedy and seeded, in the captured draft loop. The forms: the LM head's final norm as a kernel
+of its own or folded into the head (layer_kernels.HEAD_NORM), and the down projection's K split over
+several blocks a tile or not (gemv_mma.DOWN_K_SPLITS). (Their bits against each other run in the
+simulator too: tests/test_gemv_mma.py.)"""
+import pytest
+import torch
+
+from protospec.config import SamplingParams
+
+FORMS = {  # setting -> (module, attribute, the two values, a kernel name only the second launches)
+    "head_norm": ("protospec.model.layer_kernels", "HEAD_NORM", ("fused", "separate"), "head_norm_"),
+    "down_k_splits": ("protospec.kernels.gemv_mma", "DOWN_K_SPLITS", (1, 2), "gemv_mma_k384_dep_split2"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded_t1"])
+def test_a_same_bits_form_keeps_the_engines_tokens(mma_pair, form, temperature, monkeypatch, launched_kernels):
+    import importlib
+
+    from tiny import random_prompts, tiny_llm
+
+    module, attribute, values, marker = FORMS[form]
+    names = launched_kernels
+    params = SamplingParams(temperature=temperature, max_tokens=24, ignore_eos=True, seed=4)
+    prompts = random_prompts(3, seed=3)
+    tokens = {}
+    for value in values:
+        monkeypatch.setattr(importlib.import_module(module), attribute, value)
+        names.clear()
+        llm = tiny_llm(*mma_pair, k=3, dtype="float16", device="cuda", draft_loop="graph")
+        tokens[value] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert any(name.startswith(marker) for name in names) is (value == values[1])
+    assert tokens[values[1]] == tokens[values[0]] and all(len(t) == params.max_tokens for t in tokens[values[0]])
