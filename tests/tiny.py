@@ -10,9 +10,10 @@ TARGET_CFG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, nu
                   rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.1,
                   bos_token_id=0, eos_token_id=2, tie_word_embeddings=False, model_type="llama")
 DRAFT_CFG = dict(TARGET_CFG, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_key_value_heads=1)
-# Widths the tensor-core GEMV takes (K a multiple of 192) and head dims its attention takes (64): a
-# float16 engine of these on a GPU runs the fused forward (layer_kernels.LayerKernelForward._fused_forward).
-MMA_TARGET_CFG = dict(TARGET_CFG, hidden_size=192, intermediate_size=384, num_attention_heads=3, num_key_value_heads=1)
+# Widths the tensor-core GEMV takes (K a multiple of 192, two warps' worth so K can split) and head dims
+# its attention takes (64): a float16 engine of these on a GPU runs the fused forward
+# (layer_kernels.LayerKernelForward._fused_forward).
+MMA_TARGET_CFG = dict(TARGET_CFG, hidden_size=384, intermediate_size=768, num_attention_heads=6, num_key_value_heads=2)
 MMA_DRAFT_CFG = dict(MMA_TARGET_CFG, num_hidden_layers=1)
 
 

@@ -41,9 +41,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-norm", default="separate", choices=["fused", "separate"],
                    help="the fused forward's final norm in the LM head GEMV's loads, or a one-block kernel of its "
                         "own before the plain GEMV (same bits; default: %(default)s)")
-    p.add_argument("--down-k-splits", type=int, default=1, choices=[1, 2, 4],
-                   help="the tensor-core down projection's K over this many blocks a 16-row tile, the last to "
-                        "finish summing them (same bits; default: %(default)s)")
+    for linear in ("o", "down"):
+        p.add_argument(f"--{linear}-k-splits", type=int, default=1, choices=[1, 2, 4],
+                       help=f"the tensor-core {linear} projection's K over this many blocks a 16-row tile, the last "
+                            "to finish summing them (same bits; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
@@ -62,7 +63,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.LM_HEAD_PREFETCH_NORM = args.lm_head_prefetch_norm == "on"
     gemv_mma.LOGIT_STATS = args.logit_stats == "on"
     layer_kernels.HEAD_NORM = args.head_norm
-    gemv_mma.DOWN_K_SPLITS = args.down_k_splits
+    gemv_mma.O_K_SPLITS, gemv_mma.DOWN_K_SPLITS = args.o_k_splits, args.down_k_splits
 
 
 def engine_switches(args: argparse.Namespace) -> dict:

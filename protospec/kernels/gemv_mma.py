@@ -39,9 +39,10 @@ LM_HEAD_PREFETCH_NORM = True
 # Set before any graph is captured (bench and kernel_census: --logit-stats).
 LOGIT_STATS = False
 
-# The down projection (K = 3072, N = 768) is 48 tiles of 16 rows: one block each leaves most SMs idle
-# while 48 of them pull its 4.7 MB. Split K over this many blocks a tile (1: unsplit; same bits).
-# Set before any graph is captured (bench and kernel_census: --down-k-splits).
+# The o and down projections (N = 768) are 48 tiles of 16 rows: one block each leaves most SMs idle
+# while 48 of them pull the weight (down's 4.7 MB). Split K over this many blocks a tile (1: unsplit;
+# same bits). Set before any graph is captured (bench and kernel_census: --o-k-splits, --down-k-splits).
+O_K_SPLITS = 1
 DOWN_K_SPLITS = 1
 
 

@@ -107,9 +107,9 @@ class LayerKernelForward:
         return F.linear(x, weight)
 
     @staticmethod
-    def _down_splits(k: int) -> int:
-        """gemv_mma.DOWN_K_SPLITS where it divides the down projection's K warps, else unsplit."""
-        return gemv_mma.DOWN_K_SPLITS if gemv_mma.warps_for(k) % gemv_mma.DOWN_K_SPLITS == 0 else 1
+    def _splits(splits: int, k: int) -> int:
+        """A linear's K split (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS) where it divides K's warps, else unsplit."""
+        return splits if gemv_mma.warps_for(k) % splits == 0 else 1
 
     def applies(self, meta: AttentionMetadata) -> bool:
         """A host-side decision (no device read): a uniform layout of a few tokens per sequence
@@ -158,11 +158,12 @@ class LayerKernelForward:
                                             rope=rope, dependent_launch=dep)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
                                                     path=self.attention_path, dependent_launch=dep)
-            o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep)
+            o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep,
+                                  k_splits=self._splits(gemv_mma.O_K_SPLITS, attn.shape[1]))
             act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True,
                                               dependent_launch=dep)
             x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep,
-                                          k_splits=self._down_splits(act.shape[1])), None
+                                          k_splits=self._splits(gemv_mma.DOWN_K_SPLITS, act.shape[1])), None
         norm = model.model.norm
         if HEAD_NORM == "separate":
             h = gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted, dependent_launch=dep)  # [num_logits, hidden]
