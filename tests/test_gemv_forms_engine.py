@@ -1,9 +1,11 @@
 """The tensor-core GEMV's same-bits forms end to end: an engine whose forwards run the tensor-core
 layer kernels (float16, on a GPU) launches the form it is set to and emits the tokens of the other
 form, greedy and seeded, in the captured draft loop. The forms: the LM head's final norm as a kernel
-of its own or folded into the head (layer_kernels.HEAD_NORM), and the o and down projections' K split
-over several blocks a tile or not (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS). (Their bits against each
-other run in the simulator too: tests/test_gemv_mma.py.)"""
+of its own or folded into the head (layer_kernels.HEAD_NORM); the o and down projections' K split
+over several blocks a tile or not (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS); the linears that let the
+next kernel launch before their wait (gemv_mma.EARLY_ALLOW); the wait kept below the weight loads
+(gemv_mma.PIN_WEIGHT_LOADS). (Their bits against each other run in the simulator too:
+tests/test_gemv_mma.py.)"""
 import pytest
 import torch
 
@@ -13,6 +15,9 @@ FORMS = {  # setting -> (module, attribute, the two values, a kernel name only t
     "head_norm": ("protospec.model.layer_kernels", "HEAD_NORM", ("fused", "separate"), "head_norm_"),
     "down_k_splits": ("protospec.kernels.gemv_mma", "DOWN_K_SPLITS", (1, 2), "gemv_mma_k768_dep_split2"),
     "o_k_splits": ("protospec.kernels.gemv_mma", "O_K_SPLITS", (1, 2), "gemv_mma_k384_dep_split2"),
+    "gemv_early_allow": ("protospec.kernels.gemv_mma", "EARLY_ALLOW",
+                         (frozenset(), frozenset({"o", "gate_up", "down"})), "gemv_mma_k384_dep_early"),
+    "pin_weight_loads": ("protospec.kernels.gemv_mma", "PIN_WEIGHT_LOADS", (False, True), "gemv_mma_k384_dep_pin"),
 }
 
 

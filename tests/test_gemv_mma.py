@@ -244,6 +244,37 @@ def test_split_k_gives_the_unsplit_bits(splits, launched_kernels):
         kernel.gemv_mma(x, w, w[0].clone(), k_splits=splits)
 
 
+def test_pinned_weight_loads_give_the_same_bits_under_their_own_name(monkeypatch, launched_kernels):
+    """gemv_mma.PIN_WEIGHT_LOADS moves only where the wait sits in the machine code (a no-op in the
+    simulator; tests/test_gpu_typecheck.py reads the order ptxas made): the dependent forms give the
+    default's results through kernels named for it; an early allow pins by itself (no second name)."""
+    table, residual, g, w = _normed_operands(15, 4, 42)
+    x = table[:3].contiguous()
+    out = {}
+    for pin in (False, True):
+        monkeypatch.setattr(kernel, "PIN_WEIGHT_LOADS", pin)
+        out[pin] = kernel.gemv_mma(x, w, g, residual[:3].contiguous(), glu=True, dependent_launch=True)
+        kernel.gemv_mma(x, w, dependent_launch=True, allow_early=True)
+    assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
+    assert launched_kernels == ["gemv_mma_k192_norm_residual_glu_dep_prefetch", "gemv_mma_k192_dep_early",
+                                "gemv_mma_k192_norm_residual_glu_dep_prefetch_pin", "gemv_mma_k192_dep_early"]
+
+
+def test_an_early_allow_gives_the_same_bits_under_its_own_name(launched_kernels):
+    """allow_early moves only when the next kernel may launch (a no-op in the simulator): the o, gate/up
+    and down forms give the default's results, through kernels named for it; without a dependent
+    launch there is nothing to allow and the name stays the plain one."""
+    table, residual, g, w = _normed_operands(14, 4, 42)
+    x = table[:3].contiguous()
+    for form in (dict(), dict(norm_weight=g, residual=residual[:3].contiguous(), glu=True)):
+        default, early = (kernel.gemv_mma(x, w, dependent_launch=True, allow_early=on, **form) for on in (False, True))
+        assert all(torch.equal(a, b) for a, b in zip(default, early)) if form else torch.equal(default, early)
+    kernel.gemv_mma(x, w, allow_early=True)
+    assert launched_kernels == ["gemv_mma_k192_dep", "gemv_mma_k192_dep_early",
+                                "gemv_mma_k192_norm_residual_glu_dep_prefetch",
+                                "gemv_mma_k192_norm_residual_glu_dep_prefetch_early", "gemv_mma_k192"]
+
+
 def test_the_lm_head_writes_each_tiles_softmax_statistics():
     """logit_stats: per token and 16-row vocabulary tile, the max of the logits the kernel stored, its
     first row (ties planted at the max, across a tile's two row halves and inside one, keep the lower

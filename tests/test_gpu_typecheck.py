@@ -84,3 +84,35 @@ def test_ptxas_reports_are_read_for_registers_spills_and_shared_memory():
     assert parse_ptxas(no_shared) == dict(registers=128, shared_bytes=0, spill_stores=0, spill_loads=140)
     with pytest.raises(ValueError, match="no register report"):
         parse_ptxas("ptxas info    : 96 bytes gmem\n")
+
+
+def test_the_wait_order_reader_counts_loads_on_each_side_of_the_first_wait():
+    """kernels/gpu_wait_order.py: loads before and after the first griddepcontrol.wait, and where
+    launch_dependents sits; a kernel without a wait has no order."""
+    from protospec.kernels.gpu_wait_order import LAUNCH, LDG, WAIT, wait_order
+
+    other = 0x7
+    assert wait_order([LDG, other, LDG, LAUNCH, WAIT, LDG, LAUNCH]) == dict(loads_before=2, loads_after=1,
+                                                                             launches=["before", "after"])
+    assert wait_order([WAIT, LDG, LDG, WAIT, LDG]) == dict(loads_before=0, loads_after=3, launches=[])
+    assert wait_order([LDG, LAUNCH]) is None
+
+
+def test_the_pinned_dependent_gemvs_issue_their_weight_loads_before_the_wait():
+    """The machine code ptxas makes (it needs the CUDA toolkit, which CI lacks): each tensor-core
+    GEMV form with --pin-weight-loads or an early allow has every weight word of a lane (24, 36 with
+    the norm weight, 60 for gate/up) loaded before its wait. ptxas hoists a plain wait above them all,
+    so a dropped pin shows here as 0 loads before the wait."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("ptxas") is None:
+        pytest.skip("needs ptxas (the CUDA toolkit)")
+    done = _run("from protospec.kernels import gpu_wait_order; gpu_wait_order.main(['--parts', 'layers'])")
+    assert done.returncode == 0, done.stderr[-3000:]
+    orders = {line.rsplit(": ", 1)[1]: int(line.split()[0]) for line in done.stdout.splitlines()
+              if "loads before the wait" in line}
+    pinned = {name: loads for name, loads in orders.items() if name.endswith(("_pin", "_early"))}
+    assert pinned["gemv_mma_k768_dep_pin"] >= 24 and pinned["gemv_mma_k768_norm_residual_glu_dep_prefetch_pin"] >= 60
+    assert len(pinned) >= 6 and min(pinned.values()) >= 24, pinned

@@ -45,6 +45,12 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{linear}-k-splits", type=int, default=1, choices=[1, 2, 4],
                        help=f"the tensor-core {linear} projection's K over this many blocks a 16-row tile, the last "
                             "to finish summing them (same bits; default: %(default)s)")
+    p.add_argument("--gemv-early-allow", default="none",
+                   help="comma-separated linears (o, gate_up, down) that let the next kernel launch before their own "
+                        "wait, so its weights stream during the whole wait (none: all after; default: %(default)s)")
+    p.add_argument("--pin-weight-loads", default="off", choices=ON_OFF_CHOICES,
+                   help="the tensor-core GEMVs' dependent forms keep their wait below the weight loads in the machine "
+                        "code, so the weights stream while the kernel before ends (same bits; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
@@ -64,6 +70,20 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.LOGIT_STATS = args.logit_stats == "on"
     layer_kernels.HEAD_NORM = args.head_norm
     gemv_mma.O_K_SPLITS, gemv_mma.DOWN_K_SPLITS = args.o_k_splits, args.down_k_splits
+    gemv_mma.EARLY_ALLOW = early_allow_set(args.gemv_early_allow)
+    gemv_mma.PIN_WEIGHT_LOADS = args.pin_weight_loads == "on"
+
+
+EARLY_ALLOW_LINEARS = ("o", "gate_up", "down")
+
+
+def early_allow_set(text: str) -> frozenset:
+    """--gemv-early-allow's value ("none" or comma-separated linears) as gemv_mma.EARLY_ALLOW."""
+    chosen = frozenset() if text == "none" else frozenset(part.strip() for part in text.split(","))
+    unknown = sorted(chosen - set(EARLY_ALLOW_LINEARS))
+    if unknown:
+        raise SystemExit(f"--gemv-early-allow: {', '.join(unknown)} not among {', '.join(EARLY_ALLOW_LINEARS)} (or none)")
+    return chosen
 
 
 def engine_switches(args: argparse.Namespace) -> dict:

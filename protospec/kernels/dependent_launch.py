@@ -10,7 +10,12 @@ A kernel launched this way must call grid_dependency_wait() before it reads anyt
 wrote; one that follows a kernel that never allows it simply starts when that kernel ends.
 
 PTX `griddepcontrol.wait` / `griddepcontrol.launch_dependents` (ISA 7.8): inline assembly with a
-memory clobber, so the compiler keeps loads on their side of it. The CUDA simulator runs kernels one
+memory clobber, so LLVM keeps loads on their side of it. ptxas does not: it hoists an unconditional
+wait above every load that does not depend on it (`python -m protospec.kernels.gpu_wait_order` shows
+where each kernel's wait landed), so a kernel whose loads must be in flight during its wait calls
+`wait_after_issued_loads(nonzero)`, the wait behind a branch on a value that is never 0, which
+ptxas does not move it across (launch_dependents, which it does not move loads across either, is
+not an option there: it would let the next kernel start early). The CUDA simulator runs kernels one
 at a time: there both are no-ops. CUDA graphs keep the dependency when they capture such a launch.
 """
 from __future__ import annotations
@@ -66,3 +71,12 @@ else:
     def allow_dependent_launch(typingctx):  # noqa: ARG001
         """Let the next kernel (if launched as a dependent) start before this one ends."""
         return types.int32(), _asm("griddepcontrol.launch_dependents;")
+
+
+@cuda.jit(device=True)
+def wait_after_issued_loads(nonzero):
+    """grid_dependency_wait() that stays below the loads issued before it in the machine code: behind a
+    branch on `nonzero`, a runtime value that is never 0 (a dimension of a kernel argument)."""
+    if nonzero != 0:
+        grid_dependency_wait()
+    return 0

@@ -45,12 +45,24 @@ LOGIT_STATS = False
 O_K_SPLITS = 1
 DOWN_K_SPLITS = 1
 
+# The linears ("o", "gate_up", "down") that let the next kernel launch before their own wait (their
+# next kernel is a GEMV, whose loads before its wait are weights), so its weights stream during this
+# one's whole wait, not only its tail. Never qkv: the attention after it loads cached keys before its
+# wait. Set before any graph is captured (bench and kernel_census: --gemv-early-allow).
+EARLY_ALLOW: frozenset = frozenset()
+
+# The dependent forms' wait kept below their weight loads in the machine code (ptxas otherwise hoists
+# it above all of them: `python -m protospec.kernels.gpu_wait_order`), so the weights stream while the
+# kernel before ends, as the dependent launch meant. Same bits. Set before any graph is captured
+# (bench and kernel_census: --pin-weight-loads).
+PIN_WEIGHT_LOADS = False
+
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
              x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16,
              dependent_launch: bool = False, max_registers: int = 0, prefetch_norm: bool | None = None,
-             logit_stats: bool = False, k_splits: int = 1):
+             logit_stats: bool = False, k_splits: int = 1, allow_early: bool = False):
     """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
@@ -62,7 +74,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     normed forms load the norm weight before the wait (None: PREFETCH_NORM). Neither changes the bits.
     logit_stats (float32 y; not with glu or rope): y also carries its tiles' softmax statistics
     (logit_stats.attached(y)). k_splits (the plain form): a 16-row tile's K over that many blocks, the
-    last to finish summing every warp's products in the unsplit order (the same bits)."""
+    last to finish summing every warp's products in the unsplit order (the same bits). allow_early
+    (with dependent_launch): the next kernel may launch before this one's wait (gemv_mma_kernel)."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
     k = x.shape[1]
@@ -107,7 +120,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     warps, tiles = warps_for(k) // k_splits, -(-n // TILE_ROWS)
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
                              dependent_launch, norm and (PREFETCH_NORM if prefetch_norm is None else prefetch_norm),
-                             max_registers, logit_stats, k_splits)
+                             max_registers, logit_stats, k_splits, allow_early, PIN_WEIGHT_LOADS)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     stats = LogitStats.empty(tokens, n, x.device) if logit_stats else LogitStats(x64.view(torch.float32), x64,

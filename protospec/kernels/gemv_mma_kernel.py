@@ -49,7 +49,7 @@ from protospec.kernels.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, 
 from protospec.kernels.logit_stats import tile_stats
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
 from protospec.kernels.word_loads import load_flat, store_flat
-from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
+from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 
 TILE_ROWS = 16        # output rows per block: the product's M
 LOW32 = 0xFFFFFFFF
@@ -63,7 +63,8 @@ def warps_for(k: int) -> int:
 @functools.cache
 def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
                     gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False,
-                    max_registers: int = 0, stats: bool = False, splits: int = 1):
+                    max_registers: int = 0, stats: bool = False, splits: int = 1, allow_early: bool = False,
+                    pin_loads: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -77,7 +78,12 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     SPLITS (the plain form only) spreads a tile's K over that many blocks of `warps` warps each: they
     write their warps' fragments to global memory and the last to arrive sums all of them in the
     unsplit kernel's warp order (the same bits), so a tall K (the down projection's 3072: 48 tiles)
-    loads its weights from SPLITS times as many SMs."""
+    loads its weights from SPLITS times as many SMs. ALLOW_EARLY (with DEPENDENT) lets the next kernel
+    launch once this one's weight loads are issued, before its wait, not after: the next one's weight
+    loads then overlap this kernel's whole wait. Only where the next kernel reads nothing before its own wait that a kernel still
+    running may write (a GEMV reads weights there; the attention's early loads read cached keys).
+    PIN_LOADS (with DEPENDENT) keeps the wait below the weight loads in the machine code (ptxas hoists
+    a plain wait above them: dependent_launch.wait_after_issued_loads); ALLOW_EARLY pins them too."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     if stats and (glu or rope_dim):
         raise ValueError("gemv_mma_kernel: tile statistics only for the plain and normed forms")
@@ -97,6 +103,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     UP_WORDS = WORDS if glu else 1
     STATS, STATS_THREADS = stats, THREADS if stats else 1  # noqa: N806
     SPLITS, ALL_WARPS = splits, warps * splits  # noqa: N806
+    ALLOW_EARLY = dependent and allow_early  # noqa: N806
+    PIN_LOADS = dependent and pin_loads and not allow_early  # noqa: N806
 
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
                  tile_max, tile_index, tile_sum, split_partials, counters):
@@ -156,8 +164,14 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     if RESIDUAL:
                         rw[c * 4 + j] = load_flat(res64, x_row * k_words + word)
         if DEPENDENT:  # the weights are in flight; x is the previous kernel's output
-            grid_dependency_wait()
-            allow_dependent_launch()
+            if ALLOW_EARLY:
+                allow_dependent_launch()
+            if PIN_LOADS:
+                wait_after_issued_loads(k_words)                     # not hoisted above the weight loads
+            else:
+                grid_dependency_wait()
+            if not ALLOW_EARLY:
+                allow_dependent_launch()
             if GATHER:
                 x_row = x_rows[token]
             for i in range(WORDS):
@@ -243,18 +257,21 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                        index_scratch, tid)
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
-                                                             PREFETCH, max_registers, stats, splits)
+                                                             PREFETCH, max_registers, stats, splits, ALLOW_EARLY,
+                                                             PIN_LOADS)
     return cuda.jit(**options)(gemv_mma)
 
 
 def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool,
-                 prefetch_norm: bool = False, max_registers: int = 0, stats: bool = False, splits: int = 1) -> str:
+                 prefetch_norm: bool = False, max_registers: int = 0, stats: bool = False, splits: int = 1,
+                 allow_early: bool = False, pin_loads: bool = False) -> str:
     """e.g. gemv_mma_k768_norm_residual_rope_dep: K, then each fused form the kernel takes (regs128: at
-    most 128 registers a thread; split4: a tile's K over 4 blocks of `warps` warps)."""
+    most 128 registers a thread; split4: a tile's K over 4 blocks of `warps` warps; early: lets the next
+    kernel launch before its own wait; pin: the wait kept below the weight loads)."""
     forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
                              ("rope", rope_dim), ("dep", dependent), ("prefetch", prefetch_norm),
-                             (f"regs{max_registers}", max_registers), ("stats", stats), (f"split{splits}", splits > 1))
-             if on]
+                             (f"regs{max_registers}", max_registers), ("stats", stats), (f"split{splits}", splits > 1),
+                             ("early", allow_early), ("pin", pin_loads)) if on]
     return "_".join(["gemv_mma", f"k{warps * splits * COLUMNS_PER_WARP}", *forms])
 
 

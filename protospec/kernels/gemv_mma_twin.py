@@ -68,9 +68,10 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
                        residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
                        x_rows: torch.Tensor | None = None, rope: RopeCache | None = None,
                        out_dtype: torch.dtype = torch.float16, dependent_launch: bool = False, max_registers: int = 0,
-                       prefetch_norm: bool | None = None, logit_stats: bool = False, k_splits: int = 1):
-    """gemv_mma in torch (same arguments, same results; dependent_launch, max_registers, prefetch_norm
-    and k_splits are launch details, unused; logit_stats attaches the tiles' statistics computed by torch)."""
+                       prefetch_norm: bool | None = None, logit_stats: bool = False, k_splits: int = 1,
+                       allow_early: bool = False):
+    """gemv_mma in torch (same arguments, same results; dependent_launch, max_registers, prefetch_norm,
+    k_splits and allow_early are launch details, unused; logit_stats attaches the tiles' statistics computed by torch)."""
     if x_rows is not None:
         x = x[x_rows]
         residual = None if residual is None else residual[x_rows]

@@ -65,12 +65,12 @@ def kernel_usage(py_func, signature: tuple, options: dict, workdir: str) -> dict
     return dict(parse_ptxas(done.stderr), shared_bytes=None)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--match", default="", help="only kernels whose name contains this")
-    args = p.parse_args(argv)
-    if shutil.which("ptxas") is None:
-        raise SystemExit("gpu_registers needs ptxas (the CUDA toolkit) on the PATH")
+PARTS = ("attention", "layers", "sampling", "draft_inputs", "forwards")  # gpu_typecheck's groups of kernels
+
+
+def reached_kernels(parts: tuple[str, ...] = PARTS) -> list[tuple[str, tuple, object]]:
+    """(name, signature, kernel) of every kernel variant gpu_typecheck builds in `parts`, by name
+    (NUMBA_ENABLE_CUDASIM=0; the CUDA toolkit's libNVVM, no NVRTC needed)."""
     from protospec.kernels import gpu_typecheck  # refuses to run in the simulator: NUMBA_ENABLE_CUDASIM=0
 
     _toolkit_without_nvrtc()
@@ -84,12 +84,26 @@ def main(argv: list[str] | None = None) -> int:
         return error
 
     gpu_typecheck.build = recording_build  # install()'s launchers look `build` up when they run
-    gpu_typecheck.install()
-    for part in (gpu_typecheck._attention, gpu_typecheck._layers_and_gemv, gpu_typecheck._sampling_and_rejection,
-                 gpu_typecheck._draft_inputs, gpu_typecheck._forwards):
-        part()
+    try:
+        gpu_typecheck.install()
+        groups = dict(zip(PARTS, (gpu_typecheck._attention, gpu_typecheck._layers_and_gemv,
+                                  gpu_typecheck._sampling_and_rejection, gpu_typecheck._draft_inputs,
+                                  gpu_typecheck._forwards)))
+        for part in parts:
+            groups[part]()
+    finally:
+        gpu_typecheck.build = build
+    return [(name, signature, kernel) for (name, signature, _), kernel in sorted(seen.items(), key=lambda item: item[0][0])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--match", default="", help="only kernels whose name contains this")
+    args = p.parse_args(argv)
+    if shutil.which("ptxas") is None:
+        raise SystemExit("gpu_registers needs ptxas (the CUDA toolkit) on the PATH")
     with tempfile.TemporaryDirectory() as workdir:
-        for (name, signature, _), kernel in sorted(seen.items(), key=lambda item: item[0][0]):
+        for name, signature, kernel in reached_kernels():
             if args.match not in name:
                 continue
             u = kernel_usage(kernel.py_func, signature, kernel.targetoptions, workdir)

@@ -136,47 +136,8 @@ def _layers_and_gemv() -> None:
             gemv(torch.zeros(tokens, 256, dtype=dtype), w)
             gemv(torch.zeros(tokens, 256, dtype=dtype), w, norm_weight=torch.ones(256, dtype=dtype))
             gemv(torch.zeros(tokens, 256, dtype=dtype), w, unroll=2, words=True)
-    from protospec.kernels.gemv_mma import gemv_mma
-    for k in (768, 3072):  # 4 and 16 warps a block
-        x, w = torch.zeros(6, k, dtype=torch.float16), torch.zeros(40, k, dtype=torch.float16)
-        gemv_mma(x, w)
-        gemv_mma(x, w, norm_weight=x[0].clone(), residual=x.clone(), glu=True)  # a layer's gate/up
-    from protospec.kernels.gemv_mma import RopeCache
-    h = torch.zeros(8, 768, dtype=torch.float16)
-    ids, qkv_w = torch.zeros(6, dtype=torch.int64), torch.zeros(5 * 64, 768, dtype=torch.float16)
-    rope = RopeCache(ids, torch.zeros(16, 64, dtype=torch.float16), torch.zeros(16, 64, dtype=torch.float16),
-                     torch.zeros(2, 4, 16, 1, 64, dtype=torch.float16), ids, 3)
-    gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope)       # the first layer's qkv (embedding rows)
-    gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope)  # the others'
-    gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
-             x_rows=ids, out_dtype=torch.float32)                             # the LM head over the wanted rows
-    gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
-    gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True)
-    from protospec.kernels.gemv_mma import head_norm
-    for dependent in (False, True):  # the final norm as a kernel of its own (--head-norm separate)
-        head_norm(h, h.clone(), h[0].clone(), 1e-6, ids, dependent_launch=dependent)
-    gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), out_dtype=torch.float32, dependent_launch=True)
-    for splits in (2, 4):  # the down projection's split K (--down-k-splits)
-        gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(40, 3072, dtype=torch.float16),
-                 dependent_launch=True, k_splits=splits)
-    from protospec.kernels import gemv_mma as linears
-    chosen = linears.PREFETCH_NORM
-    try:  # the normed forms with the norm weight loaded after and before the wait: qkv, gate/up, the LM head
-        for linears.PREFETCH_NORM in (False, True):
-            gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope, dependent_launch=True)
-            gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
-            gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(),
-                     residual=h[:6].clone(), glu=True, dependent_launch=True)
-            gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
-                     x_rows=ids, out_dtype=torch.float32, dependent_launch=True)
-            for dependent in (False, True):  # the LM head writing its tiles' statistics (--logit-stats)
-                gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
-                         x_rows=ids, out_dtype=torch.float32, dependent_launch=dependent, logit_stats=True)
-            for registers in (128, 96):  # the LM head's register caps (--lm-head-max-registers)
-                gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
-                         x_rows=ids, out_dtype=torch.float32, dependent_launch=True, max_registers=registers)
-    finally:
-        linears.PREFETCH_NORM = chosen
+    from protospec.kernels.gpu_typecheck_gemv_mma import tensor_core_gemv_forms
+    tensor_core_gemv_forms()
 
 
 def _sampling_and_rejection() -> None:

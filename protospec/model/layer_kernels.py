@@ -158,12 +158,14 @@ class LayerKernelForward:
                                             rope=rope, dependent_launch=dep)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
                                                     path=self.attention_path, dependent_launch=dep)
+            early = gemv_mma.EARLY_ALLOW
             o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep,
-                                  k_splits=self._splits(gemv_mma.O_K_SPLITS, attn.shape[1]))
+                                  k_splits=self._splits(gemv_mma.O_K_SPLITS, attn.shape[1]), allow_early="o" in early)
             act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True,
-                                              dependent_launch=dep)
+                                              dependent_launch=dep, allow_early="gate_up" in early)
             x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep,
-                                          k_splits=self._splits(gemv_mma.DOWN_K_SPLITS, act.shape[1])), None
+                                          k_splits=self._splits(gemv_mma.DOWN_K_SPLITS, act.shape[1]),
+                                          allow_early="down" in early), None
         norm = model.model.norm
         if HEAD_NORM == "separate":
             h = gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted, dependent_launch=dep)  # [num_logits, hidden]

@@ -1,0 +1,93 @@
+"""Where ptxas put each dependent kernel's `griddepcontrol.wait` among its global loads, without a GPU.
+
+    NUMBA_ENABLE_CUDASIM=0 python -m protospec.kernels.gpu_wait_order [--match gemv_mma]
+
+Why: a programmatic dependent (dependent_launch.py) issues the loads no earlier kernel writes (the
+weights) before its wait, so they stream while the kernel before it ends. The order in the Python
+source and in the PTX is not the order that runs: ptxas schedules the machine code, and it hoists
+an unconditional `griddepcontrol.wait` above loads that do not depend on it (the tensor-core GEMV's
+dependent forms had it above all 24 weight loads of a lane). This tool compiles every kernel variant
+gpu_typecheck reaches for sm_90 (ptxas from the CUDA toolkit, as gpu_registers), reads the machine
+code's opcodes from the cubin and prints, per kernel that waits, how many global loads (LDG) come
+before its first wait and how many after, and where it lets dependents launch.
+
+The opcodes come from the instruction words' low 12 bits (sm_90: LDG 0x981, the wait 0x82e,
+launch_dependents 0x82d), the values ptxas gives to one-instruction PTX kernels; `opcodes_of` is the
+reader, `wait_order` the count.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+LDG, WAIT, LAUNCH = 0x981, 0x82E, 0x82D
+ARCH = "sm_90"
+
+
+def opcodes_of(cubin: bytes) -> list[int]:
+    """The opcode (low 12 bits) of every 16-byte instruction in the cubin's first .text section."""
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    entry_size, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entry_size) for i in range(count)]
+    names_at = headers[names_index][4]
+    for name_offset, _, _, _, offset, size, *_ in headers:
+        name = cubin[names_at + name_offset: cubin.index(b"\0", names_at + name_offset)].decode()
+        if name.startswith(".text."):
+            return [struct.unpack_from("<H", cubin, offset + i)[0] & 0xFFF for i in range(0, size, 16)]
+    raise ValueError("no .text section in the cubin")
+
+
+def wait_order(opcodes: list[int]) -> dict | None:
+    """Global loads before / after the first wait, and the launch_dependents positions relative to it
+    ("before" / "after" the wait); None for a kernel that never waits."""
+    if WAIT not in opcodes:
+        return None
+    at = opcodes.index(WAIT)
+    launches = ["before" if i < at else "after" for i, op in enumerate(opcodes) if op == LAUNCH]
+    return dict(loads_before=opcodes[:at].count(LDG), loads_after=opcodes[at:].count(LDG), launches=launches)
+
+
+def sass_opcodes(py_func, signature: tuple, options: dict, workdir: str) -> list[int]:
+    from numba import cuda
+
+    ptx, _ = cuda.compile_ptx(py_func, signature, device=False, cc=(int(ARCH[3]), int(ARCH[4])),
+                              fastmath=options.get("fastmath", False))
+    ptx_path, cubin_path = os.path.join(workdir, "kernel.ptx"), os.path.join(workdir, "kernel.cubin")
+    with open(ptx_path, "w") as f:
+        f.write(ptx)
+    cap = ["--maxrregcount", str(options["max_registers"])] if options.get("max_registers") else []
+    done = subprocess.run(["ptxas", f"-arch={ARCH}", *cap, ptx_path, "-o", cubin_path], capture_output=True)
+    if done.returncode:  # a kernel calling the device runtime (a grid sync) assembles as relocatable code
+        subprocess.run(["ptxas", f"-arch={ARCH}", "-c", *cap, ptx_path, "-o", cubin_path], check=True,
+                       capture_output=True)
+    with open(cubin_path, "rb") as f:
+        return opcodes_of(f.read())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--match", default="", help="only kernels whose name contains this")
+    p.add_argument("--parts", nargs="+", default=None, help="gpu_typecheck's groups to build (default: all)")
+    args = p.parse_args(argv)
+    if shutil.which("ptxas") is None:
+        raise SystemExit("gpu_wait_order needs ptxas (the CUDA toolkit) on the PATH")
+    from protospec.kernels.gpu_registers import PARTS, reached_kernels
+
+    with tempfile.TemporaryDirectory() as workdir:
+        for name, signature, kernel in reached_kernels(tuple(args.parts or PARTS)):
+            if args.match not in name:
+                continue
+            order = wait_order(sass_opcodes(kernel.py_func, signature, kernel.targetoptions, workdir))
+            if order is not None:
+                print(f"{order['loads_before']:3d} loads before the wait, {order['loads_after']:3d} after; "
+                      f"launch_dependents {'/'.join(order['launches']) or 'never'}: {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
