@@ -44,25 +44,31 @@ def _toolkit_without_nvrtc() -> None:
     cuda_paths._get_nvrtc_path = lambda: None
 
 
-def kernel_usage(py_func, signature: tuple, options: dict, workdir: str) -> dict:
-    """The kernel's PTX for sm_90 assembled by ptxas -v: its parse_ptxas figures (shared_bytes None:
-    not reported)."""
+def assemble(py_func, signature: tuple, options: dict, workdir: str) -> tuple[str, str]:
+    """The kernel's PTX for sm_90 assembled by ptxas -v: (ptxas's report, the cubin's path). A kernel
+    calling the device runtime (a cooperative grid sync) links against it at load time: assembled as
+    relocatable code it gets its registers, but ptxas then reports no shared memory."""
     from numba import cuda
 
     ptx, _ = cuda.compile_ptx(py_func, signature, device=False, cc=(int(ARCH[3]), int(ARCH[4])),
                               fastmath=options.get("fastmath", False))
-    path = os.path.join(workdir, "kernel.ptx")
+    path, cubin = os.path.join(workdir, "kernel.ptx"), os.path.join(workdir, "kernel.cubin")
     with open(path, "w") as f:
         f.write(ptx)
     cap = ["--maxrregcount", str(options["max_registers"])] if options.get("max_registers") else []
-    command = ["ptxas", f"-arch={ARCH}", "-v", *cap, path, "-o", os.path.join(workdir, "kernel.cubin")]
+    command = ["ptxas", f"-arch={ARCH}", "-v", *cap, path, "-o", cubin]
     done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode == 0:
-        return parse_ptxas(done.stderr)
-    # A kernel calling the device runtime (a cooperative grid sync) links against it at load time:
-    # assembled as relocatable code it gets its registers, but ptxas then reports no shared memory.
-    done = subprocess.run(command[:3] + ["-c"] + command[3:], capture_output=True, text=True, check=True)
-    return dict(parse_ptxas(done.stderr), shared_bytes=None)
+    if done.returncode:
+        done = subprocess.run(command[:3] + ["-c"] + command[3:], capture_output=True, text=True, check=True)
+        return done.stderr + "\n(relocatable)", cubin
+    return done.stderr, cubin
+
+
+def kernel_usage(py_func, signature: tuple, options: dict, workdir: str) -> dict:
+    """assemble()'s figures: parse_ptxas's (shared_bytes None: not reported, relocatable code)."""
+    report, _ = assemble(py_func, signature, options, workdir)
+    usage = parse_ptxas(report)
+    return dict(usage, shared_bytes=None) if report.endswith("(relocatable)") else usage
 
 
 PARTS = ("attention", "layers", "sampling", "draft_inputs", "forwards")  # gpu_typecheck's groups of kernels

@@ -7,7 +7,7 @@ weights) before its wait, so they stream while the kernel before it ends. The or
 source and in the PTX is not the order that runs: ptxas schedules the machine code, and it hoists
 an unconditional `griddepcontrol.wait` above loads that do not depend on it (the tensor-core GEMV's
 dependent forms had it above all 24 weight loads of a lane). This tool compiles every kernel variant
-gpu_typecheck reaches for sm_90 (ptxas from the CUDA toolkit, as gpu_registers), reads the machine
+gpu_typecheck reaches for sm_90 (gpu_registers.assemble: ptxas from the CUDA toolkit), reads the machine
 code's opcodes from the cubin and prints, per kernel that waits, how many global loads (LDG) come
 before its first wait and how many after, and where it lets dependents launch.
 
@@ -18,15 +18,12 @@ reader, `wait_order` the count.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
 LDG, WAIT, LAUNCH = 0x981, 0x82E, 0x82D
-ARCH = "sm_90"
 
 
 def opcodes_of(cubin: bytes) -> list[int]:
@@ -53,19 +50,10 @@ def wait_order(opcodes: list[int]) -> dict | None:
 
 
 def sass_opcodes(py_func, signature: tuple, options: dict, workdir: str) -> list[int]:
-    from numba import cuda
+    from protospec.kernels.gpu_registers import assemble
 
-    ptx, _ = cuda.compile_ptx(py_func, signature, device=False, cc=(int(ARCH[3]), int(ARCH[4])),
-                              fastmath=options.get("fastmath", False))
-    ptx_path, cubin_path = os.path.join(workdir, "kernel.ptx"), os.path.join(workdir, "kernel.cubin")
-    with open(ptx_path, "w") as f:
-        f.write(ptx)
-    cap = ["--maxrregcount", str(options["max_registers"])] if options.get("max_registers") else []
-    done = subprocess.run(["ptxas", f"-arch={ARCH}", *cap, ptx_path, "-o", cubin_path], capture_output=True)
-    if done.returncode:  # a kernel calling the device runtime (a grid sync) assembles as relocatable code
-        subprocess.run(["ptxas", f"-arch={ARCH}", "-c", *cap, ptx_path, "-o", cubin_path], check=True,
-                       capture_output=True)
-    with open(cubin_path, "rb") as f:
+    _, cubin = assemble(py_func, signature, options, workdir)
+    with open(cubin, "rb") as f:
         return opcodes_of(f.read())
 
 
