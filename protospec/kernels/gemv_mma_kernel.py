@@ -46,6 +46,7 @@ from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import cuda
 from protospec.kernels.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS,  # noqa: F401
                                              WARP, WORDS, block_inv_rms, normed_halves, summed)
+from protospec.kernels.gemv_mma_rope import rope_and_store
 from protospec.kernels.logit_stats import tile_stats
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
 from protospec.kernels.word_loads import load_flat, store_flat
@@ -80,10 +81,11 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     unsplit kernel's warp order (the same bits), so a tall K (the down projection's 3072: 48 tiles)
     loads its weights from SPLITS times as many SMs. ALLOW_EARLY (with DEPENDENT) lets the next kernel
     launch once this one's weight loads are issued, before its wait, not after: the next one's weight
-    loads then overlap this kernel's whole wait. Only where the next kernel reads nothing before its own wait that a kernel still
-    running may write (a GEMV reads weights there; the attention's early loads read cached keys).
-    PIN_LOADS (with DEPENDENT) keeps the wait below the weight loads in the machine code (ptxas hoists
-    a plain wait above them: dependent_launch.wait_after_issued_loads); ALLOW_EARLY pins them too."""
+    loads then overlap this kernel's whole wait. Only where the next kernel reads nothing before its
+    own wait that a kernel still running may write (a GEMV reads weights there; the attention's early
+    loads read cached keys). PIN_LOADS (with DEPENDENT) keeps the wait below the weight loads in the
+    machine code (ptxas hoists a plain wait above them: dependent_launch.wait_after_issued_loads);
+    ALLOW_EARLY pins them too."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     if stats and (glu or rope_dim):
         raise ValueError("gemv_mma_kernel: tile statistics only for the plain and normed forms")
@@ -248,7 +250,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 n = n0 + g + 8 * (i // 2)
                 if ROPE_DIM:
                     if i < 2 and tok < tokens:
-                        _rope_and_store(sums[i], sums[i + 2], tok, head, dim, HALF, positions, cos, sin, y,
+                        rope_and_store(sums[i], sums[i + 2], tok, head, dim, HALF, positions, cos, sin, y,
                                         kv_cache, slots)
                 elif tok < tokens and n < n_rows:
                     y[tok, n] = sums[i]
@@ -273,31 +275,6 @@ def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool
                              (f"regs{max_registers}", max_registers), ("stats", stats), (f"split{splits}", splits > 1),
                              ("early", allow_early), ("pin", pin_loads)) if on]
     return "_".join(["gemv_mma", f"k{warps * splits * COLUMNS_PER_WARP}", *forms])
-
-
-@cuda.jit(device=True)
-def _rope_and_store(lo, hi, tok, head, dim, half, positions, cos, sin, y, kv_cache, slots):
-    """Token tok's (dim, dim + half) pair of `head` in qkv's row order: q heads are rotated into y
-    [T, h * d], k heads rotated and v heads as they are stored in the cache slot (layer_ops.rope_and_cache's
-    arithmetic)."""
-    head_dim = 2 * half
-    q_heads, kv_heads = y.shape[1] // head_dim, kv_cache.shape[3]
-    if head < q_heads + kv_heads:
-        pos = positions[tok]
-        c = float32(cos[pos, dim])
-        s = float32(sin[pos, dim])
-        lo, hi = lo * c - hi * s, hi * c + lo * s
-    if head < q_heads:
-        y[tok, head * head_dim + dim] = lo
-        y[tok, head * head_dim + dim + half] = hi
-    else:
-        slot = slots[tok]
-        if slot >= 0:  # -1: a CUDA graph's padding row
-            plane = 0 if head < q_heads + kv_heads else 1              # K, then V
-            kv_head = head - q_heads - plane * kv_heads
-            at = (plane * kv_cache.shape[1] * kv_cache.shape[2] + slot) * (kv_heads * head_dim) + kv_head * head_dim + dim
-            store_flat(kv_cache, at, lo)
-            store_flat(kv_cache, at + half, hi)
 
 
 def supports(k: int) -> bool:

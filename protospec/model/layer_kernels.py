@@ -168,7 +168,7 @@ class LayerKernelForward:
                                           allow_early="down" in early), None
         norm = model.model.norm
         if HEAD_NORM == "separate":
-            h = gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted, dependent_launch=dep)  # [num_logits, hidden]
+            h = gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted, dependent_launch=dep)  # [logits, hidden]
             return gemv_mma.gemv_mma(h, model.lm_head.weight, out_dtype=torch.float32, dependent_launch=dep,
                                      max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS, logit_stats=gemv_mma.LOGIT_STATS)
         logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,

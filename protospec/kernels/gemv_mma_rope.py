@@ -1,0 +1,33 @@
+"""The tensor-core GEMV's qkv epilogue (gemv_mma_kernel.py, ROPE_DIM): HF's rotate-half RoPE on q and
+k and the paged cache store of k and v, for the (dim, dim + d/2) pair a lane holds."""
+from __future__ import annotations
+
+from numba import float32
+
+from protospec.kernels.interop import cuda
+from protospec.kernels.word_loads import store_flat
+
+
+@cuda.jit(device=True)
+def rope_and_store(lo, hi, tok, head, dim, half, positions, cos, sin, y, kv_cache, slots):
+    """Token tok's (dim, dim + half) pair of `head` in qkv's row order: q heads are rotated into y
+    [T, h * d], k heads rotated and v heads as they are stored in the cache slot (layer_ops.rope_and_cache's
+    arithmetic)."""
+    head_dim = 2 * half
+    q_heads, kv_heads = y.shape[1] // head_dim, kv_cache.shape[3]
+    if head < q_heads + kv_heads:
+        pos = positions[tok]
+        c = float32(cos[pos, dim])
+        s = float32(sin[pos, dim])
+        lo, hi = lo * c - hi * s, hi * c + lo * s
+    if head < q_heads:
+        y[tok, head * head_dim + dim] = lo
+        y[tok, head * head_dim + dim + half] = hi
+    else:
+        slot = slots[tok]
+        if slot >= 0:  # -1: a CUDA graph's padding row
+            plane = 0 if head < q_heads + kv_heads else 1              # K, then V
+            kv_head = head - q_heads - plane * kv_heads
+            at = (plane * kv_cache.shape[1] * kv_cache.shape[2] + slot) * (kv_heads * head_dim) + kv_head * head_dim + dim
+            store_flat(kv_cache, at, lo)
+            store_flat(kv_cache, at + half, hi)
