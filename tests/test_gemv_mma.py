@@ -10,6 +10,13 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 
 
+@pytest.fixture(autouse=True)
+def _unpinned_waits(monkeypatch):
+    """The dependent forms' names carry "_pin" under the default PIN_WEIGHT_LOADS: these tests name the
+    form they test on the unpinned base, and the pin's own test sets it."""
+    monkeypatch.setattr(kernel, "PIN_WEIGHT_LOADS", False)
+
+
 def _normed_operands(seed: int, rows: int, weight_rows: int, warps: int = 1):
     """x rows, a residual, a norm weight and a weight (K = `warps` warps' columns) for the normed forms, on DEV."""
     gen = torch.Generator().manual_seed(seed)
@@ -262,8 +269,8 @@ def test_pinned_weight_loads_give_the_same_bits_under_their_own_name(monkeypatch
 
 def test_an_early_allow_gives_the_same_bits_under_its_own_name(launched_kernels):
     """allow_early moves only when the next kernel may launch (a no-op in the simulator): the o, gate/up
-    and down forms give the default's results, through kernels named for it; without a dependent
-    launch there is nothing to allow and the name stays the plain one."""
+    and down forms give the unpinned dependent form's results, through kernels named for it; without a
+    dependent launch there is nothing to allow and the name stays the plain one."""
     table, residual, g, w = _normed_operands(14, 4, 42)
     x = table[:3].contiguous()
     for form in (dict(), dict(norm_weight=g, residual=residual[:3].contiguous(), glu=True)):

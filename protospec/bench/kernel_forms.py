@@ -45,10 +45,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{linear}-k-splits", type=int, default=1, choices=[1, 2, 4],
                        help=f"the tensor-core {linear} projection's K over this many blocks a 16-row tile, the last "
                             "to finish summing them (same bits; default: %(default)s)")
-    p.add_argument("--gemv-early-allow", default="none",
+    p.add_argument("--gemv-early-allow", default="o,gate_up,down",
                    help="comma-separated linears (o, gate_up, down) that let the next kernel launch before their own "
                         "wait, so its weights stream during the whole wait (none: all after; default: %(default)s)")
-    p.add_argument("--pin-weight-loads", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--pin-weight-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core GEMVs' dependent forms keep their wait below the weight loads in the machine "
                         "code, so the weights stream while the kernel before ends (same bits; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,

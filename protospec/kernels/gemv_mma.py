@@ -49,13 +49,13 @@ DOWN_K_SPLITS = 1
 # next kernel is a GEMV, whose loads before its wait are weights), so its weights stream during this
 # one's whole wait, not only its tail. Never qkv: the attention after it loads cached keys before its
 # wait. Set before any graph is captured (bench and kernel_census: --gemv-early-allow).
-EARLY_ALLOW: frozenset = frozenset()
+EARLY_ALLOW: frozenset = frozenset({"o", "gate_up", "down"})
 
 # The dependent forms' wait kept below their weight loads in the machine code (ptxas otherwise hoists
 # it above all of them: `python -m protospec.kernels.gpu_wait_order`), so the weights stream while the
 # kernel before ends, as the dependent launch meant. Same bits. Set before any graph is captured
 # (bench and kernel_census: --pin-weight-loads).
-PIN_WEIGHT_LOADS = False
+PIN_WEIGHT_LOADS = True
 
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,

@@ -52,8 +52,8 @@ def tensor_core_gemv_forms() -> None:
     finally:
         linears.PREFETCH_NORM = chosen
     chosen = linears.PIN_WEIGHT_LOADS
-    try:  # the dependent forms with their wait kept below the weight loads (--pin-weight-loads)
-        linears.PIN_WEIGHT_LOADS = True
+    try:  # the dependent forms with their wait kept below the weight loads and not (--pin-weight-loads)
+        linears.PIN_WEIGHT_LOADS = not chosen
         gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope, dependent_launch=True)
         gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
         gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(),
