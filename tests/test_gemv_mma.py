@@ -201,13 +201,16 @@ def test_a_register_cap_and_no_prefetch_give_the_same_bits(launched_kernels):
         kernel.gemv_mma(table, w, max_registers=20)
 
 
-@pytest.mark.parametrize("warps", [1, 2])
+ON_GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="minutes in the simulator")]
+
+
+@pytest.mark.parametrize("warps", [1, 2, pytest.param(4, marks=ON_GPU_ONLY)])
 @pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "no_residual"])
 def test_the_head_norm_then_the_plain_product_give_the_normed_forms_bits(with_residual, warps, launched_kernels):
     """layer_kernels.HEAD_NORM = "separate": head_norm's rows (one block, the normed forms' arithmetic)
     fed to the plain product give exactly the logits of the fused head form over the same gathered rows
-    (K over one and two warps: the sum of squares crosses warps in the same order), and the rows are
-    the RMSNorm of x + residual to float16 rounding."""
+    (K over one, two and four warps, the last the models' 768: the sum of squares crosses warps in the
+    same order), and the rows are the RMSNorm of x + residual to float16 rounding."""
     table, residual, g, w = _normed_operands(13 + warps, 5, 40, warps)
     rows = torch.tensor([4, 1, 4], device=DEV)
     res = residual if with_residual else None
