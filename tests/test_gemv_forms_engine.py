@@ -4,7 +4,8 @@ form, greedy and seeded, in the captured draft loop. The forms: the LM head's fi
 of its own or folded into the head (layer_kernels.HEAD_NORM); the o and down projections' K split
 over several blocks a tile or not (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS); the linears that let the
 next kernel launch before their wait (gemv_mma.EARLY_ALLOW); the wait kept below the weight loads
-(gemv_mma.PIN_WEIGHT_LOADS). (Their bits against each other run in the simulator too:
+(gemv_mma.PIN_WEIGHT_LOADS); the LM head's norm kernel loading the norm weight before its wait
+(gemv_mma.HEAD_NORM_PREFETCH). (Their bits against each other run in the simulator too:
 tests/test_gemv_mma.py.)"""
 import pytest
 import torch
@@ -18,6 +19,8 @@ FORMS = {  # setting -> (module, attribute, the two values, a kernel name only t
     "gemv_early_allow": ("protospec.kernels.gemv_mma", "EARLY_ALLOW",
                          (frozenset(), frozenset({"o", "gate_up", "down"})), "gemv_mma_k384_dep_early"),
     "pin_weight_loads": ("protospec.kernels.gemv_mma", "PIN_WEIGHT_LOADS", (False, True), "gemv_mma_k384_dep_pin"),
+    "head_norm_prefetch": ("protospec.kernels.gemv_mma", "HEAD_NORM_PREFETCH", (False, True),
+                           "head_norm_k384_residual_dep_prefetch"),
 }
 
 
