@@ -106,6 +106,29 @@ def test_early_loads_of_a_dependent_give_the_same_bits(case, monkeypatch):
     assert with_early is not by_mma.attention_kernel(*shape)  # the switch chose another kernel
 
 
+MINUTES_IN_THE_SIMULATOR = pytest.mark.skipif(SIMULATOR, reason="a minute in the simulator; its twin case runs there")
+
+
+@pytest.mark.parametrize("early", [pytest.param(False, marks=MINUTES_IN_THE_SIMULATOR), True], ids=["late", "early"])
+def test_a_pipelined_walk_gives_the_same_bits(early, monkeypatch, launched_kernels):
+    """PIPELINE: a warp loads its next tile (and the table entry of the one after) before the products
+    of this one; a context of several steps a warp (3 of the 70-key context's 16-key cache blocks a
+    warp in the simulator's 2-warp blocks: the entries change every tile), a 1-key one and 3 splits
+    where one sees no key give exactly the bits of the walk that loads each tile in its turn, as a
+    dependent with the early loads and without."""
+    monkeypatch.setattr(by_mma, "EARLY_LOADS", early)
+    for query_len, lengths, splits in ((1, [70, 1], None), (3, [40, 3], 3)):
+        inputs, cache, q = _case(query_len, lengths, 4, 2, 32, 16, torch.float16, seed=8)
+        out = {}
+        for pipeline in (False, True):
+            monkeypatch.setattr(by_mma, "PIPELINE", pipeline)
+            out[pipeline] = _kernel(inputs, cache, q, path="mma", splits=splits, dependent_launch=early)
+        assert torch.equal(out[True], out[False])
+    torch.testing.assert_close(out[True], _torch_reference(inputs, cache, q, torch.float16), **TOL[torch.float16])
+    walks = [name for name in launched_kernels if name.startswith("attention_mma_kernel")]
+    assert walks[:2] == ["attention_mma_kernel", "attention_mma_kernel_pipe"]
+
+
 def test_stale_nan_slots_and_padding_rows_stay_out_of_real_rows():
     """A wide table (a captured batch), NaN in every slot no context covers, and a padding row at
     position 0 with a stale table: real rows exact, the padding row finite."""

@@ -155,6 +155,36 @@ def test_one_launch_gives_the_two_launches_bits(monkeypatch, batch, rows_per_seq
         assert (out["one"][0][:, step] >= 0).all() and out["one"][0][1, step] == 0
 
 
+@pytest.mark.parametrize("batch,rows_per_seq", [(3, 1), (2, 3)])
+def test_prefetched_probabilities_give_the_same_bits(monkeypatch, launched_kernels, batch, rows_per_seq):
+    """PROBS_PREFETCH: the dependent probabilities kernel reads its slice's logits and noise before its
+    wait into registers: probabilities and ids equal bit for bit to the loads after it, over sampled
+    and greedy rows (greedy rows read no logits), a masked stretch and a slice cut by the vocabulary."""
+    from protospec.kernels import dependent_launch, sampling
+
+    slice_width = _narrow_slices(monkeypatch)
+    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)
+    k, vocab, step = 2, 3 * slice_width - 8, 1
+    st = _tensors([0.7, 0.0, 1.3][:batch], vocab)
+    rows = batch * rows_per_seq
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(12)) * 4
+    logits[0, : slice_width + 2] = -float("inf")
+    logits = logits.to(DEV)
+    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()  # [B, k, V]
+    out = {}
+    for prefetch in (False, True):
+        monkeypatch.setattr(sampling, "PROBS_PREFETCH", prefetch)
+        ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
+        if rows_per_seq == 1:
+            probs = torch.zeros(rows, k, vocab, device=DEV)
+            sample_into(logits, st, step, probs, ids, noise, dependent=True)
+        else:  # the verify's layout: probabilities only
+            probs = probs_into(logits, st, torch.zeros(rows, vocab, device=DEV), rows_per_seq, dependent=True)
+        out[prefetch] = (ids.cpu(), probs.cpu())
+    assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
+    assert launched_kernels.count("probs_and_sample_kernel") == 2
+
+
 def _with_tile_stats(logits):
     """logits carrying the tile statistics the LM head writes (logit_stats.py), computed here by torch."""
     from protospec.kernels.logit_stats import attach, tile_stats_reference
@@ -288,4 +318,4 @@ def test_the_dependent_form_is_launched_only_with_its_switch_on(switch, monkeypa
     sample_into(torch.zeros(1, vocab, device=DEV), st, 0, torch.zeros(1, 2, vocab, device=DEV),
                 torch.zeros(1, 2, dtype=torch.int64, device=DEV), torch.ones(1, 2, vocab, device=DEV), dependent=True)
     assert [dependent for _, dependent in launched] == [switch, switch]
-    assert [kernel for kernel, _ in launched] == list(sampling._kernels(switch)[:2])  # statistics, probabilities
+    assert [kernel for kernel, _ in launched] == list(sampling._kernels(switch, False)[:2])  # statistics, probabilities

@@ -51,6 +51,12 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pin-weight-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core GEMVs' dependent forms keep their wait below the weight loads in the machine "
                         "code, so the weights stream while the kernel before ends (same bits; default: %(default)s)")
+    p.add_argument("--attention-pipeline", default="off", choices=ON_OFF_CHOICES,
+                   help="the tensor-core attention loads a warp's next key tile before the products of this one "
+                        "(same bits; default: %(default)s)")
+    p.add_argument("--probs-prefetch", default="off", choices=ON_OFF_CHOICES,
+                   help="the probabilities kernel, as a dependent, loads its logits and noise before its wait "
+                        "(same bits; default: %(default)s)")
     p.add_argument("--head-norm-prefetch", default="off", choices=ON_OFF_CHOICES,
                    help="the LM head's norm kernel loads the norm weight before its wait (same bits; "
                         "default: %(default)s)")
@@ -67,6 +73,8 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     dependent_launch.STEP_KERNELS = args.step_kernels_dependent == "on"
     gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
     attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
+    attention_mma.PIPELINE = args.attention_pipeline == "on"
+    sampling.PROBS_PREFETCH = args.probs_prefetch == "on"
     verify_inputs.ALLOW_DEPENDENTS = args.verify_inputs_allow == "on"
     gemv_mma.LM_HEAD_MAX_REGISTERS = args.lm_head_max_registers
     gemv_mma.LM_HEAD_PREFETCH_NORM = args.lm_head_prefetch_norm == "on"

@@ -111,12 +111,14 @@ def _attention() -> None:
         kv = torch.zeros(2, blocks, block_size, kv_heads, head_dim, dtype=dtype)
         positions = torch.arange(2 * query_len, dtype=torch.int64) + 20
         paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, fused_combine=fused)
-        if path == "mma":  # launched as a programmatic dependent, its loads after the wait or some before it
+        if path == "mma":  # as a programmatic dependent, its loads after the wait or some before it; pipelined
             from protospec.kernels import attention_mma
-            for attention_mma.EARLY_LOADS in (False, True):
-                paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits,
-                                fused_combine=fused, dependent_launch=True)
-            attention_mma.EARLY_LOADS = False
+            chosen = attention_mma.EARLY_LOADS, attention_mma.PIPELINE
+            for attention_mma.PIPELINE in (False, True):
+                for dependent, attention_mma.EARLY_LOADS in ((False, False), (True, False), (True, True)):
+                    paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits,
+                                    fused_combine=fused, dependent_launch=dependent)
+            attention_mma.EARLY_LOADS, attention_mma.PIPELINE = chosen
 
 
 def _layers_and_gemv() -> None:
@@ -150,9 +152,10 @@ def _sampling_and_rejection() -> None:
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
                                [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
     logits = torch.zeros(batch, vocab)
-    chosen = sampling.LAUNCHES, dependent_launch.STEP_KERNELS
-    try:
-        for sampling.LAUNCHES, dependent in (("two", False), ("two", True), ("one", False)):  # every form's kernels
+    chosen = sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH
+    try:  # every form's kernels (the dependents' with the probabilities' loads after and before the wait)
+        for sampling.LAUNCHES, dependent, sampling.PROBS_PREFETCH in (("two", False, False), ("two", True, False),
+                                                                      ("two", True, True), ("one", False, False)):
             dependent_launch.STEP_KERNELS = dependent
             sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
@@ -163,7 +166,7 @@ def _sampling_and_rejection() -> None:
             sampling.sample_into(tiled, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
     finally:
-        sampling.LAUNCHES, dependent_launch.STEP_KERNELS = chosen
+        sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH = chosen
     rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, k + 1, vocab), torch.zeros(batch, k), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, vocab))

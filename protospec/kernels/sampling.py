@@ -31,11 +31,12 @@ from numba import float32, int32, int64
 from protospec.errors import KernelArgumentError
 from protospec.kernels import dependent_launch, interop, logit_stats
 from protospec.kernels.attention_combine import arrived_last
-from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
+from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
-from protospec.kernels.sampling_slices import (THREADS, VOCAB_PER_BLOCK, combine_stats, combine_winners,  # noqa: F401
-                                               slice_probs, slice_stats, write_sample)
+from protospec.kernels.sampling_slices import (PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats,  # noqa: F401
+                                               combine_winners, prefetch_slice, slice_probs,
+                                               slice_probs_prefetched, slice_stats, write_sample)
 
 if TYPE_CHECKING:
     from protospec.spec.sampler import SamplingTensors
@@ -46,13 +47,21 @@ if TYPE_CHECKING:
 # sync costs more than the launch it saves; data/results).
 LAUNCHES = "two"
 
+# The probabilities kernel, as a dependent, loads its slice's logits and noise before its wait: the
+# statistics kernel before it lets it launch only after its own wait, when the LM head that wrote the
+# logits has finished (only the row statistics are still being written). Same bits. Set before any
+# graph is captured (bench and kernel_census: --probs-prefetch); off until timed.
+PROBS_PREFETCH = False
+
 
 @functools.lru_cache(maxsize=None)
-def _kernels(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
+def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it as a constant)
     """The two kernels; DEPENDENT: launched as programmatic dependents (kernels/dependent_launch.py),
     each waits for the kernel before it (the forward that wrote the logits, then the statistics)
     before it reads anything, and lets the next one start as soon as it has. Both start while the
-    kernel before them ends instead of after: at batch 1 a launch costs more than these kernels' bytes."""
+    kernel before them ends instead of after: at batch 1 a launch costs more than these kernels' bytes.
+    prefetch (with DEPENDENT): PROBS_PREFETCH's form of the probabilities kernel."""
+    PREFETCH = DEPENDENT and prefetch  # noqa: N806
 
     @cuda.jit
     def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum, row_max,
@@ -93,6 +102,27 @@ def _kernels(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         [r, out_step]; the id goes to ids_out [R, S] int64 at [r, out_step], and to mirror [>= R] int64 at
         [r] when use_mirror). part_max, part_index [R, S]: the slices' race winners; counters as above.
         """
+        if PREFETCH:
+            slices = part_max.shape[1]
+            row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
+            tid = cuda.threadIdx.x
+            greedy = is_greedy[row // rows_per_seq]
+            xs = cuda.local.array(PER_THREAD, float32)
+            ns = cuda.local.array(PER_THREAD, float32)
+            prefetch_slice(logits, row, piece, greedy, do_sample, noise, out_step, xs, ns, tid)
+            wait_after_issued_loads(slices)  # kept below the loads above in the machine code
+            allow_dependent_launch()
+            best_value = cuda.shared.array(THREADS, float32)
+            best_index = cuda.shared.array(THREADS, int64)
+            no_flags = cuda.shared.array(THREADS, int64)
+            last = cuda.shared.array(1, int32)
+            chosen = row_index[row]
+            if slice_probs_prefetched(row, piece, logits.shape[1], temperature[row // rows_per_seq], greedy,
+                                      row_max[row], chosen, row_sum[row], probs_out, out_step, do_sample, xs, ns,
+                                      part_max, part_index, counters, best_value, best_index, no_flags, last, tid):
+                write_sample(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
+                             use_mirror, best_value, best_index, no_flags, tid)
+            return
         if DEPENDENT:
             grid_dependency_wait()
             allow_dependent_launch()
@@ -192,7 +222,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                     win_index, counters], rows, slices, logits.device)
         return
     dependent = bool(dependent) and dependent_launch.STEP_KERNELS  # callers: ModelRunner.launches_dependents
-    row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel = _kernels(dependent)
+    row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel = _kernels(dependent, PROBS_PREFETCH)
     tiles = logit_stats.attached(logits) if st.unit_temperature else None
     if tiles is not None:  # the LM head wrote its tiles' statistics: no statistics kernel
         interop.launch_tensors(probs_from_tiles_kernel, rows * slices, THREADS,

@@ -20,6 +20,7 @@ from protospec.kernels.reductions import better, block_argmax_or, block_sum_tree
 # runs a Python thread per CUDA thread: a narrow block, and small slices so its tests span several blocks.
 THREADS = 32 if interop.SIMULATOR else 256
 VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
+PER_THREAD = VOCAB_PER_BLOCK // THREADS  # a slice's entries a thread (the prefetched form's local arrays)
 
 
 @cuda.jit(device=True)
@@ -85,6 +86,17 @@ def combine_stats(row, vocab, t, part_max, part_index, part_sum, best_value, bes
 
 
 @cuda.jit(device=True)
+def slice_winner(row, piece, value, index, win_value, win_index, counters, best_value, best_index, no_flags, last,
+                 tid):
+    """The block's best (value, index) over its threads' as the slice's winner in win_value / win_index
+    [R, S], counted at counters[row]; True in the row's last block to arrive."""
+    value, index = block_argmax(value, index, best_value, best_index, no_flags, tid)
+    if tid == 0:
+        win_value[row, piece], win_index[row, piece] = value, index
+    return arrived_last(counters, row, win_value.shape[1], last, tid)
+
+
+@cuda.jit(device=True)
 def slice_probs(logits, row, piece, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample, noise,
                 win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
     """Slice `piece` of `row`: p = exp(x/T - M/T) / sum (greedy: one-hot at `chosen`, the row's max
@@ -92,7 +104,6 @@ def slice_probs(logits, row, piece, t, greedy, row_max, chosen, total, probs_out
     win_value / win_index [R, S], counted at counters[row]. Returns (this block arrived last for the
     row, the winner so far): the last one then calls combine_winners."""
     vocab = logits.shape[1]
-    slices = win_value.shape[1]
     lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
     shift = row_max / t
     cuda.syncthreads()
@@ -109,10 +120,44 @@ def slice_probs(logits, row, piece, t, greedy, row_max, chosen, total, probs_out
                 value, index = score, v
     if not do_sample:
         return False
-    value, index = block_argmax(value, index, best_value, best_index, no_flags, tid)
-    if tid == 0:
-        win_value[row, piece], win_index[row, piece] = value, index
-    return arrived_last(counters, row, slices, last, tid)
+    return slice_winner(row, piece, value, index, win_value, win_index, counters, best_value, best_index, no_flags,
+                        last, tid)
+
+
+@cuda.jit(device=True)
+def prefetch_slice(logits, row, piece, greedy, do_sample, noise, out_step, xs, ns, tid):
+    """This thread's logits and noise of slice `piece` of `row` (entry lo + tid + j THREADS at xs[j],
+    ns[j], [PER_THREAD] f32), read before a dependent's wait where no running kernel writes them;
+    what slice_probs would read, and nothing it would not (no logits on a greedy row, no noise without
+    sampling)."""
+    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, logits.shape[1])
+    for j in range(PER_THREAD):
+        v = lo + tid + j * THREADS
+        xs[j] = logits[row, v] if v < hi and not greedy else float32(0.0)
+        ns[j] = noise[row, out_step, v] if v < hi and do_sample and not greedy else float32(1.0)
+
+
+@cuda.jit(device=True)
+def slice_probs_prefetched(row, piece, vocab, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample,
+                           xs, ns, win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
+    """slice_probs over prefetch_slice's xs, ns: the same arithmetic and order, so the same bits."""
+    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
+    shift = row_max / t
+    cuda.syncthreads()
+    value, index = float32(-1.0), int64(vocab)
+    for j in range(PER_THREAD):
+        v = lo + tid + j * THREADS
+        if v < hi:
+            p = (float32(1.0) if v == chosen else float32(0.0)) if greedy else math.exp(xs[j] / t - shift) / total
+            probs_out[row, out_step, v] = p
+            if do_sample and not greedy:
+                score = p / ns[j]
+                if score > value:
+                    value, index = score, v
+    if not do_sample:
+        return False
+    return slice_winner(row, piece, value, index, win_value, win_index, counters, best_value, best_index, no_flags,
+                        last, tid)
 
 
 @cuda.jit(device=True)
