@@ -114,10 +114,11 @@ def _attention() -> None:
         if path == "mma":  # as a programmatic dependent, its loads after the wait or some before it; pipelined
             from protospec.kernels import attention_mma
             chosen = attention_mma.EARLY_LOADS, attention_mma.PIPELINE
-            for attention_mma.PIPELINE in (False, True):
-                for dependent, attention_mma.EARLY_LOADS in ((False, False), (True, False), (True, True)):
-                    paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits,
-                                    fused_combine=fused, dependent_launch=dependent)
+            # (the pipelined walk only in the forward's form: its code is the same in the others)
+            for attention_mma.PIPELINE, dependent, attention_mma.EARLY_LOADS in (
+                    (False, True, False), (False, True, True), (True, True, True)):
+                paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits,
+                                fused_combine=fused, dependent_launch=dependent)
             attention_mma.EARLY_LOADS, attention_mma.PIPELINE = chosen
 
 
