@@ -166,8 +166,14 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
                 offset -= block_size
                 column += 1
             if PIPE:  # the next tile's words (its entry came a step ago), and the entry of the one after it
-                load_tile(kv64, next_block * block_words + offset * key_stride, k_lane, v_lane, key_stride, key0 + STEP,
-                          end, t, kb2, vw2)
+                if key0 + STEP < end:  # the same for the warp's lanes; no load is waited on here
+                    load_tile(kv64, next_block * block_words + offset * key_stride, k_lane, v_lane, key_stride,
+                              key0 + STEP, end, t, kb2, vw2)
+                else:  # no tile left: zeros, as load_tile gives V past the end (K's scores are masked)
+                    for i in range(KB):
+                        kb2[i] = int64(0)
+                    for i in range(VK):
+                        vw2[i] = int64(0)
                 after = load_flat(block_tables, seq * table + column2) if key0 + 2 * STEP < end else 0
                 column2 += jump
                 offset2 += rest
@@ -214,7 +220,7 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
                     o[nt * 4 + 2], o[nt * 4 + 3] = float32(0.0), float32(0.0)
             block = next_block
             key0 += STEP
-            if PIPE:
+            if PIPE:  # the next step's words (the copy waits for their loads, due by then)
                 for i in range(KB):
                     kb[i] = kb2[i]
                 for i in range(VK):
