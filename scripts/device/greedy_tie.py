@@ -44,7 +44,8 @@ def head(x, residual, logits_indices, norm_w, eps, lm_w):
 
 model.head = head
 llm.generate([prompt + a], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
-h, w = captured["h"], captured["w"]
+h, w = captured["h"], captured["w"].detach()
+torch.set_grad_enabled(False)
 rows = h[len(prompt) - 1: len(prompt) - 1 + len(a)]                  # row j predicts output token j
 logits32 = rows.float() @ w.float().t()                              # [128, vocab] float32
 logits16 = F.linear(rows, w).float()                                 # as cuBLAS's LM head writes them
