@@ -28,6 +28,7 @@ from protospec.model.attention import AttentionMetadata
 from protospec.kernels import dependent_launch, gemv_mma, paged_attention as attention_kernel
 from protospec.kernels.gemv_mma_twin import RopeCache
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
+from protospec.model.llama import logits_float32
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path
 # The fused forward's final norm: "fused" into the LM head GEMV's loads (one kernel, but each of its
@@ -142,7 +143,10 @@ class LayerKernelForward:
             x = self._linear(act, layer.mlp.down_proj.weight)
         norm = model.model.norm
         h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # only the rows whose logits are wanted
-        return self._linear(h, model.lm_head.weight).float()
+        if self._tensor_cores(h):
+            return gemv_mma.gemv_mma(h if h.is_contiguous() else h.contiguous(), model.lm_head.weight,
+                                     out_dtype=torch.float32, dependent_launch=self.dependent)
+        return logits_float32(h, model.lm_head.weight)
 
     def _fused_forward(self, model, input_ids, positions, kv_caches, meta, tables, wanted) -> torch.Tensor:
         """linear="mma_fused": 5 kernels a layer (qkv with the norm, RoPE and the cache store; attention;

@@ -51,11 +51,24 @@ def post_attention(attn, residual, wo, norm_w, eps: float, w_gate_up, w_down):
     return F.linear(F.silu(gate) * up, w_down), residual
 
 
+def logits_float32(h: torch.Tensor, lm_w: torch.Tensor) -> torch.Tensor:
+    """The LM head, h [T, hidden] @ lm_w [vocab, hidden].T -> [T, vocab] float32 straight from the
+    float32 accumulator. Half-precision logits would be rounded first: a float16 step near 2.0 is
+    0.002, so two top logits closer than that become equal and greedy then takes the lower token id
+    instead of the model's choice (the fused tensor-core head writes float32 too, so both linear
+    kernels decide such near ties alike)."""
+    if h.dtype not in (torch.float16, torch.bfloat16):
+        return F.linear(h, lm_w).float()
+    if h.is_cuda:
+        return torch.mm(h, lm_w.t(), out_dtype=torch.float32)  # cuBLAS: half inputs, float32 output
+    return F.linear(h.float(), lm_w.float())  # CPU kernels have no half-in, float-out matmul
+
+
 def lm_head_logits(x, residual, logits_indices, norm_w, eps: float, lm_w):
     """Last residual add, final norm and LM head, only for the tokens whose logits are wanted
     (the norm is per token). -> [num_logits, vocab] float32."""
     h = (x + residual)[logits_indices]
-    return F.linear(rms_norm(h, norm_w, eps), lm_w).float()
+    return logits_float32(rms_norm(h, norm_w, eps), lm_w)
 
 
 def forward_prologue(positions, cos_table, sin_table, meta: AttentionMetadata, dtype: torch.dtype):
