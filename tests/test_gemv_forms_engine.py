@@ -4,8 +4,7 @@ set to and emits the tokens of the other form, greedy and seeded, in the capture
 forms: the LM head's final norm as a kernel of its own or folded into the head
 (layer_kernels.HEAD_NORM); the o and down projections' K split over several blocks a tile or not
 (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS); the linears that let the next kernel launch before their wait
-(gemv_mma.EARLY_ALLOW); the wait kept below the weight loads (gemv_mma.PIN_WEIGHT_LOADS); the LM
-head's norm kernel loading the norm weight before its wait (gemv_mma.HEAD_NORM_PREFETCH); the
+(gemv_mma.EARLY_ALLOW); the wait kept below the weight loads (gemv_mma.PIN_WEIGHT_LOADS); the
 attention loading a warp's next key tile before this one's products (attention_mma.PIPELINE); the
 probabilities kernel's logits and noise before its wait (sampling.PROBS_PREFETCH). (Their bits
 against each other run in the simulator too: tests/test_gemv_mma.py, test_attention_mma.py,
@@ -22,8 +21,6 @@ FORMS = {  # setting -> (module, attribute, the two values, a kernel name only t
     "gemv_early_allow": ("protospec.kernels.gemv_mma", "EARLY_ALLOW",
                          (frozenset(), frozenset({"o", "gate_up", "down"})), "gemv_mma_k384_dep_early"),
     "pin_weight_loads": ("protospec.kernels.gemv_mma", "PIN_WEIGHT_LOADS", (False, True), "gemv_mma_k384_dep_pin"),
-    "head_norm_prefetch": ("protospec.kernels.gemv_mma", "HEAD_NORM_PREFETCH", (False, True),
-                           "head_norm_k384_residual_dep_prefetch"),
     "attention_pipeline": ("protospec.kernels.attention_mma", "PIPELINE", (False, True), "attention_mma_kernel_pipe"),
     "probs_prefetch": ("protospec.kernels.sampling", "PROBS_PREFETCH", (False, True), None),  # one kernel name
 }

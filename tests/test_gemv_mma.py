@@ -223,21 +223,6 @@ def test_the_head_norm_then_the_plain_product_give_the_normed_forms_bits(with_re
     assert launched_kernels[1] == f"head_norm_k{192 * warps}{'_residual' if with_residual else ''}_dep"
 
 
-def test_the_head_norm_prefetch_gives_the_same_rows(monkeypatch, launched_kernels):
-    """HEAD_NORM_PREFETCH moves only the norm weight's loads (before the dependent's wait): the rows
-    are the same bits, through a kernel named for it; without a dependent launch it does nothing."""
-    table, residual, g, _ = _normed_operands(17, 5, 16)
-    rows = torch.tensor([3, 0], device=DEV)
-    out = {}
-    for prefetch in (False, True):
-        monkeypatch.setattr(kernel, "HEAD_NORM_PREFETCH", prefetch)
-        out[prefetch] = kernel.head_norm(table, residual, g, 1e-6, rows, dependent_launch=True)
-    kernel.head_norm(table, residual, g, 1e-6, rows)
-    assert torch.equal(out[True], out[False])
-    assert launched_kernels == ["head_norm_k192_residual_dep", "head_norm_k192_residual_dep_prefetch",
-                                "head_norm_k192_residual"]
-
-
 def test_the_head_norm_names_bad_arguments():
     table, residual, g, _ = _normed_operands(3, 10, 16)
     with pytest.raises(KernelArgumentError, match="1 to 8 token rows"):

@@ -57,9 +57,6 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probs-prefetch", default="off", choices=ON_OFF_CHOICES,
                    help="the probabilities kernel, as a dependent, loads its logits and noise before its wait "
                         "(same bits; default: %(default)s)")
-    p.add_argument("--head-norm-prefetch", default="off", choices=ON_OFF_CHOICES,
-                   help="the LM head's norm kernel loads the norm weight before its wait (same bits; "
-                        "default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
@@ -83,7 +80,6 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.O_K_SPLITS, gemv_mma.DOWN_K_SPLITS = args.o_k_splits, args.down_k_splits
     gemv_mma.EARLY_ALLOW = early_allow_set(args.gemv_early_allow)
     gemv_mma.PIN_WEIGHT_LOADS = args.pin_weight_loads == "on"
-    gemv_mma.HEAD_NORM_PREFETCH = args.head_norm_prefetch == "on"
 
 
 EARLY_ALLOW_LINEARS = ("o", "gate_up", "down")

@@ -57,11 +57,6 @@ EARLY_ALLOW: frozenset = frozenset({"o", "gate_up", "down"})
 # (bench and kernel_census: --pin-weight-loads).
 PIN_WEIGHT_LOADS = True
 
-# The LM head's norm kernel (head_norm, dependent) loading the norm weight before its wait, as the
-# normed GEMVs do (PREFETCH_NORM). Same bits. Set before any graph is captured (bench and
-# kernel_census: --head-norm-prefetch); off until timed.
-HEAD_NORM_PREFETCH = False
-
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
@@ -167,7 +162,7 @@ def head_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         raise KernelArgumentError(f"head_norm: dependent_launch needs compute capability 9.0 or later ({x.device})")
     out = torch.empty(tokens, k, dtype=torch.float16, device=x.device)
     x64 = x.view(torch.int64)
-    kernel = head_norm_kernel(warps_for(k), residual is not None, dependent_launch, HEAD_NORM_PREFETCH)
+    kernel = head_norm_kernel(warps_for(k), residual is not None, dependent_launch)
     interop.launch_tensors(kernel, 1, warps_for(k) * WARP, [
         x64, x64 if residual is None else residual.view(torch.int64), x_rows, norm_weight.view(torch.int64),
         float(eps), tokens, out.view(torch.int64)], dependent=dependent_launch)

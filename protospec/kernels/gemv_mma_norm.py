@@ -22,7 +22,7 @@ import numpy as np
 from numba import float32, int64
 
 from protospec.kernels import interop
-from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
+from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.warp_mma import pack_half2
@@ -79,14 +79,15 @@ def normed_halves(x_word, r_word, norm_word, inv_rms, residual):
 
 
 @functools.cache
-def head_norm_kernel(warps: int, residual: bool, dependent: bool, prefetch: bool = False):
+def head_norm_kernel(warps: int, residual: bool, dependent: bool):
     """One block of `warps` warps (K = 192 x warps): out[i] = rms_norm(x[x_rows[i]] + residual[x_rows[i]])
     * norm_weight, float16, for i < tokens (<= MAX_TOKENS). DEPENDENT: waits for the kernel before it,
-    then lets the next one start at once (its weight loads overlap this kernel). PREFETCH (with
-    DEPENDENT): the norm weight, which no kernel writes, is loaded before the wait (kept below those
-    loads in the machine code), not after the reduction."""
+    then lets the next one start at once (its weight loads overlap this kernel). The norm weight is
+    read after the wait: a form that loaded it before a branch-pinned wait (as the GEMVs pin theirs)
+    decoded other tokens in the engine, because the compiler sank those loads and ptxas moved loads
+    above the wait instead (NOTES.md)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}  # gemv_mma_kernel's: the same instructions
-    RESIDUAL, DEPENDENT, PREFETCH = residual, dependent, dependent and prefetch  # noqa: N806
+    RESIDUAL, DEPENDENT = residual, dependent  # noqa: N806
     THREADS, SQUARES = warps * WARP, warps * MAX_TOKENS  # noqa: N806 (literal sizes for the typer)
 
     def head_norm(x64, res64, x_rows, norm64, eps, tokens, out64):
@@ -97,13 +98,7 @@ def head_norm_kernel(warps: int, residual: bool, dependent: bool, prefetch: bool
         warp, lane = tid // WARP, tid % WARP
         g, t = lane // 4, lane % 4
         first = warp * (COLUMNS_PER_WARP // 4) + 4 * t
-        nw = cuda.local.array(WORDS, int64)
-        if PREFETCH:
-            for i in range(WORDS):
-                nw[i] = load_flat(norm64, first + 16 * (i // 4) + i % 4)
-            wait_after_issued_loads(k_words)
-            allow_dependent_launch()
-        elif DEPENDENT:
+        if DEPENDENT:
             grid_dependency_wait()
             allow_dependent_launch()
         row = x_rows[min(g, tokens - 1)]
@@ -121,12 +116,10 @@ def head_norm_kernel(warps: int, residual: bool, dependent: bool, prefetch: bool
         if g < tokens:
             for i in range(WORDS):
                 word = first + 16 * (i // 4) + i % 4
-                norm_word = nw[i] if PREFETCH else load_flat(norm64, word)
-                lo, hi = normed_halves(xw[i], rw[i], norm_word, inv_rms, RESIDUAL)
+                lo, hi = normed_halves(xw[i], rw[i], load_flat(norm64, word), inv_rms, RESIDUAL)
                 store_flat(out64, g * k_words + word, int64(lo) | (int64(hi) << 32))
 
     head_norm.__name__ = head_norm.__qualname__ = (f"head_norm_k{warps * COLUMNS_PER_WARP}"
-                                                   + ("_residual" if residual else "") + ("_dep" if dependent else "")
-                                                   + ("_prefetch" if PREFETCH else ""))
+                                                   + ("_residual" if residual else "") + ("_dep" if dependent else ""))
     return cuda.jit(**options)(head_norm)
 

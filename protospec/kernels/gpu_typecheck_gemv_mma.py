@@ -24,14 +24,8 @@ def tensor_core_gemv_forms() -> None:
     gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
     gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True)
     from protospec.kernels.gemv_mma import head_norm
-    from protospec.kernels import gemv_mma as forms
-    chosen = forms.HEAD_NORM_PREFETCH
-    try:  # the final norm as a kernel of its own (--head-norm separate), its norm weight after and before the wait
-        for forms.HEAD_NORM_PREFETCH in (False, True):
-            for dependent in (False, True):
-                head_norm(h, h.clone(), h[0].clone(), 1e-6, ids, dependent_launch=dependent)
-    finally:
-        forms.HEAD_NORM_PREFETCH = chosen
+    for dependent in (False, True):  # the final norm as a kernel of its own (--head-norm separate)
+        head_norm(h, h.clone(), h[0].clone(), 1e-6, ids, dependent_launch=dependent)
     gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), out_dtype=torch.float32, dependent_launch=True)
     for splits in (2, 4):  # the down projection's split K (--down-k-splits)
         gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(40, 3072, dtype=torch.float16),
