@@ -153,13 +153,13 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
     flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
              "--attention-early-loads", "off", "--verify-inputs-allow", "on", "--lm-head-max-registers", "128",
              "--lm-head-prefetch-norm", "off", "--logit-stats", "on", "--pin-weight-loads", "off",
-             "--gemv-early-allow", "none", "--attention-pipeline", "on",
-             "--probs-prefetch", "on"] if flipped else []
+             "--gemv-early-allow", "none", "--attention-pipeline", "off",
+             "--probs-prefetch", "off"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
-    assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), True, True] if flipped
-                   else ["two", True, True, True, False, 0, True, False, True, early, False, False])
+    assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, False] if flipped
+                   else ["two", True, True, True, False, 0, True, False, True, early, True, True])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

@@ -98,21 +98,45 @@ def test_the_wait_order_reader_counts_loads_on_each_side_of_the_first_wait():
     assert wait_order([LDG, LAUNCH]) is None
 
 
+def test_the_ptx_reader_counts_the_loads_issued_before_the_first_wait():
+    """gpu_wait_order.ptx_loads_before_wait: plain and predicated global loads before the first wait,
+    not shared or parameter loads, nothing after it; PTX without a wait has no count."""
+    from protospec.kernels.gpu_wait_order import ptx_loads_before_wait
+
+    ptx = """
+        ld.param.u64 	%rd1, [param_0];
+        ld.global.nc.u64 	%rd2, [%rd1];
+        @%p1 ld.global.u32 	%r1, [%rd1+8];
+        ld.shared.f32 	%f1, [%rd3];
+        @%p3 bra 	$L__BB0_2;
+        griddepcontrol.wait;
+        ld.global.u64 	%rd4, [%rd1+16];
+        griddepcontrol.wait;
+    """
+    assert ptx_loads_before_wait(ptx) == 2
+    assert ptx_loads_before_wait(ptx.replace("griddepcontrol.wait;", "")) is None
+    assert ptx_loads_before_wait("griddepcontrol.wait;\nld.global.u64 %rd4, [%rd1];") == 0
+
+
 def test_the_pinned_dependent_gemvs_issue_their_weight_loads_before_the_wait():
     """The machine code ptxas makes (it needs the CUDA toolkit, which CI lacks): each tensor-core
     GEMV form with --pin-weight-loads or an early allow has every weight word of a lane (24, 36 with
     the norm weight, 60 for gate/up) loaded before its wait. ptxas hoists a plain wait above them all,
-    so a dropped pin shows here as 0 loads before the wait."""
+    so a dropped pin shows here as 0 loads before the wait. And in no dependent kernel (attention,
+    GEMVs, sampling, draft inputs) did ptxas move a load from after the wait to before it."""
     import shutil
 
     import pytest
 
     if shutil.which("ptxas") is None:
         pytest.skip("needs ptxas (the CUDA toolkit)")
-    done = _run("from protospec.kernels import gpu_wait_order; gpu_wait_order.main(['--parts', 'layers'])")
+    done = _run("from protospec.kernels import gpu_wait_order; "
+                "gpu_wait_order.main(['--parts', 'attention', 'layers', 'sampling', 'draft_inputs'])")
     assert done.returncode == 0, done.stderr[-3000:]
     orders = {line.rsplit(": ", 1)[1]: int(line.split()[0]) for line in done.stdout.splitlines()
               if "loads before the wait" in line}
+    # ptxas moved no load from after a wait to before it (where the kernel before may still be writing)
+    assert not [line for line in done.stdout.splitlines() if "HOISTED" in line], done.stdout
     pinned = {name: loads for name, loads in orders.items() if name.endswith(("_pin", "_early"))}
     assert pinned["gemv_mma_k768_dep_pin"] >= 24 and pinned["gemv_mma_k768_norm_residual_glu_dep_prefetch_pin"] >= 60
     assert len(pinned) >= 6 and min(pinned.values()) >= 24, pinned

@@ -51,10 +51,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pin-weight-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core GEMVs' dependent forms keep their wait below the weight loads in the machine "
                         "code, so the weights stream while the kernel before ends (same bits; default: %(default)s)")
-    p.add_argument("--attention-pipeline", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--attention-pipeline", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core attention loads a warp's next key tile before the products of this one "
                         "(same bits; default: %(default)s)")
-    p.add_argument("--probs-prefetch", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--probs-prefetch", default="on", choices=ON_OFF_CHOICES,
                    help="the probabilities kernel, as a dependent, loads its logits and noise before its wait "
                         "(same bits; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,

@@ -45,8 +45,9 @@ MIN_BLOCKS_PER_SM = None
 # older than its tokens) before its wait. On: timed faster (bench, kernel_census: --attention-early-loads).
 EARLY_LOADS = True
 # A warp loads its next tile's K and V words before the products of this one (a second set of words,
-# the table entry two tiles ahead), not after them. Same bits. Off until timed (--attention-pipeline).
-PIPELINE = False
+# the table entry two tiles ahead), not after them. Same bits. On: timed faster at batch 1 and 64
+# (bench, kernel_census: --attention-pipeline; data/results/README.md).
+PIPELINE = True
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
 MERGE_BYTES = 40 * 1024

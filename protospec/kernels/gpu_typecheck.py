@@ -111,12 +111,10 @@ def _attention() -> None:
         kv = torch.zeros(2, blocks, block_size, kv_heads, head_dim, dtype=dtype)
         positions = torch.arange(2 * query_len, dtype=torch.int64) + 20
         paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, fused_combine=fused)
-        if path == "mma":  # as a programmatic dependent, its loads after the wait or some before it; pipelined
+        if path == "mma":  # the forward's form (a programmatic dependent with early loads), pipelined or not
             from protospec.kernels import attention_mma
             chosen = attention_mma.EARLY_LOADS, attention_mma.PIPELINE
-            # (the pipelined walk only in the forward's form: its code is the same in the others)
-            for attention_mma.PIPELINE, dependent, attention_mma.EARLY_LOADS in (
-                    (False, True, False), (False, True, True), (True, True, True)):
+            for attention_mma.PIPELINE, dependent, attention_mma.EARLY_LOADS in ((False, True, True), (True, True, True)):
                 paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits,
                                 fused_combine=fused, dependent_launch=dependent)
             attention_mma.EARLY_LOADS, attention_mma.PIPELINE = chosen

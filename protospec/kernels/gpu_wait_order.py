@@ -11,6 +11,13 @@ gpu_typecheck reaches for sm_90 (gpu_registers.assemble: ptxas from the CUDA too
 code's opcodes from the cubin and prints, per kernel that waits, how many global loads (LDG) come
 before its first wait and how many after, and where it lets dependents launch.
 
+Beside the machine code's count, the PTX's: the loads the compiler issued before the wait. ptxas may
+merge adjacent loads (fewer LDGs) or sink them below the wait (the hoisted wait above), but a kernel
+whose machine code has more loads before its wait than its PTX moved loads from after the wait to
+before it, and those may read what the kernel before it is still writing: such a line is marked
+HOISTED. (The head-norm kernel once loaded its norm weight before a branch-pinned wait; LLVM sank
+those read-only loads below it, ptxas put 12 others above, and the engine decoded other tokens.)
+
 The opcodes come from the instruction words' low 12 bits (sm_90: LDG 0x981, the wait 0x82e,
 launch_dependents 0x82d), the values ptxas gives to one-instruction PTX kernels; `opcodes_of` is the
 reader, `wait_order` the count.
@@ -49,12 +56,25 @@ def wait_order(opcodes: list[int]) -> dict | None:
     return dict(loads_before=opcodes[:at].count(LDG), loads_after=opcodes[at:].count(LDG), launches=launches)
 
 
-def sass_opcodes(py_func, signature: tuple, options: dict, workdir: str) -> list[int]:
+def ptx_loads_before_wait(ptx: str) -> int | None:
+    """Global loads (`ld.global...`, predicated or not) the PTX issues before its first
+    `griddepcontrol.wait`; None for PTX that never waits."""
+    loads = 0
+    for line in ptx.splitlines():
+        instruction = line.strip().split(" ", 1)[-1] if line.strip().startswith("@") else line.strip()
+        if instruction.startswith("griddepcontrol.wait"):
+            return loads
+        loads += instruction.startswith("ld.global")
+    return None
+
+
+def sass_opcodes(py_func, signature: tuple, options: dict, workdir: str) -> tuple[list[int], str]:
+    """(the machine code's opcodes, the PTX they were assembled from)."""
     from protospec.kernels.gpu_registers import assemble
 
     _, cubin = assemble(py_func, signature, options, workdir)
-    with open(cubin, "rb") as f:
-        return opcodes_of(f.read())
+    with open(cubin, "rb") as f, open(cubin[: -len(".cubin")] + ".ptx") as ptx:
+        return opcodes_of(f.read()), ptx.read()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, signature, kernel in reached_kernels(tuple(args.parts or PARTS)):
             if args.match not in name:
                 continue
-            order = wait_order(sass_opcodes(kernel.py_func, signature, kernel.targetoptions, workdir))
+            opcodes, ptx = sass_opcodes(kernel.py_func, signature, kernel.targetoptions, workdir)
+            order, issued = wait_order(opcodes), ptx_loads_before_wait(ptx)
             if order is not None:
-                print(f"{order['loads_before']:3d} loads before the wait, {order['loads_after']:3d} after; "
+                hoisted = " HOISTED" if order["loads_before"] > (issued or 0) else ""
+                print(f"{order['loads_before']:3d} loads before the wait, {order['loads_after']:3d} after "
+                      f"(the PTX issues {issued} before it{hoisted}); "
                       f"launch_dependents {'/'.join(order['launches']) or 'never'}: {name}")
     return 0
 

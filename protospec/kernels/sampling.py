@@ -50,8 +50,8 @@ LAUNCHES = "two"
 # The probabilities kernel, as a dependent, loads its slice's logits and noise before its wait: the
 # statistics kernel before it lets it launch only after its own wait, when the LM head that wrote the
 # logits has finished (only the row statistics are still being written). Same bits. Set before any
-# graph is captured (bench and kernel_census: --probs-prefetch); off until timed.
-PROBS_PREFETCH = False
+# graph is captured (bench and kernel_census: --probs-prefetch). On: timed faster (data/results/README.md).
+PROBS_PREFETCH = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -222,7 +222,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                     win_index, counters], rows, slices, logits.device)
         return
     dependent = bool(dependent) and dependent_launch.STEP_KERNELS  # callers: ModelRunner.launches_dependents
-    row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel = _kernels(dependent, PROBS_PREFETCH)
+    row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel = _kernels(dependent, dependent and PROBS_PREFETCH)
     tiles = logit_stats.attached(logits) if st.unit_temperature else None
     if tiles is not None:  # the LM head wrote its tiles' statistics: no statistics kernel
         interop.launch_tensors(probs_from_tiles_kernel, rows * slices, THREADS,
