@@ -29,7 +29,8 @@ from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.slot_lookup import slot_or_flag
 
 # Callers that launch the verify's forward as dependents ask for the allowing form only with this on:
-# off until timed (bench and kernel_census: --verify-inputs-allow on); set before any graph is captured.
+# off, as its census read no faster (bench and kernel_census: --verify-inputs-allow on; data/results/README.md).
+# Set before any graph is captured.
 ALLOW_DEPENDENTS = False
 
 @functools.lru_cache(maxsize=None)
