@@ -223,6 +223,45 @@ def test_the_head_norm_then_the_plain_product_give_the_normed_forms_bits(with_re
     assert launched_kernels[1] == f"head_norm_k{192 * warps}{'_residual' if with_residual else ''}_dep"
 
 
+@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "no_residual"])
+def test_the_norm_tail_gives_the_head_norm_kernels_bits(with_residual, launched_kernels):
+    """tail_norm: the plain GEMV's last block to finish norms the wanted rows of its own output: the
+    same bits as the GEMV then head_norm (K over two warps, the norm over one; a tile past N's end),
+    the same y, twice in a row (the arrival counter resets), under the form's name."""
+    gen = torch.Generator().manual_seed(31 + with_residual)
+    k, n, tokens = 2 * kernel.COLUMNS_PER_WARP, kernel.COLUMNS_PER_WARP, 6
+    w = (torch.randn(n + 5, k, generator=gen) / k ** 0.5).half().to(DEV)[:n]  # 12 tiles of 16 rows
+    x = torch.randn(tokens, k, generator=gen).half().to(DEV)
+    residual = torch.randn(tokens, n, generator=gen).half().to(DEV) if with_residual else None
+    g = (1 + 0.3 * torch.randn(n, generator=gen)).half().to(DEV)
+    rows = torch.tensor([5, 0, 3], device=DEV)
+    y = kernel.gemv_mma(x, w, dependent_launch=True)
+    separate = kernel.head_norm(y, residual, g, 1e-6, rows, dependent_launch=True)
+    for _ in range(2):
+        y_tail, normed = kernel.gemv_mma(x, w, dependent_launch=True, allow_early=True,
+                                         tail_norm=kernel.TailNorm(g, residual, 1e-6, rows))
+        assert torch.equal(y_tail, y) and torch.equal(normed, separate)
+    assert launched_kernels[-1] == "gemv_mma_k384_dep_early_normtail"
+    want = kernel.gemv_mma_reference(x, w, tail_norm=kernel.TailNorm(g, residual, 1e-6, rows))[1]
+    torch.testing.assert_close(normed.float(), want.float(), atol=2e-3, rtol=2e-3)
+
+
+def test_the_norm_tail_names_bad_arguments():
+    gen = torch.Generator().manual_seed(3)
+    k, n = kernel.COLUMNS_PER_WARP, kernel.COLUMNS_PER_WARP
+    x, w = torch.randn(4, k, generator=gen).half().to(DEV), torch.randn(n, k, generator=gen).half().to(DEV)
+    g, rows = torch.ones(n, dtype=torch.float16, device=DEV), torch.arange(2, device=DEV)
+    with pytest.raises(KernelArgumentError, match="tail_norm takes the plain float16 form"):
+        kernel.gemv_mma(x, w, out_dtype=torch.float32, tail_norm=kernel.TailNorm(g, None, 1e-6, rows))
+    with pytest.raises(KernelArgumentError, match="no wider than K"):
+        kernel.gemv_mma(x, torch.randn(2 * n, k, generator=gen).half().to(DEV),
+                        tail_norm=kernel.TailNorm(torch.ones(2 * n, dtype=torch.float16, device=DEV), None, 1e-6, rows))
+    with pytest.raises(KernelArgumentError, match="1 to 8 rows"):
+        kernel.gemv_mma(x, w, tail_norm=kernel.TailNorm(g, None, 1e-6, torch.zeros(9, dtype=torch.int64, device=DEV)))
+    with pytest.raises(KernelArgumentError, match="residual .* must match y"):
+        kernel.gemv_mma(x, w, tail_norm=kernel.TailNorm(g, x[:, :n][:3].contiguous(), 1e-6, rows))
+
+
 def test_the_head_norm_names_bad_arguments():
     table, residual, g, _ = _normed_operands(3, 10, 16)
     with pytest.raises(KernelArgumentError, match="1 to 8 token rows"):

@@ -16,7 +16,7 @@ from protospec.kernels.dependent_launch import supported as dependents_supported
 from protospec.kernels.gemv_mma_kernel import (COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS, TILE_ROWS, WARP,  # noqa: F401
                                                gemv_mma_kernel, supports, warps_for)
 from protospec.kernels.gemv_mma_norm import head_norm_kernel
-from protospec.kernels.gemv_mma_twin import RopeCache, gemv_mma_reference, head_norm_reference  # noqa: F401 (the twins)
+from protospec.kernels.gemv_mma_twin import RopeCache, TailNorm, gemv_mma_reference, head_norm_reference  # noqa: F401
 from protospec.kernels.interop import check_tensor
 from protospec.kernels.logit_stats import LogitStats, attach
 from protospec.kernels.paged_attention import arrival_counters
@@ -62,7 +62,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
              x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16,
              dependent_launch: bool = False, max_registers: int = 0, prefetch_norm: bool | None = None,
-             logit_stats: bool = False, k_splits: int = 1, allow_early: bool = False):
+             logit_stats: bool = False, k_splits: int = 1, allow_early: bool = False,
+             tail_norm: TailNorm | None = None):
     """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
@@ -75,7 +76,10 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     logit_stats (float32 y; not with glu or rope): y also carries its tiles' softmax statistics
     (logit_stats.attached(y)). k_splits (the plain form): a 16-row tile's K over that many blocks, the
     last to finish summing every warp's products in the unsplit order (the same bits). allow_early
-    (with dependent_launch): the next kernel may launch before this one's wait (gemv_mma_kernel)."""
+    (with dependent_launch): the next kernel may launch before this one's wait (gemv_mma_kernel).
+    tail_norm (the plain float16 form, unsplit): the last block to finish also norms y's wanted rows
+    (head_norm's arithmetic and bits), and the call returns (y, normed [T', N]): the LM head's norm
+    without a launch of its own."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
     k = x.shape[1]
@@ -105,6 +109,9 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         raise KernelArgumentError(f"gemv_mma: k_splits {k_splits} must divide K's {warps_for(k)} warps, plain form only")
     if out_dtype not in (torch.float16, torch.float32):
         raise KernelArgumentError(f"gemv_mma: out_dtype float16 or float32, got {out_dtype}")
+    if tail_norm is not None:
+        _check_tail_norm(tail_norm, tokens, n, k, norm_weight is not None or glu or x_rows is not None or rope is not None
+                         or logit_stats or k_splits != 1 or out_dtype != torch.float16)
     if norm_weight is not None:
         check_tensor("gemv_mma norm_weight", norm_weight, torch.float16, 1, rows=k)
     if residual is not None:
@@ -120,21 +127,30 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     warps, tiles = warps_for(k) // k_splits, -(-n // TILE_ROWS)
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
                              dependent_launch, norm and (PREFETCH_NORM if prefetch_norm is None else prefetch_norm),
-                             max_registers, logit_stats, k_splits, allow_early, PIN_WEIGHT_LOADS)
+                             max_registers, logit_stats, k_splits, allow_early, PIN_WEIGHT_LOADS,
+                             tail_norm is not None, tail_norm is not None and tail_norm.residual is not None)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     stats = LogitStats.empty(tokens, n, x.device) if logit_stats else LogitStats(x64.view(torch.float32), x64,
                                                                                    x64.view(torch.float32))
     partials, counters = _split_buffers(tiles * warps_for(k) * WARP * 4, tiles, x.device, k_splits > 1)
+    if tail_norm is not None:  # the norm's operands where the normed forms take theirs
+        normed = torch.empty(tail_norm.rows.shape[0], n, dtype=torch.float16, device=x.device)
+        index, residual, norm_weight, eps, res_out = tail_norm.rows, tail_norm.residual, tail_norm.norm_weight, \
+            tail_norm.eps, normed
+        counters = arrival_counters(x.device, 1, "gemv_norm_tail")
     interop.launch_tensors(kernel, tiles * k_splits, warps * WARP, [
         x64, index, x64 if residual is None else residual.view(torch.int64),
         x64[0] if norm_weight is None else norm_weight.view(torch.int64), float(eps), weight.view(torch.int64),
-        tokens, y, res_out.view(torch.int64) if norm else x64,
+        tokens, y, res_out.view(torch.int64) if norm or tail_norm is not None else x64,
         index if rope is None else rope.positions, table, table if rope is None else rope.sin,
         y.view(1, 1, 1, *y.shape) if rope is None else rope.kv_cache, index if rope is None else rope.slot_mapping,
-        stats.tile_max, stats.tile_index, stats.tile_sum, partials, counters], dependent=dependent_launch)
+        stats.tile_max, stats.tile_index, stats.tile_sum, partials, counters, y.view(torch.int64)],
+        dependent=dependent_launch)
     if logit_stats:
         attach(y, stats)
+    if tail_norm is not None:
+        return y, normed
     out = y if rope is None else y.view(tokens, rope.num_heads, rope.head_dim)  # q [T, h, d] with rope
     return (out, res_out) if norm else out
 
@@ -167,6 +183,26 @@ def head_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         x64, x64 if residual is None else residual.view(torch.int64), x_rows, norm_weight.view(torch.int64),
         float(eps), tokens, out.view(torch.int64)], dependent=dependent_launch)
     return out
+
+
+def _check_tail_norm(tail: TailNorm, tokens: int, n: int, k: int, fused: bool) -> None:
+    """gemv_mma's tail_norm: the plain float16 unsplit form only; its norm spans y's N columns with
+    at most the block's warps."""
+    if fused:
+        raise KernelArgumentError("gemv_mma: tail_norm takes the plain float16 form (no norm, glu, x_rows, rope, "
+                                  "logit_stats or k_splits)")
+    if not supports(n) or warps_for(n) > warps_for(k):
+        raise KernelArgumentError(f"gemv_mma: tail_norm over N = {n} columns needs a multiple of {COLUMNS_PER_WARP} "
+                                  f"no wider than K = {k}")
+    check_tensor("gemv_mma tail_norm rows", tail.rows, torch.int64, 1)
+    if not 1 <= tail.rows.shape[0] <= MAX_TOKENS:
+        raise KernelArgumentError(f"gemv_mma: tail_norm: 1 to {MAX_TOKENS} rows, got {tail.rows.shape[0]}")
+    check_tensor("gemv_mma tail_norm norm_weight", tail.norm_weight, torch.float16, 1, rows=n)
+    if tail.residual is not None:
+        check_tensor("gemv_mma tail_norm residual", tail.residual, torch.float16, 2)
+        if tail.residual.shape != (tokens, n):
+            raise KernelArgumentError(f"gemv_mma: tail_norm residual {tuple(tail.residual.shape)} must match y "
+                                      f"({tokens}, {n})")
 
 
 _SPLIT_PARTIALS: dict = {}

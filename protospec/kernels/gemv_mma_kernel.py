@@ -45,7 +45,7 @@ from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import cuda
 from protospec.kernels.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS,  # noqa: F401
-                                             WARP, WORDS, block_inv_rms, normed_halves, summed)
+                                             WARP, WORDS, block_inv_rms, normed_halves, norm_rows_function, summed)
 from protospec.kernels.gemv_mma_rope import rope_and_store
 from protospec.kernels.logit_stats import tile_stats
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
@@ -65,7 +65,7 @@ def warps_for(k: int) -> int:
 def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
                     gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False,
                     max_registers: int = 0, stats: bool = False, splits: int = 1, allow_early: bool = False,
-                    pin_loads: bool = False):
+                    pin_loads: bool = False, norm_tail: bool = False, norm_tail_residual: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -85,12 +85,16 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     own wait that a kernel still running may write (a GEMV reads weights there; the attention's early
     loads read cached keys). PIN_LOADS (with DEPENDENT) keeps the wait below the weight loads in the
     machine code (ptxas hoists a plain wait above them: dependent_launch.wait_after_issued_loads);
-    ALLOW_EARLY pins them too."""
+    ALLOW_EARLY pins them too. NORM_TAIL (the plain unsplit form): the last block to finish also
+    runs the final norm over y's wanted rows, (y + residual with NORM_TAIL_RESIDUAL) normed into
+    res_out64, head_norm's arithmetic: the LM head's norm without a kernel of its own."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     if stats and (glu or rope_dim):
         raise ValueError("gemv_mma_kernel: tile statistics only for the plain and normed forms")
     if splits > 1 and (norm or glu or gather or rope_dim or stats):
         raise ValueError("gemv_mma_kernel: split K only for the plain form")
+    if norm_tail and (norm or glu or gather or rope_dim or stats or splits > 1):
+        raise ValueError("gemv_mma_kernel: the norm tail only for the plain unsplit form")
     if max_registers and not interop.SIMULATOR:
         options["max_registers"] = max_registers
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM, DEPENDENT = norm, residual, glu, gather, rope_dim, dependent  # noqa: N806
@@ -107,15 +111,20 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     SPLITS, ALL_WARPS = splits, warps * splits  # noqa: N806
     ALLOW_EARLY = dependent and allow_early  # noqa: N806
     PIN_LOADS = dependent and pin_loads and not allow_early  # noqa: N806
+    NORM_TAIL, TAIL_RESIDUAL = norm_tail, norm_tail and norm_tail_residual  # noqa: N806
+    norm_rows = norm_rows_function(True)  # y is this kernel's own output: its loads are not invariant
 
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
-                 tile_max, tile_index, tile_sum, split_partials, counters):
+                 tile_max, tile_index, tile_sum, split_partials, counters, y64):
         """x64, res64 [R, K / 4] int64 (float16 words; R = T unless GATHER); x_rows [T] int64 (GATHER);
         norm64 [K / 4] int64; w64 [N (2I with GLU), K / 4] int64; y [T, N (I; h * d with ROPE)] float16
         or float32; res_out64 [T, K / 4] int64 <- x + residual (NORM; block 0 writes it).
         ROPE: positions [T] int64, cos / sin [P, d], kv_cache [2, blocks, block_size, kvh, d], slots [T]
         int64 (-1: no store). STATS: tile_max, tile_sum [T, N / 16] float32, tile_index [T, N / 16] int64.
         SPLITS: split_partials [tiles * ALL_WARPS * 32 * 4] float32, counters [>= tiles] int32 (zeros).
+        NORM_TAIL: y64 [T, N / 4] int64, y's words; x_rows [T'] the wanted rows, res64 [T, N / 4] the
+        residual, norm64 [N / 4] the norm's weight, res_out64 [T', N / 4] <- the normed rows;
+        counters [>= 1] int32 (zeros).
         """
         n_rows, k_words = w64.shape[0] // PRODUCTS, w64.shape[1]
         tid = cuda.threadIdx.x
@@ -257,23 +266,28 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         if STATS:
             tile_stats(sums, warp == 0, g, t, n0, n_rows, tokens, tile_max, tile_index, tile_sum, shuffle_scratch,
                        index_scratch, tid)
+        if NORM_TAIL:  # every block's y is written; the last to arrive norms the wanted rows
+            if arrived_last(counters, 0, cuda.gridDim.x, last, tid):
+                norm_rows(y64, res64, TAIL_RESIDUAL, x_rows, norm64, eps, x_rows.shape[0], res_out64,
+                          y64.shape[1] // (COLUMNS_PER_WARP // 4), squares, shuffle_scratch, tid)
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
                                                              PREFETCH, max_registers, stats, splits, ALLOW_EARLY,
-                                                             PIN_LOADS)
+                                                             PIN_LOADS, NORM_TAIL)
     return cuda.jit(**options)(gemv_mma)
 
 
 def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool,
                  prefetch_norm: bool = False, max_registers: int = 0, stats: bool = False, splits: int = 1,
-                 allow_early: bool = False, pin_loads: bool = False) -> str:
+                 allow_early: bool = False, pin_loads: bool = False, norm_tail: bool = False) -> str:
     """e.g. gemv_mma_k768_norm_residual_rope_dep: K, then each fused form the kernel takes (regs128: at
     most 128 registers a thread; split4: a tile's K over 4 blocks of `warps` warps; early: lets the next
-    kernel launch before its own wait; pin: the wait kept below the weight loads)."""
+    kernel launch before its own wait; pin: the wait kept below the weight loads; normtail: the last
+    block runs the final norm)."""
     forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
                              ("rope", rope_dim), ("dep", dependent), ("prefetch", prefetch_norm),
                              (f"regs{max_registers}", max_registers), ("stats", stats), (f"split{splits}", splits > 1),
-                             ("early", allow_early), ("pin", pin_loads)) if on]
+                             ("early", allow_early), ("pin", pin_loads), ("normtail", norm_tail)) if on]
     return "_".join(["gemv_mma", f"k{warps * splits * COLUMNS_PER_WARP}", *forms])
 
 

@@ -26,7 +26,7 @@ from protospec.kernels.dependent_launch import allow_dependent_launch, grid_depe
 from protospec.kernels.interop import cuda
 from protospec.kernels.reductions import xor_exchange
 from protospec.kernels.warp_mma import pack_half2
-from protospec.kernels.word_loads import load_flat, store_flat, unpack_f16x4
+from protospec.kernels.word_loads import load_flat, load_flat_mutable, store_flat, unpack_f16x4
 
 # The tensor-core GEMV's lane layout (gemv_mma_kernel.py takes it from here).
 WARP = 32
@@ -79,6 +79,44 @@ def normed_halves(x_word, r_word, norm_word, inv_rms, residual):
 
 
 @functools.cache
+def norm_rows_function(mutable: bool):
+    """The device function both final-norm forms run, every thread of one block calling it:
+    out[i] = rms_norm(x[x_rows[i]] + residual[x_rows[i]]) * norm_weight, float16, for i < tokens
+    (<= MAX_TOKENS), K = 192 x norm_warps; warps past norm_warps (a wider block's) load and store
+    nothing. mutable: x was written by the calling kernel's other blocks (loads without the invariant
+    mark, which lets the compiler move them above those writes' fences)."""
+    load_x = load_flat_mutable if mutable else load_flat
+
+    @cuda.jit(device=True)
+    def norm_rows(x64, res64, residual, x_rows, norm64, eps, tokens, out64, norm_warps, squares, shuffle_scratch,
+                  tid):
+        """x64, res64 [R, K / 4] int64 (float16 words); x_rows [T] int64; norm64 [K / 4] int64;
+        out64 [T, K / 4] int64 <- the normed rows. squares [>= warps x MAX_TOKENS] float32 and
+        shuffle_scratch [threads] float32: shared."""
+        k_words = x64.shape[1]
+        warp, lane = tid // WARP, tid % WARP
+        g, t = lane // 4, lane % 4
+        first = warp * (COLUMNS_PER_WARP // 4) + 4 * t
+        active = warp < norm_warps
+        row = x_rows[min(g, tokens - 1)]
+        xw = cuda.local.array(WORDS, int64)
+        rw = cuda.local.array(WORDS, int64)
+        for i in range(WORDS):
+            word = first + 16 * (i // 4) + i % 4
+            xw[i] = load_x(x64, row * k_words + word) if active else int64(0)
+            rw[i] = load_flat(res64, row * k_words + word) if residual and active else int64(0)
+        inv_rms = block_inv_rms(xw, rw, residual, g, t, warp, norm_warps, tokens, k_words, eps, squares,
+                                shuffle_scratch, tid)
+        if g < tokens and active:
+            for i in range(WORDS):
+                word = first + 16 * (i // 4) + i % 4
+                lo, hi = normed_halves(xw[i], rw[i], load_flat(norm64, word), inv_rms, residual)
+                store_flat(out64, g * k_words + word, int64(lo) | (int64(hi) << 32))
+
+    return norm_rows
+
+
+@functools.cache
 def head_norm_kernel(warps: int, residual: bool, dependent: bool):
     """One block of `warps` warps (K = 192 x warps): out[i] = rms_norm(x[x_rows[i]] + residual[x_rows[i]])
     * norm_weight, float16, for i < tokens (<= MAX_TOKENS). DEPENDENT: waits for the kernel before it,
@@ -89,35 +127,18 @@ def head_norm_kernel(warps: int, residual: bool, dependent: bool):
     options = {} if interop.SIMULATOR else {"fastmath": True}  # gemv_mma_kernel's: the same instructions
     RESIDUAL, DEPENDENT = residual, dependent  # noqa: N806
     THREADS, SQUARES = warps * WARP, warps * MAX_TOKENS  # noqa: N806 (literal sizes for the typer)
+    norm_rows = norm_rows_function(False)
 
     def head_norm(x64, res64, x_rows, norm64, eps, tokens, out64):
         """x64, res64 [R, K / 4] int64 (float16 words); x_rows [T] int64; norm64 [K / 4] int64;
         out64 [T, K / 4] int64 <- the normed rows."""
-        k_words = x64.shape[1]
-        tid = cuda.threadIdx.x
-        warp, lane = tid // WARP, tid % WARP
-        g, t = lane // 4, lane % 4
-        first = warp * (COLUMNS_PER_WARP // 4) + 4 * t
         if DEPENDENT:
             grid_dependency_wait()
             allow_dependent_launch()
-        row = x_rows[min(g, tokens - 1)]
-        xw = cuda.local.array(WORDS, int64)
-        rw = cuda.local.array(WORDS, int64)
         shuffle_scratch = cuda.shared.array(THREADS, float32)
         squares = cuda.shared.array(SQUARES, float32)
-        for i in range(WORDS):
-            word = first + 16 * (i // 4) + i % 4
-            xw[i] = load_flat(x64, row * k_words + word)
-            if RESIDUAL:
-                rw[i] = load_flat(res64, row * k_words + word)
-        inv_rms = block_inv_rms(xw, rw, RESIDUAL, g, t, warp, warps, tokens, k_words, eps, squares, shuffle_scratch,
-                                tid)
-        if g < tokens:
-            for i in range(WORDS):
-                word = first + 16 * (i // 4) + i % 4
-                lo, hi = normed_halves(xw[i], rw[i], load_flat(norm64, word), inv_rms, RESIDUAL)
-                store_flat(out64, g * k_words + word, int64(lo) | (int64(hi) << 32))
+        norm_rows(x64, res64, RESIDUAL, x_rows, norm64, eps, tokens, out64, warps, squares, shuffle_scratch,
+                  cuda.threadIdx.x)
 
     head_norm.__name__ = head_norm.__qualname__ = (f"head_norm_k{warps * COLUMNS_PER_WARP}"
                                                    + ("_residual" if residual else "") + ("_dep" if dependent else ""))

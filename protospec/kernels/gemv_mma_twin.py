@@ -64,12 +64,22 @@ class RopeCache:
         return q.contiguous()
 
 
+@dataclass(frozen=True)
+class TailNorm:
+    """The final norm a plain GEMV's last block runs over its output: rms_norm(y[rows] + residual[rows])
+    * norm_weight (gemv_mma's tail_norm; head_norm's arithmetic)."""
+    norm_weight: torch.Tensor        # [N] float16
+    residual: torch.Tensor | None    # [T, N] float16, the residual stream; None: y alone
+    eps: float
+    rows: torch.Tensor               # [T'] int64, the rows whose logits are wanted (T' <= 8)
+
+
 def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                        residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
                        x_rows: torch.Tensor | None = None, rope: RopeCache | None = None,
                        out_dtype: torch.dtype = torch.float16, dependent_launch: bool = False, max_registers: int = 0,
                        prefetch_norm: bool | None = None, logit_stats: bool = False, k_splits: int = 1,
-                       allow_early: bool = False):
+                       allow_early: bool = False, tail_norm: TailNorm | None = None):
     """gemv_mma in torch (same arguments, same results; dependent_launch, max_registers, prefetch_norm,
     k_splits and allow_early are launch details, unused; logit_stats attaches the tiles' statistics computed by torch)."""
     if x_rows is not None:
@@ -86,6 +96,8 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
     out = rope.apply(out) if rope is not None else out.to(out_dtype)
     if logit_stats:
         attach(out, tile_stats_reference(out))
+    if tail_norm is not None:
+        return out, head_norm_reference(out, tail_norm.residual, tail_norm.norm_weight, tail_norm.eps, tail_norm.rows)
     return (out, stream.half()) if norm_weight is not None else out
 
 

@@ -27,6 +27,11 @@ def tensor_core_gemv_forms() -> None:
     for dependent in (False, True):  # the final norm as a kernel of its own (--head-norm separate)
         head_norm(h, h.clone(), h[0].clone(), 1e-6, ids, dependent_launch=dependent)
     gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), out_dtype=torch.float32, dependent_launch=True)
+    from protospec.kernels.gemv_mma import TailNorm
+    for dependent in (False, True):  # the last down projection running the final norm (--head-norm tail)
+        gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(768, 3072, dtype=torch.float16),
+                 dependent_launch=dependent, allow_early=dependent,
+                 tail_norm=TailNorm(h[0].clone(), torch.zeros(6, 768, dtype=torch.float16), 1e-6, ids))
     for splits in (2, 4):  # the down projection's split K (--down-k-splits)
         gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(40, 3072, dtype=torch.float16),
                  dependent_launch=True, k_splits=splits)

@@ -26,7 +26,7 @@ from protospec.errors import ConfigError
 from protospec.layout import LINEAR_KERNELS
 from protospec.model.attention import AttentionMetadata
 from protospec.kernels import dependent_launch, gemv_mma, paged_attention as attention_kernel
-from protospec.kernels.gemv_mma_twin import RopeCache
+from protospec.kernels.gemv_mma_twin import RopeCache, TailNorm
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 from protospec.model.llama import logits_float32
 
@@ -34,8 +34,9 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 # The fused forward's final norm: "fused" into the LM head GEMV's loads (one kernel, but each of its
 # ~2000 blocks recomputes the norm of the wanted rows), or "separate" (gemv_mma.head_norm: the same
 # arithmetic once, in one block launched as a dependent, then the plain GEMV; the same logits).
-# "separate": timed faster (data/results README); set before any graph is captured (bench and
-# kernel_census: --head-norm).
+# "separate": timed faster (data/results README); or "tail": the same arithmetic run by the last block
+# of the last layer's down projection once every block's output is written (no launch of its own).
+# Set before any graph is captured (bench and kernel_census: --head-norm).
 HEAD_NORM = "separate"
 
 
@@ -151,10 +152,10 @@ class LayerKernelForward:
     def _fused_forward(self, model, input_ids, positions, kv_caches, meta, tables, wanted) -> torch.Tensor:
         """linear="mma_fused": 5 kernels a layer (qkv with the norm, RoPE and the cache store; attention;
         o; gate/up with the norm and SiLU x up; down) and two for the head (the norm of the wanted rows,
-        then the LM head, float32; one with HEAD_NORM "fused"): the embedding rows are gathered by the
+        then the LM head, float32; one with HEAD_NORM "fused" or "tail"): the embedding rows are gathered by the
         first qkv projection."""
         x, x_rows, residual = model.model.embed_tokens.weight, input_ids, None  # [V, hidden]: rows by token id
-        dep = self.dependent
+        dep, norm = self.dependent, model.model.norm
         for layer, kv_cache in zip(model.model.layers, kv_caches):
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
             rope = RopeCache(positions, self.cos, self.sin, kv_cache, meta.slot_mapping, self.num_heads)
@@ -167,12 +168,16 @@ class LayerKernelForward:
                                   k_splits=self._splits(gemv_mma.O_K_SPLITS, attn.shape[1]), allow_early="o" in early)
             act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True,
                                               dependent_launch=dep, allow_early="gate_up" in early)
-            x, x_rows = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep,
-                                          k_splits=self._splits(gemv_mma.DOWN_K_SPLITS, act.shape[1]),
-                                          allow_early="down" in early), None
-        norm = model.model.norm
-        if HEAD_NORM == "separate":
-            h = gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted, dependent_launch=dep)  # [logits, hidden]
+            last = layer is model.model.layers[-1]
+            tail = TailNorm(norm.weight, residual, norm.eps, wanted) if last and HEAD_NORM == "tail" else None
+            x = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep,
+                                  k_splits=1 if tail else self._splits(gemv_mma.DOWN_K_SPLITS, act.shape[1]),
+                                  allow_early="down" in early, tail_norm=tail)
+            x_rows = None
+        if HEAD_NORM in ("separate", "tail"):
+            # [logits, hidden]: the last down's tail wrote it, or a kernel of its own does
+            h = x[1] if HEAD_NORM == "tail" else gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted,
+                                                                     dependent_launch=dep)
             return gemv_mma.gemv_mma(h, model.lm_head.weight, out_dtype=torch.float32, dependent_launch=dep,
                                      max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS, logit_stats=gemv_mma.LOGIT_STATS)
         logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,
