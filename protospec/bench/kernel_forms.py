@@ -38,7 +38,7 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="the tensor-core LM head also writes each 16-row vocabulary tile's softmax statistics, and the "
                         "sampling kernels combine them instead of a statistics kernel reading the logits (rows at "
                         "T = 1 or greedy; default: %(default)s)")
-    p.add_argument("--head-norm", default="separate", choices=["fused", "separate", "tail"],
+    p.add_argument("--head-norm", default="tail", choices=["fused", "separate", "tail"],
                    help="the fused forward's final norm in the LM head GEMV's loads, a one-block kernel of its "
                         "own before the plain GEMV, or run by the last block of the last down projection (same "
                         "bits; default: %(default)s)")

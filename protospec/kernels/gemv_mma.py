@@ -145,7 +145,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         tokens, y, res_out.view(torch.int64) if norm or tail_norm is not None else x64,
         index if rope is None else rope.positions, table, table if rope is None else rope.sin,
         y.view(1, 1, 1, *y.shape) if rope is None else rope.kv_cache, index if rope is None else rope.slot_mapping,
-        stats.tile_max, stats.tile_index, stats.tile_sum, partials, counters, y.view(torch.int64)],
+        stats.tile_max, stats.tile_index, stats.tile_sum, partials, counters,
+        y.view(torch.int64) if tail_norm is not None else x64],  # y's words: N is a multiple of 4 only there
         dependent=dependent_launch)
     if logit_stats:
         attach(y, stats)

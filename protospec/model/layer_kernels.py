@@ -6,7 +6,8 @@
     linear="mma_fused" (float16, <= 8 tokens, widths the tensor-core GEMV takes): 5 per layer, the norms
              and residual adds folded into the qkv and gate/up GEMVs, RoPE and the cache store into qkv's
              epilogue, SiLU x up into gate/up's; the embedding into the first GEMV; the final norm over the
-             wanted rows a one-block kernel before the LM head (or folded into it: HEAD_NORM)
+             wanted rows run by the last down projection's last block (or a one-block kernel before
+             the LM head, or folded into it: HEAD_NORM)
 
 The draft loop, the verify and the target's decode feed a few tokens per sequence; at batch 1 such
 a forward costs its kernel count (a few microseconds each on the GPU, plus a gap between kernels
@@ -34,10 +35,11 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 # The fused forward's final norm: "fused" into the LM head GEMV's loads (one kernel, but each of its
 # ~2000 blocks recomputes the norm of the wanted rows), or "separate" (gemv_mma.head_norm: the same
 # arithmetic once, in one block launched as a dependent, then the plain GEMV; the same logits).
-# "separate": timed faster (data/results README); or "tail": the same arithmetic run by the last block
-# of the last layer's down projection once every block's output is written (no launch of its own).
-# Set before any graph is captured (bench and kernel_census: --head-norm).
-HEAD_NORM = "separate"
+# "separate": timed faster than "fused" (data/results README); or "tail": the same arithmetic run by the
+# last block of the last layer's down projection once every block's output is written (no launch of its
+# own): timed faster than "separate", so the default. Set before any graph is captured (bench and
+# kernel_census: --head-norm).
+HEAD_NORM = "tail"
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
