@@ -7,11 +7,13 @@ and writes the normed rows; the plain GEMV then reads them. Same lane layout (wa
 token g, words w * 48 + 4t + 16c + j), same order of the sum of squares, same roundings: the LM head
 gets the same bits either way (a GPU test compares them).
 
-Why a kernel of its own: the LM head is the one GEMV launched in waves (2000 blocks of 16 vocabulary
+Why not in the head: the LM head is the one GEMV launched in waves (2000 blocks of 16 vocabulary
 rows, 3 an SM at the fused form's registers), so its prologue (x and residual loads after the wait,
 the reduction, a barrier) is paid by every block; the plain form needs fewer registers, and its
 blocks only load x. Launched as a dependent that lets the next kernel start at once, the norm kernel
-runs while the head's first wave issues its weight loads.
+runs while the head's first wave issues its weight loads. `norm_rows_function` holds the arithmetic
+for both places that run it once: this kernel, and the last block of the down projection that
+writes the rows (gemv_mma_kernel's NORM_TAIL), which saves the launch.
 """
 from __future__ import annotations
 
