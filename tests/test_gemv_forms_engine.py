@@ -6,7 +6,8 @@ down projection's last block (layer_kernels.HEAD_NORM); the o and down projectio
 (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS); the linears that let the next kernel launch before their wait
 (gemv_mma.EARLY_ALLOW); the wait kept below the weight loads (gemv_mma.PIN_WEIGHT_LOADS); the
 attention loading a warp's next key tile before this one's products (attention_mma.PIPELINE); the
-probabilities kernel's logits and noise before its wait (sampling.PROBS_PREFETCH). (Their bits
+probabilities kernel's logits and noise before its wait (sampling.PROBS_PREFETCH); the draft step's
+advance done by the probabilities kernel (sampling.ADVANCE_IN_SAMPLER). (Their bits
 against each other run in the simulator too: tests/test_gemv_mma.py, test_attention_mma.py,
 test_sampling_kernel.py.)"""
 import pytest
@@ -24,6 +25,7 @@ FORMS = {  # setting -> (module, attribute, the two values, a kernel name only t
     "pin_weight_loads": ("protospec.kernels.gemv_mma", "PIN_WEIGHT_LOADS", (False, True), "gemv_mma_k384_dep_pin"),
     "attention_pipeline": ("protospec.kernels.attention_mma", "PIPELINE", (False, True), "attention_mma_kernel_pipe"),
     "probs_prefetch": ("protospec.kernels.sampling", "PROBS_PREFETCH", (False, True), None),  # one kernel name
+    "advance_in_sampler": ("protospec.kernels.sampling", "ADVANCE_IN_SAMPLER", (False, True), None),  # one kernel less
 }
 
 

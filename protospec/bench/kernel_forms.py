@@ -58,6 +58,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probs-prefetch", default="on", choices=ON_OFF_CHOICES,
                    help="the probabilities kernel, as a dependent, loads its logits and noise before its wait "
                         "(same bits; default: %(default)s)")
+    p.add_argument("--advance-in-sampler", default="on", choices=ON_OFF_CHOICES,
+                   help="the draft step's probabilities kernel writes the next step's inputs (token, position, length, "
+                        "slot) itself instead of an advance_step launch after it (the fused sampling kernels in two "
+                        "launches; same tokens; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
@@ -73,6 +77,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
     attention_mma.PIPELINE = args.attention_pipeline == "on"
     sampling.PROBS_PREFETCH = args.probs_prefetch == "on"
+    sampling.ADVANCE_IN_SAMPLER = args.advance_in_sampler == "on"
     verify_inputs.ALLOW_DEPENDENTS = args.verify_inputs_allow == "on"
     gemv_mma.LM_HEAD_MAX_REGISTERS = args.lm_head_max_registers
     gemv_mma.LM_HEAD_PREFETCH_NORM = args.lm_head_prefetch_norm == "on"

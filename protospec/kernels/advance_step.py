@@ -26,6 +26,25 @@ from protospec.kernels.interop import cuda
 from protospec.kernels.slot_lookup import slot_or_flag
 
 
+@cuda.jit(device=True)
+def advance_row(row, token, num_queries, block_size, input_ids, positions, seq_lens, slot_mapping, block_tables,
+                error_row):
+    """One row of the advance (the module's rules): `token` is the id the draft just sampled for it.
+    Shared by the kernel below and the sampling kernel that advances the rows it samples
+    (sampling.ADVANCE_IN_SAMPLER), so both write the same values."""
+    if row < num_queries[0]:
+        pos = seq_lens[row]
+        input_ids[row] = token
+        positions[row] = pos
+        seq_lens[row] = pos + 1
+        slot_mapping[row] = slot_or_flag(block_tables, row, pos, block_tables.shape[1], block_size, error_row)
+    else:
+        input_ids[row] = 0
+        positions[row] = 0
+        seq_lens[row] = 0
+        slot_mapping[row] = PAD_SLOT_ID
+
+
 @functools.lru_cache(maxsize=None)
 def _advance_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
     """The kernel; DEPENDENT: launched as a programmatic dependent of the sampling before it, it waits
@@ -51,17 +70,8 @@ def _advance_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a const
         row = cuda.grid(1)
         if row >= input_ids.shape[0]:
             return
-        if row < num_queries[0]:
-            pos = seq_lens[row]
-            input_ids[row] = sampled_ids[row]
-            positions[row] = pos
-            seq_lens[row] = pos + 1
-            slot_mapping[row] = slot_or_flag(block_tables, row, pos, block_tables.shape[1], block_size, error_row)
-        else:
-            input_ids[row] = 0
-            positions[row] = 0
-            seq_lens[row] = 0
-            slot_mapping[row] = PAD_SLOT_ID
+        advance_row(row, sampled_ids[row], num_queries, block_size, input_ids, positions, seq_lens, slot_mapping,
+                    block_tables, error_row)
 
     return advance_step_kernel
 
@@ -125,6 +135,10 @@ class AdvanceStepLauncher:
         check_advance_args(*tensors)
         self.args = [num_queries, block_size, sampled_ids, input_ids, positions, seq_lens, slot_mapping, block_tables, error_row]
         self.num_rows = input_ids.shape[0]
+        # What a sampling kernel needs to do this advance itself for the rows it samples
+        # (sampling.ADVANCE_IN_SAMPLER): advance_row's arguments after the row and its token.
+        self.row_args = [num_queries, int(block_size), input_ids, positions, seq_lens, slot_mapping, block_tables,
+                         error_row]
         # dependent: bound as a programmatic dependent (a GPU of sm_90 or later; the simulator has none)
         self.kernel = _advance_kernel(dependent)
         self.bound = None

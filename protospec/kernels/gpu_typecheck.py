@@ -160,6 +160,9 @@ def _sampling_and_rejection() -> None:
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
             sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1,
                                 dependent)
+            sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent,
+                                 _advance_launcher(batch))  # the form that advances the decode inputs too
             tiled = torch.zeros(batch, vocab)  # logits the LM head wrote with its tiles' statistics
             logit_stats.attach(tiled, logit_stats.LogitStats.empty(batch, vocab, tiled.device))
             sampling.sample_into(tiled, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
@@ -174,6 +177,17 @@ def _sampling_and_rejection() -> None:
     ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,
                             torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
                             torch.zeros(batch, dtype=torch.int64))
+
+
+def _advance_launcher(rows: int):
+    """An advance_step launcher over `rows` zeroed decode rows (one real), for the sampler's advancing form."""
+    from protospec.kernels.advance_step import AdvanceStepLauncher
+
+    int32, int64 = torch.int32, torch.int64
+    return AdvanceStepLauncher(16, torch.ones(1, dtype=int32), torch.zeros(rows, dtype=int64),
+                               torch.zeros(rows, dtype=int64), torch.zeros(rows, dtype=int64),
+                               torch.ones(rows, dtype=int32), torch.zeros(rows, dtype=int64),
+                               torch.zeros(rows, 3, dtype=int32), torch.zeros(1, dtype=int32), bind=False)
 
 
 def _draft_inputs() -> None:

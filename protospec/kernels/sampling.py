@@ -30,6 +30,7 @@ from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import dependent_launch, interop, logit_stats
+from protospec.kernels.advance_step import advance_row
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
@@ -39,6 +40,7 @@ from protospec.kernels.sampling_slices import (PER_THREAD, THREADS, VOCAB_PER_BL
                                                slice_probs_prefetched, slice_stats, write_sample)
 
 if TYPE_CHECKING:
+    from protospec.kernels.advance_step import AdvanceStepLauncher
     from protospec.spec.sampler import SamplingTensors
 
 # "two": the statistics and the probabilities as two launches; "one": one cooperative launch with a
@@ -52,6 +54,26 @@ LAUNCHES = "two"
 # logits has finished (only the row statistics are still being written). Same bits. Set before any
 # graph is captured (bench and kernel_census: --probs-prefetch). On: timed faster (data/results/README.md).
 PROBS_PREFETCH = True
+
+# A draft step's sample followed by advance_step (the next step's inputs): the probabilities kernel's
+# last block of each row writes that row's next inputs itself, with the token it has just picked, and
+# the advance kernel is not launched (one kernel boundary less a draft step). The two-launch form only;
+# elsewhere the advance kernel runs after the sample. Set before any graph is captured (bench and
+# kernel_census: --advance-in-sampler).
+ADVANCE_IN_SAMPLER = True
+
+
+@cuda.jit(device=True)
+def finish_row(row, vocab, greedy, chosen, win_value, win_index, ids_out, out_step, mirror, use_mirror, best_value,
+               best_index, no_flags, tid, advance, num_queries, block_size, input_ids, positions, seq_lens,
+               slot_mapping, block_tables, error_row):
+    """The row's last block: its sample written (write_sample), then, with `advance`, the row's next
+    decode inputs from it (advance_step.advance_row)."""
+    chosen = write_sample(row, vocab, greedy, chosen, win_value, win_index, ids_out, out_step, mirror, use_mirror,
+                          best_value, best_index, no_flags, tid)
+    if advance and tid == 0:
+        advance_row(row, chosen, num_queries, block_size, input_ids, positions, seq_lens, slot_mapping, block_tables,
+                    error_row)
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,12 +117,17 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
 
     @cuda.jit
     def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, row_max, row_index, row_sum, probs_out,
-                                out_step, do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters):
+                                out_step, do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters,
+                                advance, num_queries, block_size, input_ids, positions, seq_lens, slot_mapping,
+                                block_tables, error_row):
         """
         row_max, row_index, row_sum: row_stats_kernel's. probs_out [R, S, V] f32: row r's probabilities go
         to probs_out[r, out_step]. do_sample: 1 = also sample (noise [R, S, V] f32 Exp(1), read at
         [r, out_step]; the id goes to ids_out [R, S] int64 at [r, out_step], and to mirror [>= R] int64 at
         [r] when use_mirror). part_max, part_index [R, S]: the slices' race winners; counters as above.
+        advance: 1 = also advance each sampled row's decode inputs (advance_step.advance_row's arguments
+        follow: num_queries [1] int32, block_size, input_ids, positions, slot_mapping [>= R] int64,
+        seq_lens [>= R] int32, block_tables [>= R, W] int32, error_row [1] int32), 0 = they are placeholders.
         """
         if PREFETCH:
             slices = part_max.shape[1]
@@ -120,8 +147,9 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
             if slice_probs_prefetched(row, piece, logits.shape[1], temperature[row // rows_per_seq], greedy,
                                       row_max[row], chosen, row_sum[row], probs_out, out_step, do_sample, xs, ns,
                                       part_max, part_index, counters, best_value, best_index, no_flags, last, tid):
-                write_sample(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
-                             use_mirror, best_value, best_index, no_flags, tid)
+                finish_row(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
+                           use_mirror, best_value, best_index, no_flags, tid, advance, num_queries, block_size,
+                           input_ids, positions, seq_lens, slot_mapping, block_tables, error_row)
             return
         if DEPENDENT:
             grid_dependency_wait()
@@ -138,12 +166,15 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
         if slice_probs(logits, row, piece, temperature[seq], greedy, row_max[row], chosen, row_sum[row], probs_out,
                        out_step, do_sample, noise, part_max, part_index, counters, best_value, best_index, no_flags,
                        last, tid):
-            write_sample(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
-                         use_mirror, best_value, best_index, no_flags, tid)
+            finish_row(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
+                       use_mirror, best_value, best_index, no_flags, tid, advance, num_queries, block_size,
+                       input_ids, positions, seq_lens, slot_mapping, block_tables, error_row)
 
     @cuda.jit
     def probs_from_tiles_kernel(logits, is_greedy, rows_per_seq, tile_max, tile_index, tile_sum, probs_out, out_step,
-                                do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters):
+                                do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters, advance,
+                                num_queries, block_size, input_ids, positions, seq_lens, slot_mapping, block_tables,
+                                error_row):
         """probs_and_sample_kernel for rows at T = 1 (or greedy), with no row_stats_kernel before it:
         every block combines its row's max, index and sum from the LM head's tile statistics
         (logit_stats.py; tile_max, tile_sum [R, S'] f32, tile_index [R, S'] int64), a few thousand
@@ -164,8 +195,9 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
                                                best_index, no_flags, tid)
         if slice_probs(logits, row, piece, one, greedy, row_max, chosen, total, probs_out, out_step, do_sample, noise,
                        part_max, part_index, counters, best_value, best_index, no_flags, last, tid):
-            write_sample(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
-                         use_mirror, best_value, best_index, no_flags, tid)
+            finish_row(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
+                       use_mirror, best_value, best_index, no_flags, tid, advance, num_queries, block_size,
+                       input_ids, positions, seq_lens, slot_mapping, block_tables, error_row)
 
     return row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel
 
@@ -184,14 +216,23 @@ def probs_into(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor, row
 
 
 def sample_into(logits: torch.Tensor, st: SamplingTensors, step: int, draft_probs: torch.Tensor, draft_ids: torch.Tensor,
-                noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False) -> None:
+                noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False,
+                advance: AdvanceStepLauncher | None = None) -> None:
     """One draft step's sample: probabilities into draft_probs[:, step] ([B, k, V]), ids into
     draft_ids[:, step] ([B, k]) and mirror[:B] (the buffer advance_step reads). noise: [B, k, V]
-    Exp(1), read at [:, step]; None when every row is greedy. dependent: as probs_into's."""
-    _launch(logits, st, 1, draft_probs, step, noise, draft_ids, mirror, dependent)
+    Exp(1), read at [:, step]; None when every row is greedy. dependent: as probs_into's.
+    advance: the decode inputs' advance that follows this sample (over the B rows sampled here): done
+    by the probabilities kernel where it can (ADVANCE_IN_SAMPLER, two launches), else launched after it."""
+    if advance is not None and logits.shape[0] > advance.num_rows:
+        raise KernelArgumentError(f"sample_into: {logits.shape[0]} rows to sample, but the inputs to advance "
+                                  f"hold {advance.num_rows}")
+    folded = advance is not None and ADVANCE_IN_SAMPLER and LAUNCHES == "two"
+    _launch(logits, st, 1, draft_probs, step, noise, draft_ids, mirror, dependent, advance if folded else None)
+    if advance is not None and not folded:
+        advance()
 
 
-def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent=False) -> None:
+def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent=False, advance=None) -> None:
     rows = logits.shape[0]
     check_tensor("logits", logits, torch.float32, 2)
     check_tensor("probs_out", probs_out, torch.float32, 3, rows=rows)
@@ -210,6 +251,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
     noise = noise if noise is not None else _placeholder(torch.float32, 3, logits.device)
     ids_out = ids_out if ids_out is not None else _placeholder(torch.int64, 2, logits.device)
     mirror_arg = mirror if mirror is not None else _placeholder(torch.int64, 1, logits.device)
+    advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else _no_advance(logits.device))
     slices = -(-logits.shape[1] // VOCAB_PER_BLOCK)
     part_max, part_index, part_sum, row_max, row_index, row_sum = _scratch(rows, slices, logits.device)
     counters = arrival_counters(logits.device, rows, "sampling")  # the two launches count in turn
@@ -228,7 +270,8 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
         interop.launch_tensors(probs_from_tiles_kernel, rows * slices, THREADS,
                                [logits, st.is_greedy, int(rows_per_seq), tiles.tile_max, tiles.tile_index,
                                 tiles.tile_sum, probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg,
-                                int(mirror is not None), part_max, part_index, counters], dependent=dependent)
+                                int(mirror is not None), part_max, part_index, counters] + advance_args,
+                               dependent=dependent)
         return
     interop.launch_tensors(row_stats_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,
@@ -236,7 +279,13 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
     interop.launch_tensors(probs_and_sample_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), row_max, row_index, row_sum,
                             probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg, int(mirror is not None),
-                            part_max, part_index, counters], dependent=dependent)
+                            part_max, part_index, counters] + advance_args, dependent=dependent)
+
+
+def _no_advance(device: torch.device) -> list:
+    """advance_row's arguments where the kernel advances nothing (never written)."""
+    i32, i64 = (_placeholder(dtype, 1, device) for dtype in (torch.int32, torch.int64))
+    return [i32, 0, i64, i64, i32, i64, _placeholder(torch.int32, 2, device), i32]
 
 
 _scratches: dict[tuple, tuple] = {}

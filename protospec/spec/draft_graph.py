@@ -4,8 +4,9 @@ and, where draft step 1's inputs were built on the device, steps 1..k as one gra
 In the gpu mode each draft step still costs the CPU a few dozen launches (an advance, a graph
 replay for the forward, the sampling ops). Here the whole tail of the loop is one replay, so the
 CPU's cost no longer grows with k. It works because nothing in those steps depends on the host:
-the advance_step kernel (launched through interop.BoundLaunch, which a capture records), a forward
-over persistent buffers, and sampling from Exp(1) noise drawn before the loop (SpecStepRandoms).
+the advance_step kernel (launched through interop.BoundLaunch, which a capture records; with the fused
+sampling kernels, done by the probabilities kernel of the sample before it, sampling.ADVANCE_IN_SAMPLER),
+a forward over persistent buffers, and sampling from Exp(1) noise drawn before the loop (SpecStepRandoms).
 
 Everything the graph reads or writes lives in persistent buffers of `rows` (the batch padded to a
 bucket): the sampling settings and noise are copied in before a replay, and the draft ids and
@@ -67,16 +68,18 @@ class DraftLoopGraph:
         inputs = decode.inputs(self.rows, self.width)
         sampled = decode.sampled_ids[: self.rows]  # [rows] int64: each step's ids, read by advance_step
         noise = None if self.st.all_greedy else self.noise
+        dependent = self.runner.launches_dependents
         if self.first is not None:  # draft step 1: its 2-token rows, the last one's logits
             first = self.first.view(self.rows, self.width)
             logits = model(first.input_ids, first.positions, kv_caches, first.meta)  # [rows, V]
             sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
-                              self.runner.launches_dependents)
-        for step in range(1, self.k):
+                              dependent, then_advance=decode.advance if self.k > 1 else None)
+        elif self.k > 1:  # draft step 1 sampled before the replay
             decode.advance()
+        for step in range(1, self.k):  # each sample advances the inputs of the step after it
             logits = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)  # [rows, V]
             sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
-                              self.runner.launches_dependents)
+                              dependent, then_advance=decode.advance if step < self.k - 1 else None)
 
     def load(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
         """The first `batch` rows' sampling settings (when the batch changed) and draft noise
