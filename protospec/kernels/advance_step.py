@@ -17,32 +17,51 @@ from __future__ import annotations
 import functools
 
 import torch
+from numba import int64
 
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.interop import cuda
-from protospec.kernels.slot_lookup import slot_or_flag
+from protospec.kernels.slot_lookup import slot_in_block
 
 
 @cuda.jit(device=True)
-def advance_row(row, token, num_queries, block_size, input_ids, positions, seq_lens, slot_mapping, block_tables,
-                error_row):
-    """One row of the advance (the module's rules): `token` is the id the draft just sampled for it.
-    Shared by the kernel below and the sampling kernel that advances the rows it samples
-    (sampling.ADVANCE_IN_SAMPLER), so both write the same values."""
-    if row < num_queries[0]:
-        pos = seq_lens[row]
+def advance_loads(row, num_queries, block_size, seq_lens, block_tables):
+    """What a row's advance reads: (a real row, its new token's position, that position's block-table
+    entry or NULL_BLOCK past the table). A kernel can issue these before it has the token."""
+    real = row < num_queries[0]
+    pos = int64(seq_lens[row])
+    block = int64(NULL_BLOCK)
+    if real:  # a padding row's length means nothing
+        block_index = pos // block_size
+        if block_index < block_tables.shape[1]:
+            block = int64(block_tables[row, block_index])
+    return real, pos, block
+
+
+@cuda.jit(device=True)
+def advance_stores(row, token, real, pos, block, block_size, input_ids, positions, seq_lens, slot_mapping, error_row):
+    """A row's advance (the module's rules) from advance_loads' values and the sampled `token`."""
+    if real:
         input_ids[row] = token
         positions[row] = pos
         seq_lens[row] = pos + 1
-        slot_mapping[row] = slot_or_flag(block_tables, row, pos, block_tables.shape[1], block_size, error_row)
+        slot_mapping[row] = slot_in_block(block, row, pos, block_size, error_row)
     else:
         input_ids[row] = 0
         positions[row] = 0
         seq_lens[row] = 0
         slot_mapping[row] = PAD_SLOT_ID
+
+
+@cuda.jit(device=True)
+def advance_row(row, token, num_queries, block_size, input_ids, positions, seq_lens, slot_mapping, block_tables,
+                error_row):
+    """One row of the advance: `token` is the id the draft just sampled for it."""
+    real, pos, block = advance_loads(row, num_queries, block_size, seq_lens, block_tables)
+    advance_stores(row, token, real, pos, block, block_size, input_ids, positions, seq_lens, slot_mapping, error_row)
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,7 +30,8 @@ from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import dependent_launch, interop, logit_stats
-from protospec.kernels.advance_step import advance_row
+from protospec.kernels.advance_step import advance_loads, advance_stores
+from protospec.layout import NULL_BLOCK
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
@@ -57,23 +58,35 @@ PROBS_PREFETCH = True
 
 # A draft step's sample followed by advance_step (the next step's inputs): the probabilities kernel's
 # last block of each row writes that row's next inputs itself, with the token it has just picked, and
-# the advance kernel is not launched (one kernel boundary less a draft step). The two-launch form only;
+# the advance kernel is not launched (one kernel boundary less a draft step). What the advance reads
+# (length, table entry) every block loads at its start, before its wait in the prefetching form, so
+# the row's last block ends on stores, not on a chain of loads. The two-launch form only;
 # elsewhere the advance kernel runs after the sample. Set before any graph is captured (bench and
 # kernel_census: --advance-in-sampler).
 ADVANCE_IN_SAMPLER = True
 
 
 @cuda.jit(device=True)
+def loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables):
+    """advance_step.advance_loads where the kernel advances (early in it: none of these is written by
+    the kernels still running before it), else placeholders."""
+    if advance:
+        return advance_loads(row, num_queries, block_size, seq_lens, block_tables)
+    return False, int64(0), int64(NULL_BLOCK)
+
+
+@cuda.jit(device=True)
 def finish_row(row, vocab, greedy, chosen, win_value, win_index, ids_out, out_step, mirror, use_mirror, best_value,
-               best_index, no_flags, tid, advance, num_queries, block_size, input_ids, positions, seq_lens,
-               slot_mapping, block_tables, error_row):
+               best_index, no_flags, tid, advance, loaded, block_size, input_ids, positions, seq_lens, slot_mapping,
+               error_row):
     """The row's last block: its sample written (write_sample), then, with `advance`, the row's next
-    decode inputs from it (advance_step.advance_row)."""
+    decode inputs from it and from `loaded` (loads_for_advance's), stores only."""
     chosen = write_sample(row, vocab, greedy, chosen, win_value, win_index, ids_out, out_step, mirror, use_mirror,
                           best_value, best_index, no_flags, tid)
     if advance and tid == 0:
-        advance_row(row, chosen, num_queries, block_size, input_ids, positions, seq_lens, slot_mapping, block_tables,
-                    error_row)
+        real, pos, block = loaded
+        advance_stores(row, chosen, real, pos, block, block_size, input_ids, positions, seq_lens, slot_mapping,
+                       error_row)
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,6 +150,7 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
             xs = cuda.local.array(PER_THREAD, float32)
             ns = cuda.local.array(PER_THREAD, float32)
             prefetch_slice(logits, row, piece, greedy, do_sample, noise, out_step, xs, ns, tid)
+            loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
             wait_after_issued_loads(slices)  # kept below the loads above in the machine code
             allow_dependent_launch()
             best_value = cuda.shared.array(THREADS, float32)
@@ -148,8 +162,8 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
                                       row_max[row], chosen, row_sum[row], probs_out, out_step, do_sample, xs, ns,
                                       part_max, part_index, counters, best_value, best_index, no_flags, last, tid):
                 finish_row(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
-                           use_mirror, best_value, best_index, no_flags, tid, advance, num_queries, block_size,
-                           input_ids, positions, seq_lens, slot_mapping, block_tables, error_row)
+                           use_mirror, best_value, best_index, no_flags, tid, advance, loaded, block_size, input_ids,
+                           positions, seq_lens, slot_mapping, error_row)
             return
         if DEPENDENT:
             grid_dependency_wait()
@@ -163,12 +177,13 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
         no_flags = cuda.shared.array(THREADS, int64)
         last = cuda.shared.array(1, int32)
         greedy, chosen = is_greedy[seq], row_index[row]
+        loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
         if slice_probs(logits, row, piece, temperature[seq], greedy, row_max[row], chosen, row_sum[row], probs_out,
                        out_step, do_sample, noise, part_max, part_index, counters, best_value, best_index, no_flags,
                        last, tid):
             finish_row(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
-                       use_mirror, best_value, best_index, no_flags, tid, advance, num_queries, block_size,
-                       input_ids, positions, seq_lens, slot_mapping, block_tables, error_row)
+                       use_mirror, best_value, best_index, no_flags, tid, advance, loaded, block_size, input_ids,
+                       positions, seq_lens, slot_mapping, error_row)
 
     @cuda.jit
     def probs_from_tiles_kernel(logits, is_greedy, rows_per_seq, tile_max, tile_index, tile_sum, probs_out, out_step,
@@ -191,13 +206,14 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
         last = cuda.shared.array(1, int32)
         one = float32(1.0)
         greedy = is_greedy[row // rows_per_seq]
+        loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
         row_max, chosen, total = combine_stats(row, logits.shape[1], one, tile_max, tile_index, tile_sum, best_value,
                                                best_index, no_flags, tid)
         if slice_probs(logits, row, piece, one, greedy, row_max, chosen, total, probs_out, out_step, do_sample, noise,
                        part_max, part_index, counters, best_value, best_index, no_flags, last, tid):
             finish_row(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
-                       use_mirror, best_value, best_index, no_flags, tid, advance, num_queries, block_size,
-                       input_ids, positions, seq_lens, slot_mapping, block_tables, error_row)
+                       use_mirror, best_value, best_index, no_flags, tid, advance, loaded, block_size, input_ids,
+                       positions, seq_lens, slot_mapping, error_row)
 
     return row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel
 

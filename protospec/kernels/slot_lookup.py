@@ -1,5 +1,6 @@
 """The KV slot of a position, looked up in a row's block table on the device: the step shared by
-the kernels that build forward inputs there (advance_step, first_draft_step, verify_inputs)."""
+the kernels that build forward inputs there (advance_step and the sampler that advances, first_draft_step,
+verify_inputs)."""
 from __future__ import annotations
 
 from protospec.kernels.interop import cuda
@@ -15,6 +16,12 @@ def slot_or_flag(block_tables, row, pos, width, block_size, error_row):
     block = NULL_BLOCK
     if block_index < width:
         block = block_tables[row, block_index]
+    return slot_in_block(block, row, pos, block_size, error_row)
+
+
+@cuda.jit(device=True)
+def slot_in_block(block, row, pos, block_size, error_row):
+    """slot_or_flag's answer from the table entry already read (NULL_BLOCK: none)."""
     if block != NULL_BLOCK:
         return block * block_size + pos % block_size
     error_row[0] = row + 1
