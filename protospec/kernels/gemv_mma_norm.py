@@ -103,16 +103,18 @@ def norm_rows_function(mutable: bool):
         row = x_rows[min(g, tokens - 1)]
         xw = cuda.local.array(WORDS, int64)
         rw = cuda.local.array(WORDS, int64)
-        for i in range(WORDS):
+        nw = cuda.local.array(WORDS, int64)
+        for i in range(WORDS):  # the norm weight's words go out with x's: not a load after the reduction
             word = first + 16 * (i // 4) + i % 4
             xw[i] = load_x(x64, row * k_words + word) if active else int64(0)
             rw[i] = load_flat(res64, row * k_words + word) if residual and active else int64(0)
+            nw[i] = load_flat(norm64, word) if active else int64(0)
         inv_rms = block_inv_rms(xw, rw, residual, g, t, warp, norm_warps, tokens, k_words, eps, squares,
                                 shuffle_scratch, tid)
         if g < tokens and active:
             for i in range(WORDS):
                 word = first + 16 * (i // 4) + i % 4
-                lo, hi = normed_halves(xw[i], rw[i], load_flat(norm64, word), inv_rms, residual)
+                lo, hi = normed_halves(xw[i], rw[i], nw[i], inv_rms, residual)
                 store_flat(out64, g * k_words + word, int64(lo) | (int64(hi) << 32))
 
     return norm_rows
