@@ -30,15 +30,15 @@ from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import dependent_launch, interop, logit_stats
-from protospec.kernels.advance_step import advance_loads, advance_stores
-from protospec.layout import NULL_BLOCK
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
+from protospec.kernels.sampling_advance import finish_row, loads_for_advance
+from protospec.kernels.sampling_buffers import no_advance, placeholder, scratch
 from protospec.kernels.sampling_slices import (PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats,  # noqa: F401
                                                combine_winners, prefetch_slice, slice_probs,
-                                               slice_probs_prefetched, slice_stats, write_sample)
+                                               slice_probs_prefetched, slice_stats)
 
 if TYPE_CHECKING:
     from protospec.kernels.advance_step import AdvanceStepLauncher
@@ -56,37 +56,11 @@ LAUNCHES = "two"
 # graph is captured (bench and kernel_census: --probs-prefetch). On: timed faster (data/results/README.md).
 PROBS_PREFETCH = True
 
-# A draft step's sample followed by advance_step (the next step's inputs): the probabilities kernel's
-# last block of each row writes that row's next inputs itself, with the token it has just picked, and
-# the advance kernel is not launched (one kernel boundary less a draft step). What the advance reads
-# (length, table entry) every block loads at its start, before its wait in the prefetching form, so
-# the row's last block ends on stores, not on a chain of loads. The two-launch form only;
-# elsewhere the advance kernel runs after the sample. Set before any graph is captured (bench and
-# kernel_census: --advance-in-sampler).
+# A draft step's sample followed by advance_step: the probabilities kernel writes the next step's inputs
+# itself (sampling_advance.py) and no advance kernel is launched. The two-launch form only; elsewhere
+# the kernel runs after the sample. Set before any graph is captured (--advance-in-sampler). On: timed
+# faster (data/results/README.md).
 ADVANCE_IN_SAMPLER = True
-
-
-@cuda.jit(device=True)
-def loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables):
-    """advance_step.advance_loads where the kernel advances (early in it: none of these is written by
-    the kernels still running before it), else placeholders."""
-    if advance:
-        return advance_loads(row, num_queries, block_size, seq_lens, block_tables)
-    return False, int64(0), int64(NULL_BLOCK)
-
-
-@cuda.jit(device=True)
-def finish_row(row, vocab, greedy, chosen, win_value, win_index, ids_out, out_step, mirror, use_mirror, best_value,
-               best_index, no_flags, tid, advance, loaded, block_size, input_ids, positions, seq_lens, slot_mapping,
-               error_row):
-    """The row's last block: its sample written (write_sample), then, with `advance`, the row's next
-    decode inputs from it and from `loaded` (loads_for_advance's), stores only."""
-    chosen = write_sample(row, vocab, greedy, chosen, win_value, win_index, ids_out, out_step, mirror, use_mirror,
-                          best_value, best_index, no_flags, tid)
-    if advance and tid == 0:
-        real, pos, block = loaded
-        advance_stores(row, chosen, real, pos, block, block_size, input_ids, positions, seq_lens, slot_mapping,
-                       error_row)
 
 
 @functools.lru_cache(maxsize=None)
@@ -264,17 +238,17 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
         if mirror is not None:
             check_tensor("mirror", mirror, torch.int64, 1)
     # Placeholders for arguments the kernel will not touch (never an alias of a real argument).
-    noise = noise if noise is not None else _placeholder(torch.float32, 3, logits.device)
-    ids_out = ids_out if ids_out is not None else _placeholder(torch.int64, 2, logits.device)
-    mirror_arg = mirror if mirror is not None else _placeholder(torch.int64, 1, logits.device)
-    advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else _no_advance(logits.device))
+    noise = noise if noise is not None else placeholder(torch.float32, 3, logits.device)
+    ids_out = ids_out if ids_out is not None else placeholder(torch.int64, 2, logits.device)
+    mirror_arg = mirror if mirror is not None else placeholder(torch.int64, 1, logits.device)
+    advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(logits.device))
     slices = -(-logits.shape[1] // VOCAB_PER_BLOCK)
-    part_max, part_index, part_sum, row_max, row_index, row_sum = _scratch(rows, slices, logits.device)
+    part_max, part_index, part_sum, row_max, row_index, row_sum = scratch(rows, slices, logits.device)
     counters = arrival_counters(logits.device, rows, "sampling")  # the two launches count in turn
     if LAUNCHES == "one":  # a cooperative launch: never a dependent
         from protospec.kernels.sampling_one_launch import launch_one
 
-        win_value, win_index = _scratch(rows, slices, logits.device, "winners")
+        win_value, win_index = scratch(rows, slices, logits.device, "winners")
         launch_one([logits, st.temperature, st.is_greedy, int(rows_per_seq), probs_out, int(step), int(do_sample),
                     noise, ids_out, mirror_arg, int(mirror is not None), part_max, part_index, part_sum, win_value,
                     win_index, counters], rows, slices, logits.device)
@@ -296,39 +270,3 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), row_max, row_index, row_sum,
                             probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg, int(mirror is not None),
                             part_max, part_index, counters] + advance_args, dependent=dependent)
-
-
-def _no_advance(device: torch.device) -> list:
-    """advance_row's arguments where the kernel advances nothing (never written)."""
-    i32, i64 = (_placeholder(dtype, 1, device) for dtype in (torch.int32, torch.int64))
-    return [i32, 0, i64, i64, i32, i64, _placeholder(torch.int32, 2, device), i32]
-
-
-_scratches: dict[tuple, tuple] = {}
-
-
-def _scratch(rows: int, slices: int, device: torch.device, what: str = "stats") -> tuple:
-    """The slices' partials and the rows' stats ("stats"), or the one-launch form's slice winners
-    ("winners"), written and read within a call: one set per shape (the engine launches on one
-    stream; two streams sampling the same shape at once would share it)."""
-    key = (rows, slices, str(device), what)
-    if key not in _scratches:
-        f32 = dict(dtype=torch.float32, device=device)
-        i64 = dict(dtype=torch.int64, device=device)
-        if what == "winners":
-            _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64))
-        else:
-            _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64),
-                               torch.empty(rows, slices, **f32), torch.empty(rows, **f32), torch.empty(rows, **i64),
-                               torch.empty(rows, **f32))
-    return _scratches[key]
-
-
-_placeholders: dict[tuple, torch.Tensor] = {}
-
-
-def _placeholder(dtype: torch.dtype, ndim: int, device: torch.device) -> torch.Tensor:
-    key = (dtype, ndim, str(device))
-    if key not in _placeholders:
-        _placeholders[key] = torch.zeros((1,) * ndim, dtype=dtype, device=device)
-    return _placeholders[key]
