@@ -154,10 +154,6 @@ class AdvanceStepLauncher:
         check_advance_args(*tensors)
         self.args = [num_queries, block_size, sampled_ids, input_ids, positions, seq_lens, slot_mapping, block_tables, error_row]
         self.num_rows = input_ids.shape[0]
-        # What a sampling kernel needs to do this advance itself for the rows it samples
-        # (sampling.ADVANCE_IN_SAMPLER): advance_row's arguments after the row and its token.
-        self.row_args = [num_queries, int(block_size), input_ids, positions, seq_lens, slot_mapping, block_tables,
-                         error_row]
         # dependent: bound as a programmatic dependent (a GPU of sm_90 or later; the simulator has none)
         self.kernel = _advance_kernel(dependent)
         self.bound = None
@@ -167,6 +163,12 @@ class AdvanceStepLauncher:
                 self.bound = interop.BoundLaunch(self.kernel, self.num_rows, self.args, dependent)
             except Exception as exc:  # keep working through the ordinary launch, and say why
                 self.bind_error = f"{type(exc).__name__}: {exc}"
+
+    @property
+    def row_args(self) -> list:
+        """What a sampling kernel needs to do this advance itself for the rows it samples
+        (sampling.ADVANCE_IN_SAMPLER): the kernel's arguments but the sampled ids, which it has in hand."""
+        return self.args[:2] + self.args[3:]
 
     def __call__(self) -> None:
         if self.bound is not None:
