@@ -1,9 +1,9 @@
 """The same-bits kernel forms end to end (the tensor-core GEMV's, the attention's, the sampling's): an
 engine whose forwards run the tensor-core layer kernels (float16, on a GPU) launches the form it is
 set to and emits the tokens of the other form, greedy and seeded, in the captured draft loop. The
-forms: the LM head's final norm as a kernel of its own, folded into the head, or run by the last
-down projection's last block (layer_kernels.HEAD_NORM); the o and down projections' K split over several blocks a tile or not
-(gemv_mma.O_K_SPLITS, DOWN_K_SPLITS); the linears that let the next kernel launch before their wait
+forms: the LM head's final norm as a kernel of its own, folded into the head, run by the last
+down projection's last block, or taken from the sums of squares it writes (layer_kernels.HEAD_NORM);
+the o and down projections' K split over several blocks a tile or not (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS); the linears that let the next kernel launch before their wait
 (gemv_mma.EARLY_ALLOW); the wait kept below the weight loads (gemv_mma.PIN_WEIGHT_LOADS); the
 attention loading a warp's next key tile before this one's products (attention_mma.PIPELINE); the
 probabilities kernel's logits and noise before its wait (sampling.PROBS_PREFETCH); the draft step's
@@ -18,6 +18,8 @@ from protospec.config import SamplingParams
 FORMS = {  # setting -> (module, attribute, the two values, a kernel name only the second launches)
     "head_norm": ("protospec.model.layer_kernels", "HEAD_NORM", ("fused", "separate"), "head_norm_"),
     "head_norm_tail": ("protospec.model.layer_kernels", "HEAD_NORM", ("separate", "tail"), "gemv_mma_k768_dep_normtail"),
+    "head_norm_squares": ("protospec.model.layer_kernels", "HEAD_NORM", ("tail", "squares"),
+                          "gemv_mma_k768_dep_squares"),
     "down_k_splits": ("protospec.kernels.gemv_mma", "DOWN_K_SPLITS", (1, 2), "gemv_mma_k768_dep_split2"),
     "o_k_splits": ("protospec.kernels.gemv_mma", "O_K_SPLITS", (1, 2), "gemv_mma_k384_dep_split2"),
     "gemv_early_allow": ("protospec.kernels.gemv_mma", "EARLY_ALLOW",

@@ -38,10 +38,11 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="the tensor-core LM head also writes each 16-row vocabulary tile's softmax statistics, and the "
                         "sampling kernels combine them instead of a statistics kernel reading the logits (rows at "
                         "T = 1 or greedy; default: %(default)s)")
-    p.add_argument("--head-norm", default="tail", choices=["fused", "separate", "tail"],
+    p.add_argument("--head-norm", default="tail", choices=["fused", "separate", "tail", "squares"],
                    help="the fused forward's final norm in the LM head GEMV's loads, a one-block kernel of its "
-                        "own before the plain GEMV, or run by the last block of the last down projection (same "
-                        "bits; default: %(default)s)")
+                        "own before the plain GEMV, run by the last block of the last down projection, or taken by "
+                        "the LM head from the sums of squares the last down projection writes (same bits; "
+                        "default: %(default)s)")
     for linear in ("o", "down"):
         p.add_argument(f"--{linear}-k-splits", type=int, default=1, choices=[1, 2, 4],
                        help=f"the tensor-core {linear} projection's K over this many blocks a 16-row tile, the last "

@@ -63,7 +63,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
              x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16,
              dependent_launch: bool = False, max_registers: int = 0, prefetch_norm: bool | None = None,
              logit_stats: bool = False, k_splits: int = 1, allow_early: bool = False,
-             tail_norm: TailNorm | None = None):
+             tail_norm: TailNorm | None = None, residual_squares: torch.Tensor | None = None,
+             row_squares: torch.Tensor | None = None):
     """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
@@ -79,7 +80,12 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     (with dependent_launch): the next kernel may launch before this one's wait (gemv_mma_kernel).
     tail_norm (the plain float16 form, unsplit): the last block to finish also norms y's wanted rows
     (head_norm's arithmetic and bits), and the call returns (y, normed [T', N]): the LM head's norm
-    without a launch of its own."""
+    without a launch of its own. residual_squares [T, N] float16 (the plain float16 form, unsplit, N a
+    multiple of 16): y is x @ W.T + residual_squares, and the call returns (y, squares [T, N / 16]
+    float32), each 16-column tile's sum of squares of y a row; row_squares (the normed form without a
+    residual): such sums over x's rows [R, K / 16], which give the norm without the block's
+    reduction, the same bits. The pair is the final norm between the last down projection and the
+    LM head with no launch and no last block of its own."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
     k = x.shape[1]
@@ -112,6 +118,9 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     if tail_norm is not None:
         _check_tail_norm(tail_norm, tokens, n, k, norm_weight is not None or glu or x_rows is not None or rope is not None
                          or logit_stats or k_splits != 1 or out_dtype != torch.float16)
+    _check_squares(residual_squares, row_squares, x, tokens, n, k, norm_weight is not None or glu or x_rows is not None
+                   or rope is not None or logit_stats or k_splits != 1 or out_dtype != torch.float16
+                   or tail_norm is not None, norm_weight is None or residual is not None or glu)
     if norm_weight is not None:
         check_tensor("gemv_mma norm_weight", norm_weight, torch.float16, 1, rows=k)
     if residual is not None:
@@ -128,7 +137,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
                              dependent_launch, norm and (PREFETCH_NORM if prefetch_norm is None else prefetch_norm),
                              max_registers, logit_stats, k_splits, allow_early, PIN_WEIGHT_LOADS,
-                             tail_norm is not None, tail_norm is not None and tail_norm.residual is not None)
+                             tail_norm is not None, tail_norm is not None and tail_norm.residual is not None,
+                             residual_squares is not None, row_squares is not None)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     stats = LogitStats.empty(tokens, n, x.device) if logit_stats else LogitStats(x64.view(torch.float32), x64,
@@ -139,19 +149,25 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         index, residual, norm_weight, eps, res_out = tail_norm.rows, tail_norm.residual, tail_norm.norm_weight, \
             tail_norm.eps, normed
         counters = arrival_counters(x.device, 1, "gemv_norm_tail")
+    if residual_squares is not None:  # the residual where the normed forms take theirs; the sums as the partials
+        residual, partials = residual_squares, torch.empty(tokens, n // TILE_ROWS, dtype=torch.float32, device=x.device)
+    elif row_squares is not None:
+        partials = row_squares
     interop.launch_tensors(kernel, tiles * k_splits, warps * WARP, [
         x64, index, x64 if residual is None else residual.view(torch.int64),
         x64[0] if norm_weight is None else norm_weight.view(torch.int64), float(eps), weight.view(torch.int64),
         tokens, y, res_out.view(torch.int64) if norm or tail_norm is not None else x64,
         index if rope is None else rope.positions, table, table if rope is None else rope.sin,
         y.view(1, 1, 1, *y.shape) if rope is None else rope.kv_cache, index if rope is None else rope.slot_mapping,
-        stats.tile_max, stats.tile_index, stats.tile_sum, partials, counters,
+        stats.tile_max, stats.tile_index, stats.tile_sum, partials.view(-1), counters,
         y.view(torch.int64) if tail_norm is not None else x64],  # y's words: N is a multiple of 4 only there
         dependent=dependent_launch)
     if logit_stats:
         attach(y, stats)
     if tail_norm is not None:
         return y, normed
+    if residual_squares is not None:
+        return y, partials
     out = y if rope is None else y.view(tokens, rope.num_heads, rope.head_dim)  # q [T, h, d] with rope
     return (out, res_out) if norm else out
 
@@ -204,6 +220,28 @@ def _check_tail_norm(tail: TailNorm, tokens: int, n: int, k: int, fused: bool) -
         if tail.residual.shape != (tokens, n):
             raise KernelArgumentError(f"gemv_mma: tail_norm residual {tuple(tail.residual.shape)} must match y "
                                       f"({tokens}, {n})")
+
+
+def _check_squares(residual_squares: torch.Tensor | None, row_squares: torch.Tensor | None, x: torch.Tensor,
+                   tokens: int, n: int, k: int, not_plain: bool, not_normed: bool) -> None:
+    """gemv_mma's residual_squares (the plain float16 form, unsplit) and row_squares (the normed form
+    without a residual): shapes, dtypes and forms."""
+    if residual_squares is not None:
+        if not_plain or n % TILE_ROWS:
+            raise KernelArgumentError("gemv_mma: residual_squares takes the plain float16 form (no norm, glu, x_rows, "
+                                      f"rope, logit_stats, k_splits or tail_norm) and N a multiple of {TILE_ROWS}, "
+                                      f"got N = {n}")
+        check_tensor("gemv_mma residual_squares", residual_squares, torch.float16, 2)
+        if residual_squares.shape != (tokens, n):
+            raise KernelArgumentError(f"gemv_mma: residual_squares {tuple(residual_squares.shape)} must match y "
+                                      f"({tokens}, {n})")
+    if row_squares is not None:
+        if not_normed:
+            raise KernelArgumentError("gemv_mma: row_squares takes the normed form without a residual or glu")
+        check_tensor("gemv_mma row_squares", row_squares, torch.float32, 2)
+        if row_squares.shape != (x.shape[0], k // TILE_ROWS):
+            raise KernelArgumentError(f"gemv_mma: row_squares {tuple(row_squares.shape)} must be x's rows by its "
+                                      f"16-column tiles ({x.shape[0]}, {k // TILE_ROWS})")
 
 
 _SPLIT_PARTIALS: dict = {}

@@ -3,11 +3,10 @@
     x [T, K] float16, W [N, K] float16 (nn.Linear's layout), y [T, N] float16; K a multiple of
     CHUNK x CHUNKS_PER_WARP (192: 768 and 3072 are), at most MAX_WARPS warps' worth.
 
-Why: at 6 tokens the CUDA-core GEMVs (gemv.py) do 6 multiply-adds per weight loaded and lost to cuBLAS;
-one tensor-core product takes a 16x16 weight tile and 8 token columns, so the loads set the pace again.
-
-Layout. One `mma.m16n8k16` (warp_mma.py) with A = a 16-row x 16-column weight tile, B = x^T (16
-columns x 8 tokens), D = 16 output rows x 8 tokens. A block owns 16 output rows; its warps split K,
+Why: at 6 tokens the CUDA-core GEMVs (gemv.py) lost to cuBLAS; a tensor-core product takes a 16x16
+weight tile and 8 token columns, so the loads set the pace again. Layout: one `mma.m16n8k16`
+(warp_mma.py) with A = a 16-row x 16-column weight tile, B = x^T (16 columns x 8 tokens), D = 16
+output rows x 8 tokens. A block owns 16 output rows; its warps split K,
 each covering CHUNKS_PER_WARP chunks of 64 columns, and every weight word a warp needs is loaded
 before its first product (bytes in flight are what a memory-bound kernel needs). The sum over k does
 not care in which order the columns go into the products, so they go in the order that makes the
@@ -30,9 +29,7 @@ Fused forms, for a decoder layer's chain (model/layer_kernels.py, linear="mma_fu
       q goes to y [T, h * d], k and v straight into the paged cache (layer_ops.rope_and_cache's work).
   x_rows: token i's x row is x[x_rows[i]]: the embedding table gathered by token ids in the first
       layer's qkv, the rows whose logits are wanted in the LM head (there with a float32 y).
-
-gemv_mma.py launches it (argument checks); gemv_mma_twin.py is its torch twin; bench.gemv_cost times it.
-"""
+gemv_mma.py launches it (argument checks), gemv_mma_twin.py is its torch twin, bench.gemv_cost times it."""
 from __future__ import annotations
 
 import functools
@@ -45,27 +42,25 @@ from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import cuda
 from protospec.kernels.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS,  # noqa: F401
-                                             WARP, WORDS, block_inv_rms, normed_halves, norm_rows_function, summed)
+                                             WARP, WORDS, block_inv_rms, inv_rms_from_squares, load_row_squares,
+                                             normed_halves, norm_rows_function, summed, tile_squares)
 from protospec.kernels.gemv_mma_rope import rope_and_store
+from protospec.kernels.gemv_mma_shapes import supports, variant_name, warps_for  # noqa: F401
 from protospec.kernels.logit_stats import tile_stats
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
-from protospec.kernels.word_loads import load_flat, store_flat
+from protospec.kernels.word_loads import load_flat, store_flat, unpack_f16x4
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 
 TILE_ROWS = 16        # output rows per block: the product's M
 LOW32 = 0xFFFFFFFF
 
 
-def warps_for(k: int) -> int:
-    """Warps a block splits K over (K / 192)."""
-    return k // COLUMNS_PER_WARP
-
-
 @functools.cache
 def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
                     gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False,
                     max_registers: int = 0, stats: bool = False, splits: int = 1, allow_early: bool = False,
-                    pin_loads: bool = False, norm_tail: bool = False, norm_tail_residual: bool = False):
+                    pin_loads: bool = False, norm_tail: bool = False, norm_tail_residual: bool = False,
+                    squares_out: bool = False, squares_in: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -87,14 +82,19 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     machine code (ptxas hoists a plain wait above them: dependent_launch.wait_after_issued_loads);
     ALLOW_EARLY pins them too. NORM_TAIL (the plain unsplit form): the last block to finish also
     runs the final norm over y's wanted rows, (y + residual with NORM_TAIL_RESIDUAL) normed into
-    res_out64, head_norm's arithmetic: the LM head's norm without a kernel of its own."""
+    res_out64, head_norm's arithmetic: the LM head's norm without a kernel of its own. SQUARES_OUT (plain,
+    unsplit): y = x W^T + residual and its tiles' sums of squares a token; SQUARES_IN (NORM, no RESIDUAL):
+    1 / rms from such sums (the same bits), not the block's reduction: the final norm with no launch or
+    last block's chain (the last down projection writes them, the LM head reads them)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     if stats and (glu or rope_dim):
         raise ValueError("gemv_mma_kernel: tile statistics only for the plain and normed forms")
     if splits > 1 and (norm or glu or gather or rope_dim or stats):
         raise ValueError("gemv_mma_kernel: split K only for the plain form")
-    if norm_tail and (norm or glu or gather or rope_dim or stats or splits > 1):
-        raise ValueError("gemv_mma_kernel: the norm tail only for the plain unsplit form")
+    if (norm_tail or squares_out) and (norm or glu or gather or rope_dim or stats or splits > 1):
+        raise ValueError("gemv_mma_kernel: the norm tail and the squares only for the plain unsplit form")
+    if squares_in and (not norm or residual or glu):
+        raise ValueError("gemv_mma_kernel: squares_in only for the normed form without a residual")
     if max_registers and not interop.SIMULATOR:
         options["max_registers"] = max_registers
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM, DEPENDENT = norm, residual, glu, gather, rope_dim, dependent  # noqa: N806
@@ -113,6 +113,9 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     PIN_LOADS = dependent and pin_loads and not allow_early  # noqa: N806
     NORM_TAIL, TAIL_RESIDUAL = norm_tail, norm_tail and norm_tail_residual  # noqa: N806
     norm_rows = norm_rows_function(True)  # y is this kernel's own output: its loads are not invariant
+    SQUARES_OUT, SQUARES_IN = squares_out, squares_in  # noqa: N806
+    ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_in else 1)  # noqa: N806
+    TILE_VALUES = MAX_TOKENS * TILE_ROWS if squares_out else 1  # noqa: N806
 
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
                  tile_max, tile_index, tile_sum, split_partials, counters, y64):
@@ -124,7 +127,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         SPLITS: split_partials [tiles * ALL_WARPS * 32 * 4] float32, counters [>= tiles] int32 (zeros).
         NORM_TAIL: y64 [T, N / 4] int64, y's words; x_rows [T'] the wanted rows, res64 [T, N / 4] the
         residual, norm64 [N / 4] the norm's weight, res_out64 [T', N / 4] <- the normed rows;
-        counters [>= 1] int32 (zeros).
+        counters [>= 1] int32 (zeros). SQUARES_OUT: res64 [T, N / 4] the residual, split_partials
+        [T, N / 16] float32 <- y's tiles' sums of squares. SQUARES_IN: split_partials [R, K / 16], x's.
         """
         n_rows, k_words = w64.shape[0] // PRODUCTS, w64.shape[1]
         tid = cuda.threadIdx.x
@@ -149,6 +153,9 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         xw = cuda.local.array(WORDS, int64)
         nw = cuda.local.array(NORM_WORDS, int64)                     # PREFETCH: the norm weight's words
         rw = cuda.local.array(WORDS, int64)
+        row_res = cuda.local.array(ROW_WORDS, int64)                 # SQUARES_OUT: the residual at D's 4 entries
+        sq_tiles = cuda.local.array(SQUARE_TILES, float32)           # SQUARES_IN: x's row's per-tile sums
+        tile_values = cuda.shared.array(TILE_VALUES, float32)          # SQUARES_OUT: y's tile a token
         b_lo = cuda.local.array(WORDS, uint32)                       # B fragments: x (normalised) pairs
         b_hi = cuda.local.array(WORDS, uint32)
         mma_scratch = cuda.shared.array(SCRATCH, uint32)             # the simulator's products
@@ -190,8 +197,16 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 xw[i] = load_flat(x64, x_row * k_words + word)
                 if RESIDUAL:
                     rw[i] = load_flat(res64, x_row * k_words + word)
+        if SQUARES_IN:  # with x's words: the same round trip
+            load_row_squares(split_partials, k_words // 4, x_row, t, warps, sq_tiles)
+        if SQUARES_OUT and warp == 0:  # the residual at this lane's D entries (rows n0 + g (+ 8), tokens 2t (+ 1))
+            for i in range(4):
+                n = min(n0 + g + 8 * (i // 2), n_rows - 1)
+                row_res[i] = load_flat(res64, min(2 * t + i % 2, tokens - 1) * (n_rows // 4) + n // 4)
         inv_rms = float32(1.0)
-        if NORM:  # v = x + residual, rounded as add_rms_norm stores it; 1 / rms over the block's K
+        if SQUARES_IN:
+            inv_rms = inv_rms_from_squares(sq_tiles, g, warps, tokens, k_words, eps, shuffle_scratch, tid)
+        elif NORM:  # v = x + residual, rounded as add_rms_norm stores it; 1 / rms over the block's K
             inv_rms = block_inv_rms(xw, rw, RESIDUAL, g, t, warp, warps, tokens, k_words, eps, squares,
                                     shuffle_scratch, tid)
         for i in range(WORDS):
@@ -254,6 +269,10 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     gate = float32(np.float16(s))
                     s = gate / (float32(1.0) + math.exp(-gate)) * float32(np.float16(up))
                 sums[i] = float32(np.float16(s))                     # float16, as the unfused path stores it
+                if SQUARES_OUT:  # + the residual, rounded as add_rms_norm stores the stream
+                    n = n0 + g + 8 * (i // 2)
+                    sums[i] = float32(np.float16(sums[i] + unpack_f16x4(row_res[i])[n % 4]))
+                    tile_values[(2 * t + i % 2) * TILE_ROWS + g + 8 * (i // 2)] = sums[i]
             for i in range(4):
                 tok = 2 * t + i % 2
                 n = n0 + g + 8 * (i // 2)
@@ -266,6 +285,10 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         if STATS:
             tile_stats(sums, warp == 0, g, t, n0, n_rows, tokens, tile_max, tile_index, tile_sum, shuffle_scratch,
                        index_scratch, tid)
+        if SQUARES_OUT:  # each token's sum of squares over the tile's rows, in their order
+            cuda.syncthreads()
+            if tid < tokens:
+                split_partials[tid * (n_rows // TILE_ROWS) + tile] = tile_squares(tile_values, tid)
         if NORM_TAIL:  # every block's y is written; the last to arrive norms the wanted rows
             if arrived_last(counters, 0, cuda.gridDim.x, last, tid):
                 norm_rows(y64, res64, TAIL_RESIDUAL, x_rows, norm64, eps, x_rows.shape[0], res_out64,
@@ -273,23 +296,5 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
                                                              PREFETCH, max_registers, stats, splits, ALLOW_EARLY,
-                                                             PIN_LOADS, NORM_TAIL)
+                                                             PIN_LOADS, NORM_TAIL, SQUARES_OUT, SQUARES_IN)
     return cuda.jit(**options)(gemv_mma)
-
-
-def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool,
-                 prefetch_norm: bool = False, max_registers: int = 0, stats: bool = False, splits: int = 1,
-                 allow_early: bool = False, pin_loads: bool = False, norm_tail: bool = False) -> str:
-    """e.g. gemv_mma_k768_norm_residual_rope_dep: K, then each fused form the kernel takes (regs128: at
-    most 128 registers a thread; split4: a tile's K over 4 blocks of `warps` warps; early: lets the next
-    kernel launch before its own wait; pin: the wait kept below the weight loads; normtail: the last
-    block runs the final norm)."""
-    forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
-                             ("rope", rope_dim), ("dep", dependent), ("prefetch", prefetch_norm),
-                             (f"regs{max_registers}", max_registers), ("stats", stats), (f"split{splits}", splits > 1),
-                             ("early", allow_early), ("pin", pin_loads), ("normtail", norm_tail)) if on]
-    return "_".join(["gemv_mma", f"k{warps * splits * COLUMNS_PER_WARP}", *forms])
-
-
-def supports(k: int) -> bool:
-    return k % COLUMNS_PER_WARP == 0 and 1 <= warps_for(k) <= MAX_WARPS

@@ -55,10 +55,13 @@ def block_inv_rms(xw, rw, residual, g, t, warp, warps, tokens, k_words, eps, squ
     in every lane of token g. xw, rw [WORDS] int64: the lane's words; squares [warps * MAX_TOKENS]
     float32 shared. Lane groups past the tokens add nothing (their value is unused)."""
     sq = float32(0.0)
-    for i in range(WORDS):
-        for e in range(4):
-            v = summed(xw[i], rw[i], e, residual)
-            sq += v * v
+    for c in range(CHUNKS_PER_WARP):  # a 16-column tile (4 words) at a time, each summed from 0: the order in
+        tile = float32(0.0)           # which a producer's per-tile sums (tile_squares) give the same bits
+        for i in range(4 * c, 4 * c + 4):
+            for e in range(4):
+                v = summed(xw[i], rw[i], e, residual)
+                tile += v * v
+        sq += tile
     sq = sq if g < tokens else float32(0.0)
     sq += xor_exchange(sq, 1, shuffle_scratch, tid)          # the 4 lanes of token g: the warp's K
     sq += xor_exchange(sq, 2, shuffle_scratch, tid)
@@ -68,6 +71,43 @@ def block_inv_rms(xw, rw, residual, g, t, warp, warps, tokens, k_words, eps, squ
     total = float32(0.0)
     for w in range(warps):
         total += squares[w * MAX_TOKENS + g]
+    return float32(1.0) / math.sqrt(total / float32(4 * k_words) + float32(eps))
+
+
+@cuda.jit(device=True)
+def tile_squares(values, token):
+    """The sum of squares of one token's 16 values of a tile, values [MAX_TOKENS * 16] float32 (token-major,
+    the tile's rows in order), summed from 0 in row order: block_inv_rms's per-tile term, same bits."""
+    tile = float32(0.0)
+    for r in range(16):
+        v = values[token * 16 + r]
+        tile += v * v
+    return tile
+
+
+@cuda.jit(device=True)
+def load_row_squares(squares, tiles, row, t, warps, out):
+    """The per-tile sums of squares block_inv_rms's lanes of this lane group would compute, for token row
+    `row`: out[w * CHUNKS_PER_WARP + c] <- squares[row, w * 12 + 4c + t] (the tile of warp w's chunk c:
+    words 4t..4t+3), squares [R * tiles] float32, R rows of `tiles` 16-column tiles (tile_squares')."""
+    for w in range(warps):
+        for c in range(CHUNKS_PER_WARP):
+            out[w * CHUNKS_PER_WARP + c] = load_flat(squares, row * tiles + w * (4 * CHUNKS_PER_WARP) + 4 * c + t)
+
+
+@cuda.jit(device=True)
+def inv_rms_from_squares(sq_tiles, g, warps, tokens, k_words, eps, shuffle_scratch, tid):
+    """block_inv_rms from the loaded per-tile sums (load_row_squares), without the block's reduction:
+    every warp adds all warps' lane sums itself, in block_inv_rms's order, so the bits are its bits."""
+    total = float32(0.0)
+    for w in range(warps):
+        sq = float32(0.0)
+        for c in range(CHUNKS_PER_WARP):
+            sq += sq_tiles[w * CHUNKS_PER_WARP + c]
+        sq = sq if g < tokens else float32(0.0)
+        sq += xor_exchange(sq, 1, shuffle_scratch, tid)
+        sq += xor_exchange(sq, 2, shuffle_scratch, tid)
+        total += sq
     return float32(1.0) / math.sqrt(total / float32(4 * k_words) + float32(eps))
 
 

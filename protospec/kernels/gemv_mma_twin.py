@@ -79,9 +79,11 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
                        x_rows: torch.Tensor | None = None, rope: RopeCache | None = None,
                        out_dtype: torch.dtype = torch.float16, dependent_launch: bool = False, max_registers: int = 0,
                        prefetch_norm: bool | None = None, logit_stats: bool = False, k_splits: int = 1,
-                       allow_early: bool = False, tail_norm: TailNorm | None = None):
+                       allow_early: bool = False, tail_norm: TailNorm | None = None,
+                       residual_squares: torch.Tensor | None = None, row_squares: torch.Tensor | None = None):
     """gemv_mma in torch (same arguments, same results; dependent_launch, max_registers, prefetch_norm,
-    k_splits and allow_early are launch details, unused; logit_stats attaches the tiles' statistics computed by torch)."""
+    k_splits and allow_early are launch details, unused; logit_stats attaches the tiles' statistics computed by torch;
+    row_squares is unused: the norm is computed from x, as the sums it holds were)."""
     if x_rows is not None:
         x = x[x_rows]
         residual = None if residual is None else residual[x_rows]
@@ -98,6 +100,9 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
         attach(out, tile_stats_reference(out))
     if tail_norm is not None:
         return out, head_norm_reference(out, tail_norm.residual, tail_norm.norm_weight, tail_norm.eps, tail_norm.rows)
+    if residual_squares is not None:  # y + residual as the stream is stored; its 16-column tiles' sums of squares
+        out = (out.float() + residual_squares.float()).half()
+        return out, out.float().pow(2).view(out.shape[0], -1, 16).sum(-1)
     return (out, stream.half()) if norm_weight is not None else out
 
 

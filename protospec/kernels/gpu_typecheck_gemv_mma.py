@@ -32,6 +32,13 @@ def tensor_core_gemv_forms() -> None:
         gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(768, 3072, dtype=torch.float16),
                  dependent_launch=dependent, allow_early=dependent,
                  tail_norm=TailNorm(h[0].clone(), torch.zeros(6, 768, dtype=torch.float16), 1e-6, ids))
+    for dependent in (False, True):  # the last down projection's sums of squares, the LM head's norm from them
+        _, squares = gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(768, 3072, dtype=torch.float16),
+                              dependent_launch=dependent, allow_early=dependent,
+                              residual_squares=torch.zeros(6, 768, dtype=torch.float16))  # (--head-norm squares)
+        gemv_mma(torch.zeros(6, 768, dtype=torch.float16), torch.zeros(40, 768, dtype=torch.float16),
+                 norm_weight=h[0].clone(), x_rows=ids, out_dtype=torch.float32, dependent_launch=dependent,
+                 row_squares=squares)
     for splits in (2, 4):  # the down projection's split K (--down-k-splits)
         gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(40, 3072, dtype=torch.float16),
                  dependent_launch=True, k_splits=splits)

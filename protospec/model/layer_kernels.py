@@ -37,8 +37,10 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 # arithmetic once, in one block launched as a dependent, then the plain GEMV; the same logits).
 # "separate": timed faster than "fused" (data/results README); or "tail": the same arithmetic run by the
 # last block of the last layer's down projection once every block's output is written (no launch of its
-# own): timed faster than "separate", so the default. Set before any graph is captured (bench and
-# kernel_census: --head-norm).
+# own): timed faster than "separate", so the default. Or "squares": the last down projection adds the
+# residual and writes its tiles' sums of squares, from which the LM head's normed form takes the norm
+# without a reduction (no launch, no last block's chain; the same logits). Set before any graph is
+# captured (bench and kernel_census: --head-norm).
 HEAD_NORM = "tail"
 
 
@@ -172,9 +174,11 @@ class LayerKernelForward:
                                               dependent_launch=dep, allow_early="gate_up" in early)
             last = layer is model.model.layers[-1]
             tail = TailNorm(norm.weight, residual, norm.eps, wanted) if last and HEAD_NORM == "tail" else None
+            squares = residual if last and HEAD_NORM == "squares" else None  # the stream to add, then its squares
             x = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep,
-                                  k_splits=1 if tail else self._splits(gemv_mma.DOWN_K_SPLITS, act.shape[1]),
-                                  allow_early="down" in early, tail_norm=tail)
+                                  k_splits=1 if tail or squares is not None else self._splits(gemv_mma.DOWN_K_SPLITS,
+                                                                                               act.shape[1]),
+                                  allow_early="down" in early, tail_norm=tail, residual_squares=squares)
             x_rows = None
         if HEAD_NORM in ("separate", "tail"):
             # [logits, hidden]: the last down's tail wrote it, or a kernel of its own does
@@ -182,8 +186,9 @@ class LayerKernelForward:
                                                                      dependent_launch=dep)
             return gemv_mma.gemv_mma(h, model.lm_head.weight, out_dtype=torch.float32, dependent_launch=dep,
                                      max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS, logit_stats=gemv_mma.LOGIT_STATS)
+        x, residual, squares = (x[0], None, x[1]) if HEAD_NORM == "squares" else (x, residual, None)
         logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,
-                                      out_dtype=torch.float32, dependent_launch=dep,
+                                      out_dtype=torch.float32, dependent_launch=dep, row_squares=squares,
                                       max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS,
                                       prefetch_norm=gemv_mma.PREFETCH_NORM and gemv_mma.LM_HEAD_PREFETCH_NORM,
                                       logit_stats=gemv_mma.LOGIT_STATS)

@@ -1,0 +1,77 @@
+"""The final norm from the last down projection's sums of squares (layer_kernels.HEAD_NORM = "squares"):
+the down projection adds the residual stream and writes each 16-column tile's sum of squares a token,
+and the LM head's normed form takes 1 / rms from them instead of reducing across its warps. The pair
+must give the logits of the fused head form bit for bit, which holds only while both sum the squares
+in the same order (gemv_mma_norm.block_inv_rms sums a tile at a time for that reason)."""
+import pytest
+import torch
+
+from protospec.errors import KernelArgumentError
+from protospec.kernels import gemv_mma as kernel
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+
+DEV = torch.device(KERNEL_DEVICE_TYPE)
+ON_GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="minutes in the simulator")]
+
+
+@pytest.fixture(autouse=True)
+def _unpinned_waits(monkeypatch):
+    monkeypatch.setattr(kernel, "PIN_WEIGHT_LOADS", False)  # the names below are the unpinned base's
+
+
+def _operands(seed: int, tokens: int, head_warps: int):
+    """A down projection's input and weight (K over 2 warps), the residual stream, a norm weight and an
+    LM head over N = the head's K (`head_warps` warps' columns), on DEV."""
+    gen = torch.Generator().manual_seed(seed)
+    k, n = 2 * kernel.COLUMNS_PER_WARP, head_warps * kernel.COLUMNS_PER_WARP
+    x = torch.randn(tokens, k, generator=gen).half().to(DEV)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).half().to(DEV)
+    residual = (3 * torch.randn(tokens, n, generator=gen)).half().to(DEV)
+    g = (1 + 0.3 * torch.randn(n, generator=gen)).half().to(DEV)
+    head = (torch.randn(37, n, generator=gen) / n ** 0.5).half().to(DEV)
+    return x, w, residual, g, head
+
+
+@pytest.mark.parametrize("head_warps", [1, pytest.param(2, marks=ON_GPU_ONLY), pytest.param(4, marks=ON_GPU_ONLY)])
+def test_the_norm_from_squares_gives_the_fused_head_forms_logits(head_warps, launched_kernels):
+    """K of the head over one, two and four warps (the models' 768; the sum crosses warps from two on):
+    the same logits as the down projection's plain y fed with the residual to the fused head form;
+    the stream is y + residual as add_rms_norm stores it; the sums are its tiles' squares."""
+    tokens = 6 if DEV.type == "cuda" else 3
+    x, w, residual, g, head = _operands(41 + head_warps, tokens, head_warps)
+    rows = torch.tensor([tokens - 1, 0, 1], device=DEV)
+    y = kernel.gemv_mma(x, w, dependent_launch=True)
+    fused, _ = kernel.gemv_mma(y, head, g, residual, 1e-6, x_rows=rows, out_dtype=torch.float32, dependent_launch=True)
+    stream, squares = kernel.gemv_mma(x, w, dependent_launch=True, allow_early=True, residual_squares=residual)
+    logits, _ = kernel.gemv_mma(stream, head, g, None, 1e-6, x_rows=rows, out_dtype=torch.float32,
+                                dependent_launch=True, row_squares=squares)
+    assert torch.equal(logits, fused)
+    assert torch.equal(stream, (y.float() + residual.float()).half())
+    assert launched_kernels[-2:] == [f"gemv_mma_k{2 * 192}_dep_early_squares",
+                                     f"gemv_mma_k{192 * head_warps}_norm_gather_dep_prefetch_fromsquares"]
+    want_stream, want_squares = kernel.gemv_mma_reference(x, w, residual_squares=residual)
+    assert squares.shape == (tokens, 12 * head_warps)
+    torch.testing.assert_close(squares, stream.float().pow(2).view(tokens, -1, 16).sum(-1), atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(stream.float(), want_stream.float(), atol=1e-2, rtol=3e-3)
+    torch.testing.assert_close(squares, want_squares, atol=0.2, rtol=3e-3)
+    want = kernel.gemv_mma_reference(stream, head, g, None, 1e-6, x_rows=rows, out_dtype=torch.float32)[0]
+    torch.testing.assert_close(logits, want, atol=3e-3, rtol=3e-3)
+
+
+def test_the_squares_name_bad_arguments():
+    x, w, residual, g, head = _operands(3, 2, 1)
+    stream, squares = kernel.gemv_mma_reference(x, w, residual_squares=residual)
+    with pytest.raises(KernelArgumentError, match="residual_squares takes the plain float16 form"):
+        kernel.gemv_mma(x, w, out_dtype=torch.float32, residual_squares=residual)
+    with pytest.raises(KernelArgumentError, match="multiple of 16"):
+        kernel.gemv_mma(x, w[:40], residual_squares=residual[:, :40].contiguous())
+    with pytest.raises(KernelArgumentError, match=r"residual_squares \(1, 192\) must match y"):
+        kernel.gemv_mma(x, w, residual_squares=residual[:1])
+    with pytest.raises(KernelArgumentError, match="residual_squares: dtype"):
+        kernel.gemv_mma(x, w, residual_squares=residual.float())
+    with pytest.raises(KernelArgumentError, match="row_squares takes the normed form without a residual"):
+        kernel.gemv_mma(stream, head, g, residual, 1e-6, row_squares=squares)
+    with pytest.raises(KernelArgumentError, match=r"row_squares \(2, 6\) must be x's rows by its 16-column tiles"):
+        kernel.gemv_mma(stream, head, g, None, 1e-6, row_squares=squares[:, :6].contiguous())
+    with pytest.raises(KernelArgumentError, match="row_squares: dtype"):
+        kernel.gemv_mma(stream, head, g, None, 1e-6, row_squares=squares.half())
