@@ -58,6 +58,25 @@ def test_the_norm_from_squares_gives_the_fused_head_forms_logits(head_warps, lau
     torch.testing.assert_close(logits, want, atol=3e-3, rtol=3e-3)
 
 
+def test_the_folded_head_scales_the_plain_products_by_the_rows_norm(launched_kernels):
+    """HEAD_NORM "folded": the plain LM head over the stream with the norm's weight folded into its
+    rows, each logit row scaled by 1 / rms from the sums of squares: the normed head's logits to
+    float16 rounding (not its bits), and the twin's."""
+    x, w, residual, g, head = _operands(7, 3, 1)
+    rows = torch.tensor([2, 0], device=DEV)
+    stream, squares = kernel.gemv_mma(x, w, residual_squares=residual)
+    folded = (head * g).contiguous()
+    got = kernel.gemv_mma(stream, folded, eps=1e-6, x_rows=rows, row_squares=squares, out_dtype=torch.float32,
+                          dependent_launch=True)
+    assert launched_kernels[-1] == "gemv_mma_k192_gather_dep_scaled" and got.shape == (2, 37)
+    normed, _ = kernel.gemv_mma(stream, head, g, None, 1e-6, x_rows=rows, out_dtype=torch.float32, row_squares=squares)
+    torch.testing.assert_close(got, normed, atol=3e-3, rtol=3e-3)
+    want = kernel.gemv_mma_reference(stream, folded, eps=1e-6, x_rows=rows, row_squares=squares, out_dtype=torch.float32)
+    torch.testing.assert_close(got, want, atol=3e-3, rtol=3e-3)
+    unscaled = kernel.gemv_mma(stream, folded, x_rows=rows, out_dtype=torch.float32)
+    assert not torch.allclose(unscaled, got, atol=3e-2)  # the scale is applied (the stream's rms is far from 1)
+
+
 def test_the_squares_name_bad_arguments():
     x, w, residual, g, head = _operands(3, 2, 1)
     stream, squares = kernel.gemv_mma_reference(x, w, residual_squares=residual)
@@ -71,6 +90,8 @@ def test_the_squares_name_bad_arguments():
         kernel.gemv_mma(x, w, residual_squares=residual.float())
     with pytest.raises(KernelArgumentError, match="row_squares takes the normed form without a residual"):
         kernel.gemv_mma(stream, head, g, residual, 1e-6, row_squares=squares)
+    with pytest.raises(KernelArgumentError, match="row_squares takes the normed form without a residual"):
+        kernel.gemv_mma(stream, torch.cat([head, head]), g, None, 1e-6, glu=True, row_squares=squares)
     with pytest.raises(KernelArgumentError, match=r"row_squares \(2, 6\) must be x's rows by its 16-column tiles"):
         kernel.gemv_mma(stream, head, g, None, 1e-6, row_squares=squares[:, :6].contiguous())
     with pytest.raises(KernelArgumentError, match="row_squares: dtype"):

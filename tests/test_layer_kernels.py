@@ -194,7 +194,7 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
 
 @pytest.mark.parametrize("linear,norms,ropes,head_norm", [
     ("mma", 3, 1, "fused"), ("mma_fused", 0, 0, "fused"), ("mma_fused", 0, 0, "separate"), ("mma_fused", 0, 0, "tail"),
-    ("mma_fused", 0, 0, "squares")])
+    ("mma_fused", 0, 0, "squares"), ("mma_fused", 0, 0, "folded")])
 def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes, head_norm):
     """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma" sends every
     linear layer through it (counted), "mma_fused" also folds the norms, RoPE and the cache store into

@@ -28,7 +28,7 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="in the step graph, the kernel that builds the verify's inputs lets the verify's first GEMV "
                         "(a programmatic dependent) start at once, its weight loads overlapping it (sm_90; "
                         "default: %(default)s)")
-    p.add_argument("--lm-head-max-registers", type=int, default=0, choices=[0, 128, 96],
+    p.add_argument("--lm-head-max-registers", type=int, default=0, choices=[0, 128, 96, 80],
                    help="registers a thread of the tensor-core LM head, so more of its blocks fit an SM at once "
                         "(0: the compiler's choice; same bits; default: %(default)s)")
     p.add_argument("--lm-head-prefetch-norm", default="on", choices=ON_OFF_CHOICES,
@@ -38,11 +38,12 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="the tensor-core LM head also writes each 16-row vocabulary tile's softmax statistics, and the "
                         "sampling kernels combine them instead of a statistics kernel reading the logits (rows at "
                         "T = 1 or greedy; default: %(default)s)")
-    p.add_argument("--head-norm", default="tail", choices=["fused", "separate", "tail", "squares"],
+    p.add_argument("--head-norm", default="tail", choices=["fused", "separate", "tail", "squares", "folded"],
                    help="the fused forward's final norm in the LM head GEMV's loads, a one-block kernel of its "
                         "own before the plain GEMV, run by the last block of the last down projection, or taken by "
-                        "the LM head from the sums of squares the last down projection writes (same bits; "
-                        "default: %(default)s)")
+                        "the LM head from the sums of squares the last down projection writes (same bits), or "
+                        "'folded': those sums scale the plain LM head's rows, its weight times the norm's "
+                        "(float16 rounding; default: %(default)s)")
     for linear in ("o", "down"):
         p.add_argument(f"--{linear}-k-splits", type=int, default=1, choices=[1, 2, 4],
                        help=f"the tensor-core {linear} projection's K over this many blocks a 16-row tile, the last "

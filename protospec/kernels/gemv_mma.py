@@ -82,10 +82,11 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     (head_norm's arithmetic and bits), and the call returns (y, normed [T', N]): the LM head's norm
     without a launch of its own. residual_squares [T, N] float16 (the plain float16 form, unsplit, N a
     multiple of 16): y is x @ W.T + residual_squares, and the call returns (y, squares [T, N / 16]
-    float32), each 16-column tile's sum of squares of y a row; row_squares (the normed form without a
-    residual): such sums over x's rows [R, K / 16], which give the norm without the block's
-    reduction, the same bits. The pair is the final norm between the last down projection and the
-    LM head with no launch and no last block of its own."""
+    float32), each 16-column tile's sum of squares of y a row; row_squares: such sums over x's rows
+    [R, K / 16]. With norm_weight (no residual) they give the normed form's norm without the block's
+    reduction, the same bits; without it (the plain form) y's rows are scaled by 1 / rms(x's row)
+    (eps), the norm's weight folded into `weight` by the caller. Either pair is the final norm
+    between the last down projection and the LM head with no launch and no last block of its own."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
     k = x.shape[1]
@@ -120,7 +121,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
                          or logit_stats or k_splits != 1 or out_dtype != torch.float16)
     _check_squares(residual_squares, row_squares, x, tokens, n, k, norm_weight is not None or glu or x_rows is not None
                    or rope is not None or logit_stats or k_splits != 1 or out_dtype != torch.float16
-                   or tail_norm is not None, norm_weight is None or residual is not None or glu)
+                   or tail_norm is not None, residual is not None or glu or rope is not None or k_splits != 1
+                   or tail_norm is not None)
     if norm_weight is not None:
         check_tensor("gemv_mma norm_weight", norm_weight, torch.float16, 1, rows=k)
     if residual is not None:
@@ -138,7 +140,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
                              dependent_launch, norm and (PREFETCH_NORM if prefetch_norm is None else prefetch_norm),
                              max_registers, logit_stats, k_splits, allow_early, PIN_WEIGHT_LOADS,
                              tail_norm is not None, tail_norm is not None and tail_norm.residual is not None,
-                             residual_squares is not None, row_squares is not None)
+                             residual_squares is not None, row_squares is not None and norm,
+                             row_squares is not None and not norm)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     stats = LogitStats.empty(tokens, n, x.device) if logit_stats else LogitStats(x64.view(torch.float32), x64,
@@ -223,9 +226,9 @@ def _check_tail_norm(tail: TailNorm, tokens: int, n: int, k: int, fused: bool) -
 
 
 def _check_squares(residual_squares: torch.Tensor | None, row_squares: torch.Tensor | None, x: torch.Tensor,
-                   tokens: int, n: int, k: int, not_plain: bool, not_normed: bool) -> None:
+                   tokens: int, n: int, k: int, not_plain: bool, other_form: bool) -> None:
     """gemv_mma's residual_squares (the plain float16 form, unsplit) and row_squares (the normed form
-    without a residual): shapes, dtypes and forms."""
+    without a residual, or the plain unsplit one): shapes, dtypes and forms."""
     if residual_squares is not None:
         if not_plain or n % TILE_ROWS:
             raise KernelArgumentError("gemv_mma: residual_squares takes the plain float16 form (no norm, glu, x_rows, "
@@ -236,8 +239,9 @@ def _check_squares(residual_squares: torch.Tensor | None, row_squares: torch.Ten
             raise KernelArgumentError(f"gemv_mma: residual_squares {tuple(residual_squares.shape)} must match y "
                                       f"({tokens}, {n})")
     if row_squares is not None:
-        if not_normed:
-            raise KernelArgumentError("gemv_mma: row_squares takes the normed form without a residual or glu")
+        if other_form:
+            raise KernelArgumentError("gemv_mma: row_squares takes the normed form without a residual, or the "
+                                      "plain one (no glu, rope, k_splits or tail_norm)")
         check_tensor("gemv_mma row_squares", row_squares, torch.float32, 2)
         if row_squares.shape != (x.shape[0], k // TILE_ROWS):
             raise KernelArgumentError(f"gemv_mma: row_squares {tuple(row_squares.shape)} must be x's rows by its "

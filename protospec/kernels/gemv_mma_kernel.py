@@ -45,7 +45,7 @@ from protospec.kernels.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, 
                                              WARP, WORDS, block_inv_rms, inv_rms_from_squares, load_row_squares,
                                              normed_halves, norm_rows_function, summed, tile_squares)
 from protospec.kernels.gemv_mma_rope import rope_and_store
-from protospec.kernels.gemv_mma_shapes import supports, variant_name, warps_for  # noqa: F401
+from protospec.kernels.gemv_mma_shapes import check_forms, supports, variant_name, warps_for  # noqa: F401
 from protospec.kernels.logit_stats import tile_stats
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
 from protospec.kernels.word_loads import load_flat, store_flat, unpack_f16x4
@@ -60,41 +60,33 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False,
                     max_registers: int = 0, stats: bool = False, splits: int = 1, allow_early: bool = False,
                     pin_loads: bool = False, norm_tail: bool = False, norm_tail_residual: bool = False,
-                    squares_out: bool = False, squares_in: bool = False):
+                    squares_out: bool = False, squares_in: bool = False, squares_scale: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
     q and k and stores k and v in the cache; DEPENDENT loads the weights, then waits for the kernel
     before it (a programmatic dependent launch: dependent_launch.py) and only then reads x.
-    PREFETCH_NORM (with NORM) loads the norm's weight words with the weights, before the wait: read
-    where they are used, after the norm's block reduction, they add a load's latency to every
-    normed kernel's chain. MAX_REGISTERS (0: the compiler's choice) caps the registers a thread, so
-    more blocks fit on an SM at once (a launch of more blocks than fit runs in waves). STATS (float32
+    PREFETCH_NORM (with NORM) loads the norm's weight words with the weights, before the wait, not
+    after the norm's reduction. MAX_REGISTERS (0: the compiler's choice) caps the registers a thread,
+    so more blocks fit on an SM at once (a launch of more blocks than fit runs in waves). STATS (float32
     y, not with GLU or ROPE) also writes each tile's softmax statistics per token (logit_stats.py).
     SPLITS (the plain form only) spreads a tile's K over that many blocks of `warps` warps each: they
     write their warps' fragments to global memory and the last to arrive sums all of them in the
-    unsplit kernel's warp order (the same bits), so a tall K (the down projection's 3072: 48 tiles)
-    loads its weights from SPLITS times as many SMs. ALLOW_EARLY (with DEPENDENT) lets the next kernel
-    launch once this one's weight loads are issued, before its wait, not after: the next one's weight
-    loads then overlap this kernel's whole wait. Only where the next kernel reads nothing before its
-    own wait that a kernel still running may write (a GEMV reads weights there; the attention's early
-    loads read cached keys). PIN_LOADS (with DEPENDENT) keeps the wait below the weight loads in the
-    machine code (ptxas hoists a plain wait above them: dependent_launch.wait_after_issued_loads);
-    ALLOW_EARLY pins them too. NORM_TAIL (the plain unsplit form): the last block to finish also
-    runs the final norm over y's wanted rows, (y + residual with NORM_TAIL_RESIDUAL) normed into
-    res_out64, head_norm's arithmetic: the LM head's norm without a kernel of its own. SQUARES_OUT (plain,
-    unsplit): y = x W^T + residual and its tiles' sums of squares a token; SQUARES_IN (NORM, no RESIDUAL):
-    1 / rms from such sums (the same bits), not the block's reduction: the final norm with no launch or
-    last block's chain (the last down projection writes them, the LM head reads them)."""
+    unsplit kernel's warp order (the same bits), so a tall K loads its weights from more SMs.
+    ALLOW_EARLY (with DEPENDENT) lets the next kernel launch once this one's weight loads are issued,
+    before its wait: only where the next kernel reads nothing before its own wait that a kernel still
+    running may write (a GEMV reads weights there; the attention's early loads read cached keys).
+    PIN_LOADS (with DEPENDENT) keeps the wait below the weight loads in the machine code (ptxas hoists
+    a plain wait above them: dependent_launch.wait_after_issued_loads); ALLOW_EARLY pins them too.
+    NORM_TAIL (plain, unsplit): the last block to finish also runs the final norm over y's wanted rows,
+    (y + residual with NORM_TAIL_RESIDUAL) normed into res_out64, head_norm's arithmetic: the LM head's
+    norm without a kernel of its own. SQUARES_OUT (plain, unsplit): y = x W^T + residual and its tiles'
+    sums of squares a token; SQUARES_IN (NORM, no RESIDUAL): 1 / rms from such sums (the same bits),
+    not the block's reduction: the final norm with no launch or last block's chain (the last down
+    projection writes them, the LM head reads them). SQUARES_SCALE (plain): y's rows times 1 / rms of
+    x's from such sums (the norm's weight folded into W)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
-    if stats and (glu or rope_dim):
-        raise ValueError("gemv_mma_kernel: tile statistics only for the plain and normed forms")
-    if splits > 1 and (norm or glu or gather or rope_dim or stats):
-        raise ValueError("gemv_mma_kernel: split K only for the plain form")
-    if (norm_tail or squares_out) and (norm or glu or gather or rope_dim or stats or splits > 1):
-        raise ValueError("gemv_mma_kernel: the norm tail and the squares only for the plain unsplit form")
-    if squares_in and (not norm or residual or glu):
-        raise ValueError("gemv_mma_kernel: squares_in only for the normed form without a residual")
+    check_forms(norm, residual, glu, gather, rope_dim, stats, splits, norm_tail, squares_out, squares_in, squares_scale)
     if max_registers and not interop.SIMULATOR:
         options["max_registers"] = max_registers
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM, DEPENDENT = norm, residual, glu, gather, rope_dim, dependent  # noqa: N806
@@ -114,7 +106,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     NORM_TAIL, TAIL_RESIDUAL = norm_tail, norm_tail and norm_tail_residual  # noqa: N806
     norm_rows = norm_rows_function(True)  # y is this kernel's own output: its loads are not invariant
     SQUARES_OUT, SQUARES_IN = squares_out, squares_in  # noqa: N806
-    ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_in else 1)  # noqa: N806
+    SQUARES_SCALE = squares_scale  # noqa: N806
+    ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_in or squares_scale else 1)  # noqa: N806,E501
     TILE_VALUES = MAX_TOKENS * TILE_ROWS if squares_out else 1  # noqa: N806
 
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
@@ -197,15 +190,17 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 xw[i] = load_flat(x64, x_row * k_words + word)
                 if RESIDUAL:
                     rw[i] = load_flat(res64, x_row * k_words + word)
-        if SQUARES_IN:  # with x's words: the same round trip
+        if SQUARES_IN or SQUARES_SCALE:  # with x's words: the same round trip
             load_row_squares(split_partials, k_words // 4, x_row, t, warps, sq_tiles)
         if SQUARES_OUT and warp == 0:  # the residual at this lane's D entries (rows n0 + g (+ 8), tokens 2t (+ 1))
             for i in range(4):
                 n = min(n0 + g + 8 * (i // 2), n_rows - 1)
                 row_res[i] = load_flat(res64, min(2 * t + i % 2, tokens - 1) * (n_rows // 4) + n // 4)
         inv_rms = float32(1.0)
-        if SQUARES_IN:
+        if SQUARES_IN or SQUARES_SCALE:
             inv_rms = inv_rms_from_squares(sq_tiles, g, warps, tokens, k_words, eps, shuffle_scratch, tid)
+            if SQUARES_SCALE and warp == 0 and t == 0:  # for warp 0's epilogue (after the partials' barrier)
+                squares[g] = inv_rms
         elif NORM:  # v = x + residual, rounded as add_rms_norm stores it; 1 / rms over the block's K
             inv_rms = block_inv_rms(xw, rw, RESIDUAL, g, t, warp, warps, tokens, k_words, eps, squares,
                                     shuffle_scratch, tid)
@@ -268,6 +263,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 if GLU:  # gate and up rounded as the separate path stores them, then silu(gate) * up
                     gate = float32(np.float16(s))
                     s = gate / (float32(1.0) + math.exp(-gate)) * float32(np.float16(up))
+                if SQUARES_SCALE:
+                    s *= squares[2 * t + i % 2]
                 sums[i] = float32(np.float16(s))                     # float16, as the unfused path stores it
                 if SQUARES_OUT:  # + the residual, rounded as add_rms_norm stores the stream
                     n = n0 + g + 8 * (i // 2)
@@ -296,5 +293,6 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
                                                              PREFETCH, max_registers, stats, splits, ALLOW_EARLY,
-                                                             PIN_LOADS, NORM_TAIL, SQUARES_OUT, SQUARES_IN)
+                                                             PIN_LOADS, NORM_TAIL, SQUARES_OUT, SQUARES_IN,
+                                                             SQUARES_SCALE)
     return cuda.jit(**options)(gemv_mma)

@@ -83,13 +83,15 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
                        residual_squares: torch.Tensor | None = None, row_squares: torch.Tensor | None = None):
     """gemv_mma in torch (same arguments, same results; dependent_launch, max_registers, prefetch_norm,
     k_splits and allow_early are launch details, unused; logit_stats attaches the tiles' statistics computed by torch;
-    row_squares is unused: the norm is computed from x, as the sums it holds were)."""
+    row_squares' values are unused: the norm is computed from x, as the sums it holds were)."""
     if x_rows is not None:
         x = x[x_rows]
         residual = None if residual is None else residual[x_rows]
     stream = x.float() if residual is None else (x.float() + residual.float()).half().float()
     h = x.float() if norm_weight is None else _rms_normed(stream, norm_weight, eps).float()
     out = h @ weight.float().T
+    if row_squares is not None and norm_weight is None:  # the plain form's rows scaled by 1 / rms(x)
+        out = out * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps)
     if glu:
         gate, up = out.chunk(2, dim=-1)
         gate, up = gate.half().float(), up.half().float()

@@ -39,6 +39,8 @@ def tensor_core_gemv_forms() -> None:
         gemv_mma(torch.zeros(6, 768, dtype=torch.float16), torch.zeros(40, 768, dtype=torch.float16),
                  norm_weight=h[0].clone(), x_rows=ids, out_dtype=torch.float32, dependent_launch=dependent,
                  row_squares=squares)
+        gemv_mma(torch.zeros(6, 768, dtype=torch.float16), torch.zeros(40, 768, dtype=torch.float16), x_rows=ids,
+                 out_dtype=torch.float32, dependent_launch=dependent, row_squares=squares)  # (--head-norm folded)
     for splits in (2, 4):  # the down projection's split K (--down-k-splits)
         gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(40, 3072, dtype=torch.float16),
                  dependent_launch=True, k_splits=splits)

@@ -39,8 +39,11 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 # last block of the last layer's down projection once every block's output is written (no launch of its
 # own): timed faster than "separate", so the default. Or "squares": the last down projection adds the
 # residual and writes its tiles' sums of squares, from which the LM head's normed form takes the norm
-# without a reduction (no launch, no last block's chain; the same logits). Set before any graph is
-# captured (bench and kernel_census: --head-norm).
+# without a reduction (no launch, no last block's chain; the same logits). Or "folded": the same sums,
+# and the plain LM head over the stream, its weight times the norm's (a copy made once per model),
+# scaling each row by 1 / rms in its epilogue (no norm in its 2000 blocks' prologue; the logits to
+# float16 rounding, not the same bits). Set before any graph is captured (bench and kernel_census:
+# --head-norm).
 HEAD_NORM = "tail"
 
 
@@ -100,8 +103,20 @@ class LayerKernelForward:
             raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
         self.linear = linear  # "mma" / "mma_fused": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
         self.dependent = dependent  # the tensor-core GEMVs as programmatic dependents (kernels/dependent_launch.py)
+        self._folded_head = None  # (the weights it was made from, the LM head times the final norm's weight)
         self.fuses = (linear == "mma_fused" and self.dtype == torch.float16 and self.head_dim % 16 == 0
                       and gemv_mma.supports(cfg.hidden_size) and gemv_mma.supports(cfg.intermediate_size))
+
+    def folded_head(self, model) -> torch.Tensor:
+        """The LM head's weight times the final norm's, [V, hidden] float16 (HEAD_NORM "folded"): made on
+        first use, which must not be inside a CUDA graph capture (a warm-up forward runs first)."""
+        head, norm = model.lm_head.weight, model.model.norm.weight
+        if self._folded_head is None or self._folded_head[0] != (head.data_ptr(), head._version, norm._version):
+            if head.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("HEAD_NORM 'folded': the folded LM head is made outside a graph capture; "
+                                   "run a forward first")
+            self._folded_head = ((head.data_ptr(), head._version, norm._version), (head * norm).contiguous())
+        return self._folded_head[1]
 
     def _tensor_cores(self, x: torch.Tensor) -> bool:
         return (self.linear != "cublas" and x.dtype == torch.float16 and x.shape[0] <= gemv_mma.MAX_TOKENS
@@ -174,7 +189,7 @@ class LayerKernelForward:
                                               dependent_launch=dep, allow_early="gate_up" in early)
             last = layer is model.model.layers[-1]
             tail = TailNorm(norm.weight, residual, norm.eps, wanted) if last and HEAD_NORM == "tail" else None
-            squares = residual if last and HEAD_NORM == "squares" else None  # the stream to add, then its squares
+            squares = residual if last and HEAD_NORM in ("squares", "folded") else None  # to add, then its squares
             x = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep,
                                   k_splits=1 if tail or squares is not None else self._splits(gemv_mma.DOWN_K_SPLITS,
                                                                                                act.shape[1]),
@@ -185,6 +200,10 @@ class LayerKernelForward:
             h = x[1] if HEAD_NORM == "tail" else gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted,
                                                                      dependent_launch=dep)
             return gemv_mma.gemv_mma(h, model.lm_head.weight, out_dtype=torch.float32, dependent_launch=dep,
+                                     max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS, logit_stats=gemv_mma.LOGIT_STATS)
+        if HEAD_NORM == "folded":  # [T, hidden] stream, [T, hidden / 16] its tiles' squares
+            return gemv_mma.gemv_mma(x[0], self.folded_head(model), eps=norm.eps, x_rows=wanted, row_squares=x[1],
+                                     out_dtype=torch.float32, dependent_launch=dep,
                                      max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS, logit_stats=gemv_mma.LOGIT_STATS)
         x, residual, squares = (x[0], None, x[1]) if HEAD_NORM == "squares" else (x, residual, None)
         logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,
