@@ -1,15 +1,15 @@
-"""The same-bits kernel forms end to end (the tensor-core GEMV's, the attention's, the sampling's): an
-engine whose forwards run the tensor-core layer kernels (float16, on a GPU) launches the form it is
-set to and emits the tokens of the other form, greedy and seeded, in the captured draft loop. The
-forms: the LM head's final norm as a kernel of its own, folded into the head, run by the last
-down projection's last block, or taken from the sums of squares it writes (layer_kernels.HEAD_NORM);
-the o and down projections' K split over several blocks a tile or not (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS); the linears that let the next kernel launch before their wait
-(gemv_mma.EARLY_ALLOW); the wait kept below the weight loads (gemv_mma.PIN_WEIGHT_LOADS); the
-attention loading a warp's next key tile before this one's products (attention_mma.PIPELINE); the
-probabilities kernel's logits and noise before its wait (sampling.PROBS_PREFETCH); the draft step's
-advance done by the probabilities kernel (sampling.ADVANCE_IN_SAMPLER). (Their bits
-against each other run in the simulator too: tests/test_gemv_mma.py, test_attention_mma.py,
-test_sampling_kernel.py.)"""
+"""The same-bits kernel forms end to end (the tensor-core GEMV's, the attention's, the sampling's): an engine
+whose forwards run the tensor-core layer kernels (float16, on a GPU) launches the form it is set to and emits
+the tokens of the other form, greedy and seeded, in the captured draft loop. The forms: the LM head's final
+norm as a kernel of its own, folded into the head, run by the last down projection's last block, or taken from
+the sums of squares it writes (layer_kernels.HEAD_NORM); the o and down projections' K split over several
+blocks a tile or not (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS); the linears that let the next kernel launch before
+their wait (gemv_mma.EARLY_ALLOW); the wait kept below the weight loads (gemv_mma.PIN_WEIGHT_LOADS); the
+weights loaded 16 bytes at a time (gemv_mma.WIDE_WEIGHT_LOADS); the attention loading a warp's next key tile
+before this one's products (attention_mma.PIPELINE); the probabilities kernel's logits and noise before its
+wait (sampling.PROBS_PREFETCH); the draft step's advance done by the probabilities kernel
+(sampling.ADVANCE_IN_SAMPLER). (Their bits against each other run in the simulator too:
+tests/test_gemv_mma.py, test_attention_mma.py, test_sampling_kernel.py.)"""
 import pytest
 import torch
 
@@ -25,6 +25,7 @@ FORMS = {  # setting -> (module, attribute, the two values, a kernel name only t
     "gemv_early_allow": ("protospec.kernels.gemv_mma", "EARLY_ALLOW",
                          (frozenset(), frozenset({"o", "gate_up", "down"})), "gemv_mma_k384_dep_early"),
     "pin_weight_loads": ("protospec.kernels.gemv_mma", "PIN_WEIGHT_LOADS", (False, True), "gemv_mma_k384_dep_pin"),
+    "wide_weight_loads": ("protospec.kernels.gemv_mma", "WIDE_WEIGHT_LOADS", (False, True), "gemv_mma_k384_dep_w16"),
     "attention_pipeline": ("protospec.kernels.attention_mma", "PIPELINE", (False, True), "attention_mma_kernel_pipe"),
     "probs_prefetch": ("protospec.kernels.sampling", "PROBS_PREFETCH", (False, True), None),  # one kernel name
     "advance_in_sampler": ("protospec.kernels.sampling", "ADVANCE_IN_SAMPLER", (False, True), None),  # one kernel less

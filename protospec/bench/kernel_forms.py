@@ -54,6 +54,9 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pin-weight-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core GEMVs' dependent forms keep their wait below the weight loads in the machine "
                         "code, so the weights stream while the kernel before ends (same bits; default: %(default)s)")
+    p.add_argument("--wide-weight-loads", default="off", choices=ON_OFF_CHOICES,
+                   help="the tensor-core GEMVs load their weight words two at a time (16-byte loads, half the load "
+                        "instructions; same bits; default: %(default)s)")
     p.add_argument("--attention-pipeline", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core attention loads a warp's next key tile before the products of this one "
                         "(same bits; default: %(default)s)")
@@ -88,6 +91,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.O_K_SPLITS, gemv_mma.DOWN_K_SPLITS = args.o_k_splits, args.down_k_splits
     gemv_mma.EARLY_ALLOW = early_allow_set(args.gemv_early_allow)
     gemv_mma.PIN_WEIGHT_LOADS = args.pin_weight_loads == "on"
+    gemv_mma.WIDE_WEIGHT_LOADS = args.wide_weight_loads == "on"
 
 
 EARLY_ALLOW_LINEARS = ("o", "gate_up", "down")

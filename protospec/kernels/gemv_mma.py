@@ -57,6 +57,11 @@ EARLY_ALLOW: frozenset = frozenset({"o", "gate_up", "down"})
 # (bench and kernel_census: --pin-weight-loads).
 PIN_WEIGHT_LOADS = True
 
+# The weights' 8-byte words loaded two at a time (one 16-byte load: half the load instructions a block
+# issues; the same words, so the same bits), where the weight's data is 16-byte aligned. Set before
+# any graph is captured (bench and kernel_census: --wide-weight-loads).
+WIDE_WEIGHT_LOADS = False
+
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
@@ -141,7 +146,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
                              max_registers, logit_stats, k_splits, allow_early, PIN_WEIGHT_LOADS,
                              tail_norm is not None, tail_norm is not None and tail_norm.residual is not None,
                              residual_squares is not None, row_squares is not None and norm,
-                             row_squares is not None and not norm)
+                             row_squares is not None and not norm,
+                             WIDE_WEIGHT_LOADS and weight.data_ptr() % 16 == 0)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     stats = LogitStats.empty(tokens, n, x.device) if logit_stats else LogitStats(x64.view(torch.float32), x64,

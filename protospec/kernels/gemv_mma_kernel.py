@@ -48,7 +48,7 @@ from protospec.kernels.gemv_mma_rope import rope_and_store
 from protospec.kernels.gemv_mma_shapes import check_forms, supports, variant_name, warps_for  # noqa: F401
 from protospec.kernels.logit_stats import tile_stats
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
-from protospec.kernels.word_loads import load_flat, store_flat, unpack_f16x4
+from protospec.kernels.word_loads import load_flat, load_words, store_flat, unpack_f16x4
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 
 TILE_ROWS = 16        # output rows per block: the product's M
@@ -60,7 +60,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False,
                     max_registers: int = 0, stats: bool = False, splits: int = 1, allow_early: bool = False,
                     pin_loads: bool = False, norm_tail: bool = False, norm_tail_residual: bool = False,
-                    squares_out: bool = False, squares_in: bool = False, squares_scale: bool = False):
+                    squares_out: bool = False, squares_in: bool = False, squares_scale: bool = False,
+                    wide_loads: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -83,8 +84,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     norm without a kernel of its own. SQUARES_OUT (plain, unsplit): y = x W^T + residual and its tiles'
     sums of squares a token; SQUARES_IN (NORM, no RESIDUAL): 1 / rms from such sums (the same bits),
     not the block's reduction: the final norm with no launch or last block's chain (the last down
-    projection writes them, the LM head reads them). SQUARES_SCALE (plain): y's rows times 1 / rms of
-    x's from such sums (the norm's weight folded into W)."""
+    projection writes them, the LM head reads them). SQUARES_SCALE (plain): y's rows times 1 / rms of x's
+    from such sums (the norm's weight folded into W). WIDE_LOADS: 16-byte weight loads (same bits)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     check_forms(norm, residual, glu, gather, rope_dim, stats, splits, norm_tail, squares_out, squares_in, squares_scale)
     if max_registers and not interop.SIMULATOR:
@@ -106,7 +107,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     NORM_TAIL, TAIL_RESIDUAL = norm_tail, norm_tail and norm_tail_residual  # noqa: N806
     norm_rows = norm_rows_function(True)  # y is this kernel's own output: its loads are not invariant
     SQUARES_OUT, SQUARES_IN = squares_out, squares_in  # noqa: N806
-    SQUARES_SCALE = squares_scale  # noqa: N806
+    SQUARES_SCALE, WIDE, LOAD_WORDS = squares_scale, wide_loads, 2 if wide_loads else 1  # noqa: N806
     ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_in or squares_scale else 1)  # noqa: N806,E501
     TILE_VALUES = MAX_TOKENS * TILE_ROWS if squares_out else 1  # noqa: N806
 
@@ -163,11 +164,12 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         for c in range(CHUNKS_PER_WARP):                             # every load before any product
             for j in range(4):
                 word = first + 16 * c + j
-                w_lo[c * 4 + j] = load_flat(w64, row_lo * k_words + word)
-                w_hi[c * 4 + j] = load_flat(w64, row_hi * k_words + word)
-                if GLU:
-                    u_lo[c * 4 + j] = load_flat(w64, (n_rows + row_lo) * k_words + word)
-                    u_hi[c * 4 + j] = load_flat(w64, (n_rows + row_hi) * k_words + word)
+                if j % LOAD_WORDS == 0:  # WIDE: words j and j + 1 of a row in one load
+                    load_words(w64, row_lo * k_words + word, w_lo, c * 4 + j, WIDE)
+                    load_words(w64, row_hi * k_words + word, w_hi, c * 4 + j, WIDE)
+                    if GLU:
+                        load_words(w64, (n_rows + row_lo) * k_words + word, u_lo, c * 4 + j, WIDE)
+                        load_words(w64, (n_rows + row_hi) * k_words + word, u_hi, c * 4 + j, WIDE)
                 if PREFETCH:
                     nw[c * 4 + j] = load_flat(norm64, word)
                 if not DEPENDENT:
@@ -294,5 +296,5 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
                                                              PREFETCH, max_registers, stats, splits, ALLOW_EARLY,
                                                              PIN_LOADS, NORM_TAIL, SQUARES_OUT, SQUARES_IN,
-                                                             SQUARES_SCALE)
+                                                             SQUARES_SCALE, WIDE)
     return cuda.jit(**options)(gemv_mma)

@@ -78,3 +78,20 @@ def tensor_core_gemv_forms() -> None:
                  dependent_launch=True)
     finally:
         linears.PIN_WEIGHT_LOADS = chosen
+    chosen = linears.WIDE_WEIGHT_LOADS
+    try:  # the weights' words loaded one and two at a time (--wide-weight-loads): qkv, o, gate/up, down, LM heads
+        linears.WIDE_WEIGHT_LOADS = not chosen
+        gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope, dependent_launch=True)
+        gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
+        gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(),
+                 residual=h[:6].clone(), glu=True, dependent_launch=True, allow_early=True)
+        gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True, allow_early=True)
+        gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), out_dtype=torch.float32, dependent_launch=True)
+        gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(40, 3072, dtype=torch.float16),
+                 dependent_launch=True, allow_early=True)
+        gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(768, 3072, dtype=torch.float16),
+                 dependent_launch=True, allow_early=True, tail_norm=TailNorm(h[0].clone(),
+                                                                             torch.zeros(6, 768, dtype=torch.float16),
+                                                                             1e-6, ids))
+    finally:
+        linears.WIDE_WEIGHT_LOADS = chosen

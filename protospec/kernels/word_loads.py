@@ -16,7 +16,9 @@ load's immediate offsets), and the load is marked invariant (the array must not 
 kernel runs), so it can take the read-only path. `load_flat_mutable(array, index)` is the same load
 without that mark, for arrays the kernel itself writes (a persistent kernel reading the cache rows an
 earlier phase filled: an invariant load could be moved above those writes). `store_flat(array, index,
-value)` writes the same way.
+value)` writes the same way. `load_flat_pair(array, index)`: elements `index` and `index + 1` of an
+int64 array as one 16-byte load (index even, the data 16-byte aligned): half the load instructions
+of two `load_flat`s, which LLVM does not merge by itself (it cannot prove the alignment).
 
 Also `global_timer()`: the GPU's nanosecond clock (%globaltimer), for kernels that record when each
 of their phases ended.
@@ -55,6 +57,12 @@ if interop.SIMULATOR:
     def load_flat_mutable(array, index):
         """array's element `index` in C order."""
         return array.reshape(-1)[index]
+
+    @cuda.jit(device=True)
+    def load_flat_pair(array, index):
+        """array's elements `index` and `index + 1` in C order (read only)."""
+        flat = array.reshape(-1)
+        return flat[index], flat[index + 1]
 
     @cuda.jit(device=True)
     def store_flat(array, index, value):
@@ -127,6 +135,24 @@ else:
     load_flat_mutable.__doc__ = "array's element `index` (>= 0) in C order."
 
     @intrinsic
+    def load_flat_pair(typingctx, array, index):  # noqa: ARG001
+        """array's elements `index` and `index + 1` (index even; int64, 16-byte aligned data) in one
+        16-byte load, marked invariant as load_flat's."""
+        if not _flat_operands(array, index) or array.dtype != types.int64:
+            return None
+        pair = types.UniTuple(types.int64, 2)
+
+        def codegen(context, builder, sig, args):
+            vector = ir.VectorType(ir.IntType(64), 2)
+            pointer = builder.bitcast(_element_pointer(context, builder, sig, args), vector.as_pointer())
+            value = builder.load(pointer, align=16)
+            value.set_metadata("invariant.load", builder.module.add_metadata([]))
+            halves = [builder.extract_element(value, ir.Constant(ir.IntType(32), i)) for i in range(2)]
+            return context.make_tuple(builder, pair, halves)
+
+        return pair(array, index), codegen
+
+    @intrinsic
     def store_flat(typingctx, array, index, value):  # noqa: ARG001
         """array's element `index` (>= 0) in C order = value (converted to the array's dtype)."""
         if not _flat_operands(array, index):
@@ -149,3 +175,13 @@ else:
             return builder.call(ir.InlineAsm(fn, "mov.u64 $0, %globaltimer;", "=l", side_effect=True), [])
 
         return signature, codegen
+
+
+@cuda.jit(device=True)
+def load_words(array, index, out, at, pair):
+    """out[at] <- array's word `index` (load_flat), and out[at + 1] <- word index + 1 in the same
+    16-byte load with `pair` (load_flat_pair)."""
+    if pair:
+        out[at], out[at + 1] = load_flat_pair(array, index)
+    else:
+        out[at] = load_flat(array, index)
