@@ -17,9 +17,9 @@ from protospec.config import SamplingParams
 
 FORMS = {  # setting -> (module, attribute, the two values, a kernel name only the second launches)
     "head_norm": ("protospec.model.layer_kernels", "HEAD_NORM", ("fused", "separate"), "head_norm_"),
-    "head_norm_tail": ("protospec.model.layer_kernels", "HEAD_NORM", ("separate", "tail"), "gemv_mma_k768_dep_normtail"),
     "head_norm_squares": ("protospec.model.layer_kernels", "HEAD_NORM", ("tail", "squares"),
                           "gemv_mma_k768_dep_squares"),
+    "head_norm_tail": ("protospec.model.layer_kernels", "HEAD_NORM", ("separate", "tail"), "gemv_mma_k768_dep_normtail"),
     "down_k_splits": ("protospec.kernels.gemv_mma", "DOWN_K_SPLITS", (1, 2), "gemv_mma_k768_dep_split2"),
     "o_k_splits": ("protospec.kernels.gemv_mma", "O_K_SPLITS", (1, 2), "gemv_mma_k384_dep_split2"),
     "gemv_early_allow": ("protospec.kernels.gemv_mma", "EARLY_ALLOW",

@@ -12,9 +12,11 @@ DEV = torch.device(KERNEL_DEVICE_TYPE)
 
 @pytest.fixture(autouse=True)
 def _unpinned_waits(monkeypatch):
-    """The dependent forms' names carry "_pin" under the default PIN_WEIGHT_LOADS: these tests name the
-    form they test on the unpinned base, and the pin's own test sets it."""
+    """The dependent forms' names carry "_pin" and "_w16" under the default PIN_WEIGHT_LOADS and
+    WIDE_WEIGHT_LOADS: these tests name the form they test on the base without either; the pin's test
+    and the wide loads' (test_gemv_wide_loads.py) set them."""
     monkeypatch.setattr(kernel, "PIN_WEIGHT_LOADS", False)
+    monkeypatch.setattr(kernel, "WIDE_WEIGHT_LOADS", False)
 
 
 def _normed_operands(seed: int, rows: int, weight_rows: int, warps: int = 1):

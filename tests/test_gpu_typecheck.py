@@ -121,7 +121,7 @@ def test_the_ptx_reader_counts_the_loads_issued_before_the_first_wait():
 def test_the_pinned_dependent_gemvs_issue_their_weight_loads_before_the_wait():
     """The machine code ptxas makes (it needs the CUDA toolkit, which CI lacks): each tensor-core
     GEMV form with --pin-weight-loads or an early allow has every weight word of a lane (24, 36 with
-    the norm weight, 60 for gate/up) loaded before its wait. ptxas hoists a plain wait above them all,
+    the norm weight, 60 for gate/up; half the weight loads with --wide-weight-loads) loaded before its wait. ptxas hoists a plain wait above them all,
     so a dropped pin shows here as 0 loads before the wait. And in no dependent kernel (attention,
     GEMVs, sampling: the kernels that issue loads before their wait) did ptxas move a load from after
     the wait to before it."""
@@ -141,3 +141,6 @@ def test_the_pinned_dependent_gemvs_issue_their_weight_loads_before_the_wait():
     pinned = {name: loads for name, loads in orders.items() if name.endswith(("_pin", "_early"))}
     assert pinned["gemv_mma_k768_dep_pin"] >= 24 and pinned["gemv_mma_k768_norm_residual_glu_dep_prefetch_pin"] >= 60
     assert len(pinned) >= 6 and min(pinned.values()) >= 24, pinned
+    wide = {name: loads for name, loads in orders.items() if name.endswith(("_pin_w16", "_early_w16"))}
+    assert wide["gemv_mma_k768_dep_pin_w16"] >= 12 and wide["gemv_mma_k768_norm_residual_glu_dep_prefetch_pin_w16"] >= 36
+    assert len(wide) >= 6 and min(wide.values()) >= 12, wide

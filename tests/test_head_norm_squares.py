@@ -16,7 +16,8 @@ ON_GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available()
 
 @pytest.fixture(autouse=True)
 def _unpinned_waits(monkeypatch):
-    monkeypatch.setattr(kernel, "PIN_WEIGHT_LOADS", False)  # the names below are the unpinned base's
+    monkeypatch.setattr(kernel, "PIN_WEIGHT_LOADS", False)
+    monkeypatch.setattr(kernel, "WIDE_WEIGHT_LOADS", False)  # the names below are the unpinned base's
 
 
 def _operands(seed: int, tokens: int, head_warps: int):

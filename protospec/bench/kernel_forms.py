@@ -38,7 +38,7 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="the tensor-core LM head also writes each 16-row vocabulary tile's softmax statistics, and the "
                         "sampling kernels combine them instead of a statistics kernel reading the logits (rows at "
                         "T = 1 or greedy; default: %(default)s)")
-    p.add_argument("--head-norm", default="tail", choices=["fused", "separate", "tail", "squares", "folded"],
+    p.add_argument("--head-norm", default="folded", choices=["fused", "separate", "tail", "squares", "folded"],
                    help="the fused forward's final norm in the LM head GEMV's loads, a one-block kernel of its "
                         "own before the plain GEMV, run by the last block of the last down projection, or taken by "
                         "the LM head from the sums of squares the last down projection writes (same bits), or "
@@ -54,7 +54,7 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pin-weight-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core GEMVs' dependent forms keep their wait below the weight loads in the machine "
                         "code, so the weights stream while the kernel before ends (same bits; default: %(default)s)")
-    p.add_argument("--wide-weight-loads", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--wide-weight-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core GEMVs load their weight words two at a time (16-byte loads, half the load "
                         "instructions; same bits; default: %(default)s)")
     p.add_argument("--attention-pipeline", default="on", choices=ON_OFF_CHOICES,

@@ -58,9 +58,10 @@ EARLY_ALLOW: frozenset = frozenset({"o", "gate_up", "down"})
 PIN_WEIGHT_LOADS = True
 
 # The weights' 8-byte words loaded two at a time (one 16-byte load: half the load instructions a block
-# issues; the same words, so the same bits), where the weight's data is 16-byte aligned. Set before
-# any graph is captured (bench and kernel_census: --wide-weight-loads).
-WIDE_WEIGHT_LOADS = False
+# issues; the same words, so the same bits), where the weight's data is 16-byte aligned. On: timed
+# faster (data/results/README.md). Set before any graph is captured (bench and kernel_census:
+# --wide-weight-loads).
+WIDE_WEIGHT_LOADS = True
 
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,

@@ -83,8 +83,9 @@ def tensor_core_gemv_forms() -> None:
         linears.WIDE_WEIGHT_LOADS = not chosen
         gemv_mma(h, qkv_w, norm_weight=h[0].clone(), x_rows=ids, rope=rope, dependent_launch=True)
         gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
-        gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(),
-                 residual=h[:6].clone(), glu=True, dependent_launch=True, allow_early=True)
+        for early in (False, True):
+            gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(),
+                     residual=h[:6].clone(), glu=True, dependent_launch=True, allow_early=early)
         gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True, allow_early=True)
         gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), out_dtype=torch.float32, dependent_launch=True)
         gemv_mma(torch.zeros(6, 3072, dtype=torch.float16), torch.zeros(40, 3072, dtype=torch.float16),

@@ -37,14 +37,14 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 # arithmetic once, in one block launched as a dependent, then the plain GEMV; the same logits).
 # "separate": timed faster than "fused" (data/results README); or "tail": the same arithmetic run by the
 # last block of the last layer's down projection once every block's output is written (no launch of its
-# own): timed faster than "separate", so the default. Or "squares": the last down projection adds the
-# residual and writes its tiles' sums of squares, from which the LM head's normed form takes the norm
-# without a reduction (no launch, no last block's chain; the same logits). Or "folded": the same sums,
-# and the plain LM head over the stream, its weight times the norm's (a copy made once per model),
-# scaling each row by 1 / rms in its epilogue (no norm in its 2000 blocks' prologue; the logits to
-# float16 rounding, not the same bits). Set before any graph is captured (bench and kernel_census:
-# --head-norm).
-HEAD_NORM = "tail"
+# own): timed faster than "separate". Or "squares": the last down projection adds the residual and
+# writes its tiles' sums of squares, from which the LM head's normed form takes the norm without a
+# reduction (no launch, no last block's chain; the same logits). Or "folded": the same sums, and the
+# plain LM head over the stream, its weight times the norm's (a copy made once per model), scaling each
+# row by 1 / rms in its epilogue (no norm in its 2000 blocks' prologue; the logits to float16 rounding,
+# not the same bits): timed faster than "tail", so the default. Set before any graph is captured (bench
+# and kernel_census: --head-norm).
+HEAD_NORM = "folded"
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
