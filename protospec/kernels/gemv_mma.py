@@ -148,7 +148,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
                              tail_norm is not None, tail_norm is not None and tail_norm.residual is not None,
                              residual_squares is not None, row_squares is not None and norm,
                              row_squares is not None and not norm,
-                             WIDE_WEIGHT_LOADS and weight.data_ptr() % 16 == 0)
+                             WIDE_WEIGHT_LOADS and weight.data_ptr() % 16 == 0, out_dtype == torch.float32)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     stats = LogitStats.empty(tokens, n, x.device) if logit_stats else LogitStats(x64.view(torch.float32), x64,

@@ -61,7 +61,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     max_registers: int = 0, stats: bool = False, splits: int = 1, allow_early: bool = False,
                     pin_loads: bool = False, norm_tail: bool = False, norm_tail_residual: bool = False,
                     squares_out: bool = False, squares_in: bool = False, squares_scale: bool = False,
-                    wide_loads: bool = False):
+                    wide_loads: bool = False, float_out: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -85,14 +85,14 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     sums of squares a token; SQUARES_IN (NORM, no RESIDUAL): 1 / rms from such sums (the same bits),
     not the block's reduction: the final norm with no launch or last block's chain (the last down
     projection writes them, the LM head reads them). SQUARES_SCALE (plain): y's rows times 1 / rms of x's
-    from such sums (the norm's weight folded into W). WIDE_LOADS: 16-byte weight loads (same bits)."""
+    from such sums (the norm's weight folded into W). WIDE_LOADS: 16-byte weight loads (same bits);
+    FLOAT_OUT: float32 y (the LM head's logits) from the accumulator, not rounded to float16."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     check_forms(norm, residual, glu, gather, rope_dim, stats, splits, norm_tail, squares_out, squares_in, squares_scale)
     if max_registers and not interop.SIMULATOR:
         options["max_registers"] = max_registers
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM, DEPENDENT = norm, residual, glu, gather, rope_dim, dependent  # noqa: N806
-    PREFETCH = norm and prefetch_norm  # noqa: N806
-    NORM_WORDS = WORDS if PREFETCH else 1  # noqa: N806
+    PREFETCH, NORM_WORDS = norm and prefetch_norm, WORDS if norm and prefetch_norm else 1  # noqa: N806
     HALF, GROUPS = rope_dim // 2, max(1, rope_dim // 16)  # GROUPS: blocks (8 dim pairs each) per head
     SCRATCH = scratch_size(warps)     # array sizes must be literals to the typer: products taken here
     PRODUCTS = 2 if glu else 1
@@ -107,7 +107,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     NORM_TAIL, TAIL_RESIDUAL = norm_tail, norm_tail and norm_tail_residual  # noqa: N806
     norm_rows = norm_rows_function(True)  # y is this kernel's own output: its loads are not invariant
     SQUARES_OUT, SQUARES_IN = squares_out, squares_in  # noqa: N806
-    SQUARES_SCALE, WIDE, LOAD_WORDS = squares_scale, wide_loads, 2 if wide_loads else 1  # noqa: N806
+    SQUARES_SCALE, WIDE, LOAD_WORDS, FLOAT_OUT = squares_scale, wide_loads, 2 if wide_loads else 1, float_out  # noqa: N806
     ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_in or squares_scale else 1)  # noqa: N806,E501
     TILE_VALUES = MAX_TOKENS * TILE_ROWS if squares_out else 1  # noqa: N806
 
@@ -267,7 +267,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     s = gate / (float32(1.0) + math.exp(-gate)) * float32(np.float16(up))
                 if SQUARES_SCALE:
                     s *= squares[2 * t + i % 2]
-                sums[i] = float32(np.float16(s))                     # float16, as the unfused path stores it
+                sums[i] = s if FLOAT_OUT else float32(np.float16(s))  # float16 y as the unfused path stores it
                 if SQUARES_OUT:  # + the residual, rounded as add_rms_norm stores the stream
                     n = n0 + g + 8 * (i // 2)
                     sums[i] = float32(np.float16(sums[i] + unpack_f16x4(row_res[i])[n % 4]))

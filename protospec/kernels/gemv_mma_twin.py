@@ -96,7 +96,7 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
         gate, up = out.chunk(2, dim=-1)
         gate, up = gate.half().float(), up.half().float()
         out = gate * torch.sigmoid(gate) * up
-    out = out.half()
+    out = out.half() if out_dtype != torch.float32 else out  # float32 logits: the accumulator's values
     out = rope.apply(out) if rope is not None else out.to(out_dtype)
     if logit_stats:
         attach(out, tile_stats_reference(out))
