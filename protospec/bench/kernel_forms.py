@@ -12,9 +12,10 @@ ON_OFF_CHOICES = ["on", "off"]
 
 
 def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
-                   help="the sampling kernels as two launches or one cooperative launch with a grid sync "
-                        "(same bits; default: %(default)s)")
+    p.add_argument("--sampling-launches", default="two", choices=["two", "one", "whole_row"],
+                   help="the sampling kernels as two launches, one cooperative launch with a grid sync (same "
+                        "bits), or one launch whose blocks each read their whole row for its statistics "
+                        "(probabilities to a few ulps; default: %(default)s)")
     p.add_argument("--step-kernels-dependent", default="on", choices=ON_OFF_CHOICES,
                    help="the draft step's sampling kernels and advance_step launched as programmatic dependents "
                         "where the forward before them is (sm_90; default: %(default)s)")
