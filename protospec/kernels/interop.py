@@ -25,7 +25,7 @@ SIMULATOR = choose_numba_cuda_target()
 from numba import cuda  # noqa: E402  (after the simulator decision)
 
 from protospec.errors import KernelArgumentError  # noqa: E402
-from protospec.kernels.driver_launch import cu_launch as _cu_launch  # noqa: E402
+from protospec.kernels.driver_launch import _libcuda, cu_launch as _cu_launch  # noqa: E402
 
 if SIMULATOR:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimulatedDeviceArray

@@ -9,10 +9,10 @@ block: 8 blocks for a 32000-entry row) and each block reads the whole row itself
 LM head has just written it: ~128 KB a block in 16-byte loads, several in flight a thread, instead of
 a kernel boundary and a last block's combine. The redundant reads cost L2 bandwidth, not DRAM's.
 
-The arithmetic: each thread keeps its entries' first max and a running sum of exp(x/T - m/T) rescaled
-as its max m grows (a batch of loads at a time); the block takes the max (ties to the lowest index,
-torch.argmax's rule) and sums its threads' sums scaled to it. Probabilities are the two-launch
-form's formula p = exp(x/T - M/T) / sum; only the sum's order differs, so they agree to a few ulps,
+The arithmetic: each thread finds its entries' first max, the block the row's (ties to the lowest
+index, torch.argmax's rule); then each thread sums exp((x - M) / T) over its entries, the block
+their sum. Probabilities are the two-launch form's formula p = exp(x/T - M/T) / sum; only the sum's
+order and rounding differ, so they agree to a few ulps,
 and ids agree unless two race scores tie to that precision. The logits are read as 16-byte words, so
 rows must be 16-byte aligned (a vocabulary of a multiple of 4, contiguous): `applies` says where.
 """
@@ -51,36 +51,46 @@ def slices_for(vocab: int) -> int:
 
 @cuda.jit(device=True)
 def whole_row_stats(words, row, vocab, t, greedy, best_value, best_index, no_flags, tid):
-    """Row `row` of the logits as int64 words (words [R, V / 2]): (M, its first index, sum of exp(x/T -
-    M/T); 0 on greedy rows), the same in every thread of the block. A row of -inf has index 0, sum 0."""
+    """Row `row` of the logits as int64 words (words [R, V / 2]): (M, its first index, sum of exp((x -
+    M) / T); 0 on greedy rows), the same in every thread of the block. A row of -inf has index 0, sum 0.
+    Two passes over the row: the max first (compares only), then the exponentials, each independent of
+    the others (one pass with a running max would chain every exponential to the max before it)."""
     quads = vocab // 4  # 16-byte words in the row
     lo_words = cuda.local.array(WORDS_IN_FLIGHT, int64)
     hi_words = cuda.local.array(WORDS_IN_FLIGHT, int64)
-    xs = cuda.local.array(4, float32)
     value, index = float32(-math.inf), int64(vocab)
-    total = float32(0.0)  # sum of exp(x/T - value/T) over this thread's entries so far
     for base in range(0, quads, THREADS * WORDS_IN_FLIGHT):
         for u in range(WORDS_IN_FLIGHT):  # every load first, at clamped indices: no branch between them
             q = min(base + u * THREADS + tid, quads - 1)
             lo_words[u], hi_words[u] = load_flat_pair(words, row * (vocab // 2) + 2 * q)
         for u in range(WORDS_IN_FLIGHT):
             q = base + u * THREADS + tid
-            if q < quads:
-                xs[0], xs[1] = unpack_f32x2(lo_words[u])
-                xs[2], xs[3] = unpack_f32x2(hi_words[u])
-                for i in range(4):  # increasing index: a tie keeps the first
-                    x = xs[i]
-                    if x > value:
-                        if not greedy and value > float32(-math.inf):
-                            total *= math.exp(value / t - x / t)
-                        value, index = x, int64(4 * q + i)
-                    if not greedy and value > float32(-math.inf):
-                        total += math.exp(x / t - value / t)
+            x0, x1 = unpack_f32x2(lo_words[u])
+            x2, x3 = unpack_f32x2(hi_words[u])
+            if q < quads:  # increasing index, strictly greater: a tie keeps the first
+                if x0 > value:
+                    value, index = x0, int64(4 * q)
+                if x1 > value:
+                    value, index = x1, int64(4 * q + 1)
+                if x2 > value:
+                    value, index = x2, int64(4 * q + 2)
+                if x3 > value:
+                    value, index = x3, int64(4 * q + 3)
     top, top_index = block_argmax(value, index, best_value, best_index, no_flags, tid)
-    scaled = float32(0.0)
-    if not greedy and value > float32(-math.inf):  # a thread that saw only -inf adds nothing
-        scaled = total * math.exp(value / t - top / t)
-    row_total = block_sum(scaled, best_value, tid)
+    total = float32(0.0)
+    if not greedy and top > float32(-math.inf):  # (a row of -inf: e^(-inf + inf) would be NaN)
+        inv_t = float32(1.0) / t
+        for base in range(0, quads, THREADS * WORDS_IN_FLIGHT):  # the row again, from L1 or L2
+            for u in range(WORDS_IN_FLIGHT):
+                q = min(base + u * THREADS + tid, quads - 1)
+                lo_words[u], hi_words[u] = load_flat_pair(words, row * (vocab // 2) + 2 * q)
+            for u in range(WORDS_IN_FLIGHT):
+                x0, x1 = unpack_f32x2(lo_words[u])
+                x2, x3 = unpack_f32x2(hi_words[u])
+                if base + u * THREADS + tid < quads:
+                    total += (math.exp((x0 - top) * inv_t) + math.exp((x1 - top) * inv_t)) + (
+                        math.exp((x2 - top) * inv_t) + math.exp((x3 - top) * inv_t))
+    row_total = block_sum(total, best_value, tid)
     if top_index == vocab:  # every logit -inf
         top_index = int64(0)
     return top, top_index, row_total

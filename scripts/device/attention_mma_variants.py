@@ -43,6 +43,6 @@ for warps, per_sm, min_blocks, splits in itertools.product(args.warps, args.bloc
     by_mma.WARPS, by_mma.BLOCKS_PER_SM = warps or None, per_sm
     by_mma.MIN_BLOCKS_PER_SM = None if min_blocks == "none" else int(min_blocks)
     times = timed("mma", splits or None)
-    regs = sorted({(w, info["regs_per_thread"], info["local_mem_per_thread"]) for w in (2, 4, 8)
+    regs = sorted({(w, info["regs_per_thread"], info["local_mem_per_thread"]) for w in (2, 4, 8, warps) if w
                    for info in interop.compiled_resources(by_mma.attention_kernel(6, cfg.head_dim, w, 1), 32 * w)})
     print(f"mma {warps:>5} {per_sm:>9} {min_blocks:>10} {splits:>6} | " + " ".join(f"{t:6.1f}" for t in times) + f" | {regs}", flush=True)
