@@ -38,17 +38,12 @@ def _decode_buffers(rows: int):
     return t
 
 
-@pytest.mark.parametrize("form", ["plain", "dependent_prefetch", "tiles", "whole_row"])
-def test_the_sampler_advances_the_rows_as_the_advance_kernel_does(monkeypatch, launched_kernels, form):
-    from protospec.kernels import sampling_whole_row
-
+@pytest.mark.parametrize("form", ["plain", "dependent_prefetch", "tiles"])
+def test_the_sampler_advances_the_rows_as_the_advance_kernel_does(monkeypatch, form):
     slice_width = _narrow_slices(monkeypatch)
     monkeypatch.setattr(dependent_launch, "STEP_KERNELS", form == "dependent_prefetch")
     monkeypatch.setattr(sampling, "PROBS_PREFETCH", form == "dependent_prefetch")
-    monkeypatch.setattr(sampling, "LAUNCHES", "whole_row" if form == "whole_row" else "two")
     rows, k, step, vocab = 3, 3, 1, 2 * slice_width + 5
-    if form == "whole_row":  # rows of whole 16-byte words, over two of its slices
-        vocab = sampling_whole_row.WHOLE_ROW_SLICE + 8
     st = _tensors([1.0, 0.0, 1.0], vocab)  # T = 1 or greedy: the tiles form applies too
     raw = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(5)) * 3
     noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()  # [B, k, V]
@@ -63,11 +58,9 @@ def test_the_sampler_advances_the_rows_as_the_advance_kernel_does(monkeypatch, l
                                                       dependent=form == "dependent_prefetch"))
         ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
         probs = torch.zeros(rows, k, vocab, device=DEV)
-        launched_kernels.clear()
         sampling.sample_into(logits, st, step, probs, ids, noise, t["sampled_ids"], form == "dependent_prefetch",
                              advance)
         assert advance.calls == (0 if folded else 1)
-        assert (launched_kernels[0] == "probs_whole_row_kernel") == (form == "whole_row")
         out[folded] = (ids.cpu(), probs.cpu(), {n: t[n].cpu() for n in NAMES})
     (ids, probs, inputs), (fold_ids, fold_probs, fold_inputs) = out[False], out[True]
     assert torch.equal(fold_ids, ids) and torch.equal(fold_probs, probs)

@@ -112,15 +112,12 @@ def test_ties_across_slices_go_to_the_lowest_index_and_masked_rows_to_zero(vocab
 
 def _narrow_slices(monkeypatch):
     """The simulator reads the block and slice widths at run time: narrow ones keep its tests small."""
-    from protospec.kernels import interop, sampling, sampling_one_launch, sampling_slices, sampling_whole_row
+    from protospec.kernels import interop, sampling, sampling_one_launch, sampling_slices
 
     if interop.SIMULATOR:
-        for module in (sampling, sampling_one_launch, sampling_slices, sampling_whole_row):
+        for module in (sampling, sampling_one_launch, sampling_slices):
             monkeypatch.setattr(module, "THREADS", 8)
             monkeypatch.setattr(module, "VOCAB_PER_BLOCK", 16, raising=False)
-        monkeypatch.setattr(sampling_whole_row, "WHOLE_ROW_SLICE", 32)
-        monkeypatch.setattr(sampling_whole_row, "SLICE_PER_THREAD", 4)
-        monkeypatch.setattr(sampling_whole_row, "WORDS_IN_FLIGHT", 2)  # a row of several rounds of loads
     return sampling_slices.VOCAB_PER_BLOCK
 
 

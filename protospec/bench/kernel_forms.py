@@ -12,10 +12,9 @@ ON_OFF_CHOICES = ["on", "off"]
 
 
 def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sampling-launches", default="two", choices=["two", "one", "whole_row"],
-                   help="the sampling kernels as two launches, one cooperative launch with a grid sync (same "
-                        "bits), or one launch whose blocks each read their whole row for its statistics "
-                        "(probabilities to a few ulps; default: %(default)s)")
+    p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
+                   help="the sampling kernels as two launches or one cooperative launch with a grid sync "
+                        "(same bits; default: %(default)s)")
     p.add_argument("--step-kernels-dependent", default="on", choices=ON_OFF_CHOICES,
                    help="the draft step's sampling kernels and advance_step launched as programmatic dependents "
                         "where the forward before them is (sm_90; default: %(default)s)")
@@ -58,6 +57,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide-weight-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core GEMVs load their weight words two at a time (16-byte loads, half the load "
                         "instructions; same bits; default: %(default)s)")
+    p.add_argument("--attention-tiles-per-split", type=int, default=8, choices=[1, 2, 4, 8],
+                   help="the tensor-core attention's split-K: a split per this many steps of a block's key tiles "
+                        "over the widest context the block table allows, while the grid leaves SMs idle (same "
+                        "tokens; default: %(default)s)")
     p.add_argument("--attention-pipeline", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core attention loads a warp's next key tile before the products of this one "
                         "(same bits; default: %(default)s)")
@@ -82,6 +85,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
     attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
     attention_mma.PIPELINE = args.attention_pipeline == "on"
+    attention_mma.TILES_PER_SPLIT = args.attention_tiles_per_split
     sampling.PROBS_PREFETCH = args.probs_prefetch == "on"
     sampling.ADVANCE_IN_SAMPLER = args.advance_in_sampler == "on"
     verify_inputs.ALLOW_DEPENDENTS = args.verify_inputs_allow == "on"

@@ -154,9 +154,7 @@ def _sampling_and_rejection() -> None:
     chosen = sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH
     try:  # every form's kernels (the dependents' with the probabilities' loads after and before the wait)
         for sampling.LAUNCHES, dependent, sampling.PROBS_PREFETCH in (("two", False, False), ("two", True, False),
-                                                                      ("two", True, True), ("one", False, False),
-                                                                      ("whole_row", False, False),
-                                                                      ("whole_row", True, False)):
+                                                                      ("two", True, True), ("one", False, False)):
             dependent_launch.STEP_KERNELS = dependent
             sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)

@@ -30,7 +30,6 @@ from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import dependent_launch, interop, logit_stats
-from protospec.kernels import sampling_whole_row as whole_row
 from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
@@ -46,11 +45,9 @@ if TYPE_CHECKING:
     from protospec.spec.sampler import SamplingTensors
 
 # "two": the statistics and the probabilities as two launches; "one": one cooperative launch with a
-# grid sync between them (sampling_one_launch.py), same bits; "whole_row": one ordinary launch whose
-# blocks each read their whole row for its statistics (sampling_whole_row.py; the sum in another
-# order, so probabilities to a few ulps). Set before any graph is captured (bench and kernel_census:
-# --sampling-launches); "two": the one launch measured slower (its grid sync costs more than the
-# launch it saves; data/results).
+# grid sync between them (sampling_one_launch.py), same bits. Set before any graph is captured
+# (bench and kernel_census: --sampling-launches); "two": the one launch measured slower (its grid
+# sync costs more than the launch it saves; data/results).
 LAUNCHES = "two"
 
 # The probabilities kernel, as a dependent, loads its slice's logits and noise before its wait: the
@@ -219,7 +216,7 @@ def sample_into(logits: torch.Tensor, st: SamplingTensors, step: int, draft_prob
     if advance is not None and logits.shape[0] > advance.num_rows:
         raise KernelArgumentError(f"sample_into: {logits.shape[0]} rows to sample, but the inputs to advance "
                                   f"hold {advance.num_rows}")
-    folded = advance is not None and ADVANCE_IN_SAMPLER and LAUNCHES in ("two", "whole_row")
+    folded = advance is not None and ADVANCE_IN_SAMPLER and LAUNCHES == "two"
     _launch(logits, st, 1, draft_probs, step, noise, draft_ids, mirror, dependent, advance if folded else None)
     if advance is not None and not folded:
         advance()
@@ -245,19 +242,9 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
     ids_out = ids_out if ids_out is not None else placeholder(torch.int64, 2, logits.device)
     mirror_arg = mirror if mirror is not None else placeholder(torch.int64, 1, logits.device)
     advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(logits.device))
-    counters = arrival_counters(logits.device, rows, "sampling")  # the two launches count in turn
-    if LAUNCHES == "whole_row" and whole_row.applies(logits):  # (else: two launches)
-        slices = whole_row.slices_for(logits.shape[1])
-        win_value, win_index = scratch(rows, slices, logits.device, "winners")
-        dependent = bool(dependent) and dependent_launch.STEP_KERNELS
-        interop.launch_tensors(whole_row.whole_row_kernel(dependent), rows * slices, THREADS,
-                               [logits, logits.view(torch.int64), st.temperature, st.is_greedy, int(rows_per_seq),
-                                probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg,
-                                int(mirror is not None), win_value, win_index, counters] + advance_args,
-                               dependent=dependent)
-        return
     slices = -(-logits.shape[1] // VOCAB_PER_BLOCK)
     part_max, part_index, part_sum, row_max, row_index, row_sum = scratch(rows, slices, logits.device)
+    counters = arrival_counters(logits.device, rows, "sampling")  # the two launches count in turn
     if LAUNCHES == "one":  # a cooperative launch: never a dependent
         from protospec.kernels.sampling_one_launch import launch_one
 
