@@ -147,6 +147,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
                 (attention_mma, "EARLY_LOADS"), (verify_inputs, "ALLOW_DEPENDENTS"), (gemv_mma, "LM_HEAD_MAX_REGISTERS"),
                 (gemv_mma, "LM_HEAD_PREFETCH_NORM"), (gemv_mma, "LOGIT_STATS"), (gemv_mma, "PIN_WEIGHT_LOADS"),
                 (gemv_mma, "EARLY_ALLOW"), (attention_mma, "PIPELINE"), (attention_mma, "TILES_PER_SPLIT"),
+                (gemv_mma, "ROPE_INPUTS_BEFORE_WAIT"),
                 (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER")]
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
@@ -154,12 +155,13 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
              "--attention-early-loads", "off", "--verify-inputs-allow", "on", "--lm-head-max-registers", "128",
              "--lm-head-prefetch-norm", "off", "--logit-stats", "on", "--pin-weight-loads", "off",
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
+             "--rope-inputs-early", "off",
              "--probs-prefetch", "off", "--advance-in-sampler", "off"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
-    assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False]
-                   if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True])
+    assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False]
+                   if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

@@ -124,9 +124,11 @@ def _rope_case(tokens: int, seed: int):
     return x, w, cos, sin, cache, positions, slots, heads
 
 
-def test_gemv_mma_rope_epilogue_matches_the_separate_rope_and_cache():
+@pytest.mark.parametrize("early", [False, True], ids=["inputs_after_wait", "inputs_before_wait"])
+def test_gemv_mma_rope_epilogue_matches_the_separate_rope_and_cache(launched_kernels, early):
     """The qkv projection with RoPE and the cache store in its epilogue: q, the stored K/V, and nothing
-    stored for slot -1, against (1) the twin and (2) linear + layer_ops.rope_and_cache, the unfused path."""
+    stored for slot -1, against (1) the twin and (2) linear + layer_ops.rope_and_cache, the unfused path;
+    with the epilogue's inputs (positions, slots, cos / sin rows) loaded before the wait or after it."""
     from protospec.kernels.layer_ops import rope_and_cache
 
     x, w, cos, sin, cache, positions, slots, heads = _rope_case(tokens=5, seed=11)
@@ -141,8 +143,9 @@ def test_gemv_mma_rope_epilogue_matches_the_separate_rope_and_cache():
     torch.testing.assert_close(twin_cache.float(), unfused_cache.float(), atol=2e-3, rtol=2e-3)
     got_cache = cache.to(DEV)
     got = kernel.gemv_mma(x.to(DEV), w.to(DEV), rope=kernel.RopeCache(
-        positions.to(DEV), cos.to(DEV), sin.to(DEV), got_cache, slots.to(DEV), heads))
+        positions.to(DEV), cos.to(DEV), sin.to(DEV), got_cache, slots.to(DEV), heads, inputs_before_wait=early))
     assert got.shape == (5, heads, 16) and got.dtype == torch.float16
+    assert launched_kernels[-1].endswith("_ropeearly") == early
     torch.testing.assert_close(got.float().cpu(), q_twin.float(), atol=3e-3, rtol=3e-3)
     torch.testing.assert_close(got_cache.float().cpu(), twin_cache.float(), atol=3e-3, rtol=3e-3)
     untouched = torch.ones(cache.view(2, -1, 1, 16).shape[1], dtype=torch.bool)

@@ -57,6 +57,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide-weight-loads", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core GEMVs load their weight words two at a time (16-byte loads, half the load "
                         "instructions; same bits; default: %(default)s)")
+    p.add_argument("--rope-inputs-early", default="on", choices=ON_OFF_CHOICES,
+                   help="the tensor-core qkv projection loads its RoPE inputs (positions, slots, cos / sin rows) "
+                        "before its wait in every layer but the first, not after it (same bits; default: "
+                        "%(default)s)")
     p.add_argument("--attention-tiles-per-split", type=int, default=8, choices=[1, 2, 4, 8],
                    help="the tensor-core attention's split-K: a split per this many steps of a block's key tiles "
                         "over the widest context the block table allows, while the grid leaves SMs idle (same "
@@ -97,6 +101,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.EARLY_ALLOW = early_allow_set(args.gemv_early_allow)
     gemv_mma.PIN_WEIGHT_LOADS = args.pin_weight_loads == "on"
     gemv_mma.WIDE_WEIGHT_LOADS = args.wide_weight_loads == "on"
+    gemv_mma.ROPE_INPUTS_BEFORE_WAIT = args.rope_inputs_early == "on"
 
 
 EARLY_ALLOW_LINEARS = ("o", "gate_up", "down")

@@ -63,6 +63,11 @@ PIN_WEIGHT_LOADS = True
 # --wide-weight-loads).
 WIDE_WEIGHT_LOADS = True
 
+# The qkv projection's RoPE inputs (positions, slots, cos / sin rows) loaded before its wait where the
+# forward did not write them (RopeCache.inputs_before_wait: every layer but the first), not after it.
+# Same bits. Set before any graph is captured (bench and kernel_census: --rope-inputs-early).
+ROPE_INPUTS_BEFORE_WAIT = True
+
 
 def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
@@ -148,7 +153,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
                              tail_norm is not None, tail_norm is not None and tail_norm.residual is not None,
                              residual_squares is not None, row_squares is not None and norm,
                              row_squares is not None and not norm,
-                             WIDE_WEIGHT_LOADS and weight.data_ptr() % 16 == 0, out_dtype == torch.float32)
+                             WIDE_WEIGHT_LOADS and weight.data_ptr() % 16 == 0, out_dtype == torch.float32,
+                             rope is not None and rope.inputs_before_wait and ROPE_INPUTS_BEFORE_WAIT)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     stats = LogitStats.empty(tokens, n, x.device) if logit_stats else LogitStats(x64.view(torch.float32), x64,

@@ -44,10 +44,10 @@ from protospec.kernels.interop import cuda
 from protospec.kernels.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS,  # noqa: F401
                                              WARP, WORDS, block_inv_rms, inv_rms_from_squares, load_row_squares,
                                              normed_halves, norm_rows_function, summed, tile_squares)
-from protospec.kernels.gemv_mma_rope import rope_and_store
+from protospec.kernels.gemv_mma_rope import rope_and_store, rope_inputs
 from protospec.kernels.gemv_mma_shapes import check_forms, supports, variant_name, warps_for  # noqa: F401
 from protospec.kernels.logit_stats import tile_stats
-from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size
+from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size, store_fragment
 from protospec.kernels.word_loads import load_flat, load_words, store_flat, unpack_f16x4
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 
@@ -61,7 +61,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     max_registers: int = 0, stats: bool = False, splits: int = 1, allow_early: bool = False,
                     pin_loads: bool = False, norm_tail: bool = False, norm_tail_residual: bool = False,
                     squares_out: bool = False, squares_in: bool = False, squares_scale: bool = False,
-                    wide_loads: bool = False, float_out: bool = False):
+                    wide_loads: bool = False, float_out: bool = False, rope_early: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -86,7 +86,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     not the block's reduction: the final norm with no launch or last block's chain (the last down
     projection writes them, the LM head reads them). SQUARES_SCALE (plain): y's rows times 1 / rms of x's
     from such sums (the norm's weight folded into W). WIDE_LOADS: 16-byte weight loads (same bits);
-    FLOAT_OUT: float32 y (the LM head's logits) from the accumulator, not rounded to float16."""
+    FLOAT_OUT: float32 y (the LM head's logits) from the accumulator, not rounded to float16. ROPE_EARLY:
+    the epilogue's positions, slots and cos / sin rows loaded before the wait (RopeCache.inputs_before_wait)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     check_forms(norm, residual, glu, gather, rope_dim, stats, splits, norm_tail, squares_out, squares_in, squares_scale)
     if max_registers and not interop.SIMULATOR:
@@ -110,6 +111,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     SQUARES_SCALE, WIDE, LOAD_WORDS, FLOAT_OUT = squares_scale, wide_loads, 2 if wide_loads else 1, float_out  # noqa: N806
     ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_in or squares_scale else 1)  # noqa: N806,E501
     TILE_VALUES = MAX_TOKENS * TILE_ROWS if squares_out else 1  # noqa: N806
+    ROPE_EARLY = rope_dim and rope_early  # noqa: N806
 
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
                  tile_max, tile_index, tile_sum, split_partials, counters, y64):
@@ -150,6 +152,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         row_res = cuda.local.array(ROW_WORDS, int64)                 # SQUARES_OUT: the residual at D's 4 entries
         sq_tiles = cuda.local.array(SQUARE_TILES, float32)           # SQUARES_IN: x's row's per-tile sums
         tile_values = cuda.shared.array(TILE_VALUES, float32)          # SQUARES_OUT: y's tile a token
+        angles = cuda.local.array(4, float32)                        # ROPE: cos, sin of tokens 2t, 2t + 1 ...
+        slot_of = cuda.local.array(2, int64)                         # ... and their cache slots (rope_inputs)
         b_lo = cuda.local.array(WORDS, uint32)                       # B fragments: x (normalised) pairs
         b_hi = cuda.local.array(WORDS, uint32)
         mma_scratch = cuda.shared.array(SCRATCH, uint32)             # the simulator's products
@@ -176,6 +180,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     xw[c * 4 + j] = load_flat(x64, x_row * k_words + word)
                     if RESIDUAL:
                         rw[c * 4 + j] = load_flat(res64, x_row * k_words + word)
+        if ROPE_EARLY:  # written before the forward: loaded while the kernel before ends
+            rope_inputs(positions, cos, sin, slots, t, dim, tokens, angles, slot_of)
         if DEPENDENT:  # the weights are in flight; x is the previous kernel's output
             if ALLOW_EARLY:
                 allow_dependent_launch()
@@ -192,6 +198,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 xw[i] = load_flat(x64, x_row * k_words + word)
                 if RESIDUAL:
                     rw[i] = load_flat(res64, x_row * k_words + word)
+        if ROPE_DIM and not ROPE_EARLY:  # with x's words, not in the epilogue
+            rope_inputs(positions, cos, sin, slots, t, dim, tokens, angles, slot_of)
         if SQUARES_IN or SQUARES_SCALE:  # with x's words: the same round trip
             load_row_squares(split_partials, k_words // 4, x_row, t, warps, sq_tiles)
         if SQUARES_OUT and warp == 0:  # the residual at this lane's D entries (rows n0 + g (+ 8), tokens 2t (+ 1))
@@ -232,23 +240,14 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                                          b_lo[i], b_hi[i], e0, e1, e2, e3, mma_scratch, tid)
         if SPLITS > 1:  # the fragments to global memory; the tile's last block to arrive goes on
             base = ((tile * ALL_WARPS + part * warps + warp) * WARP + lane) * 4
-            split_partials[base] = d0
-            split_partials[base + 1] = d1
-            split_partials[base + 2] = d2
-            split_partials[base + 3] = d3
+            store_fragment(split_partials, base, d0, d1, d2, d3)
             if not arrived_last(counters, tile, SPLITS, last, tid):
                 return
         else:
             base = tid * 4 * PRODUCTS
-            partials[base] = d0
-            partials[base + 1] = d1
-            partials[base + 2] = d2
-            partials[base + 3] = d3
+            store_fragment(partials, base, d0, d1, d2, d3)
             if GLU:
-                partials[base + 4] = e0
-                partials[base + 5] = e1
-                partials[base + 6] = e2
-                partials[base + 7] = e3
+                store_fragment(partials, base + 4, e0, e1, e2, e3)
             cuda.syncthreads()
         sums = cuda.local.array(4, float32)                          # warp 0: D[g + 8 (i // 2)][2t + i % 2]
         if warp == 0:
@@ -277,8 +276,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 n = n0 + g + 8 * (i // 2)
                 if ROPE_DIM:
                     if i < 2 and tok < tokens:
-                        rope_and_store(sums[i], sums[i + 2], tok, head, dim, HALF, positions, cos, sin, y,
-                                        kv_cache, slots)
+                        rope_and_store(sums[i], sums[i + 2], tok, head, dim, HALF, angles[2 * i], angles[2 * i + 1],
+                                       slot_of[i], y, kv_cache)
                 elif tok < tokens and n < n_rows:
                     y[tok, n] = sums[i]
         if STATS:
@@ -296,5 +295,5 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
                                                              PREFETCH, max_registers, stats, splits, ALLOW_EARLY,
                                                              PIN_LOADS, NORM_TAIL, SQUARES_OUT, SQUARES_IN,
-                                                             SQUARES_SCALE, WIDE)
+                                                             SQUARES_SCALE, WIDE, ROPE_EARLY)
     return cuda.jit(**options)(gemv_mma)

@@ -17,19 +17,19 @@ def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool
                  prefetch_norm: bool = False, max_registers: int = 0, stats: bool = False, splits: int = 1,
                  allow_early: bool = False, pin_loads: bool = False, norm_tail: bool = False,
                  squares_out: bool = False, squares_in: bool = False, squares_scale: bool = False,
-                 wide_loads: bool = False) -> str:
+                 wide_loads: bool = False, rope_early: bool = False) -> str:
     """e.g. gemv_mma_k768_norm_residual_rope_dep: K, then each fused form the kernel takes (regs128: at
     most 128 registers a thread; split4: a tile's K over 4 blocks of `warps` warps; early: lets the next
     kernel launch before its own wait; pin: the wait kept below the weight loads; normtail: the last
     block runs the final norm; squares: adds the residual and writes its tiles' sums of squares;
     fromsquares: its norm from such sums; scaled: its rows scaled by 1 / rms from them; w16: 16-byte
-    weight loads)."""
+    weight loads; ropeearly: the RoPE's inputs loaded before the wait)."""
     forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
                              ("rope", rope_dim), ("dep", dependent), ("prefetch", prefetch_norm),
                              (f"regs{max_registers}", max_registers), ("stats", stats), (f"split{splits}", splits > 1),
                              ("early", allow_early), ("pin", pin_loads), ("normtail", norm_tail),
                              ("squares", squares_out), ("fromsquares", squares_in), ("scaled", squares_scale),
-                             ("w16", wide_loads)) if on]
+                             ("w16", wide_loads), ("ropeearly", rope_early)) if on]
     return "_".join(["gemv_mma", f"k{warps * splits * COLUMNS_PER_WARP}", *forms])
 
 

@@ -25,6 +25,10 @@ class RopeCache:
     kv_cache: torch.Tensor      # [2, blocks, block_size, kvh, d] float16
     slot_mapping: torch.Tensor  # [T] int64
     num_heads: int
+    # positions and slot_mapping were written before the forward began (every layer but the first: the
+    # first's come from the kernel just before it): the kernel loads them, and their cos / sin rows, before
+    # it waits for that kernel, not in its epilogue. The same bits.
+    inputs_before_wait: bool = False
 
     @property
     def head_dim(self) -> int:

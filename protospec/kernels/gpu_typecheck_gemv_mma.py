@@ -22,6 +22,10 @@ def tensor_core_gemv_forms() -> None:
     gemv_mma(h, torch.zeros(40, 768, dtype=torch.float16), norm_weight=h[0].clone(), residual=h.clone(),
              x_rows=ids, out_dtype=torch.float32)                             # the LM head over the wanted rows
     gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(), rope=rope, dependent_launch=True)
+    from dataclasses import replace
+    for dependent in (False, True):  # the later layers' qkv: the RoPE inputs before the wait (--rope-inputs-early)
+        gemv_mma(h[:6], qkv_w, norm_weight=h[0].clone(), residual=h[:6].clone(),
+                 rope=replace(rope, inputs_before_wait=True), dependent_launch=dependent)
     gemv_mma(h[:6], torch.zeros(40, 768, dtype=torch.float16), dependent_launch=True)
     from protospec.kernels.gemv_mma import head_norm
     for dependent in (False, True):  # the final norm as a kernel of its own (--head-norm separate)

@@ -93,3 +93,12 @@ else:
             return builder.call(ir.InlineAsm(fn, "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f"), [hi_f, lo_f])
 
         return signature, codegen
+
+
+@cuda.jit(device=True)
+def store_fragment(out, at, c0, c1, c2, c3):
+    """A lane's four C / D values of one product into out[at .. at + 3] (float32, shared or global)."""
+    out[at] = c0
+    out[at + 1] = c1
+    out[at + 2] = c2
+    out[at + 3] = c3

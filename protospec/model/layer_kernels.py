@@ -177,7 +177,8 @@ class LayerKernelForward:
         dep, norm = self.dependent, model.model.norm
         for layer, kv_cache in zip(model.model.layers, kv_caches):
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-            rope = RopeCache(positions, self.cos, self.sin, kv_cache, meta.slot_mapping, self.num_heads)
+            rope = RopeCache(positions, self.cos, self.sin, kv_cache, meta.slot_mapping, self.num_heads,
+                             inputs_before_wait=x_rows is None)  # the first layer's come from the kernel before
             q, residual = gemv_mma.gemv_mma(x, layer.qkv_weight, norm1.weight, residual, norm1.eps, x_rows=x_rows,
                                             rope=rope, dependent_launch=dep)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
