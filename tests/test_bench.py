@@ -148,7 +148,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
                 (gemv_mma, "LM_HEAD_PREFETCH_NORM"), (gemv_mma, "LOGIT_STATS"), (gemv_mma, "PIN_WEIGHT_LOADS"),
                 (gemv_mma, "EARLY_ALLOW"), (attention_mma, "PIPELINE"), (attention_mma, "TILES_PER_SPLIT"),
                 (gemv_mma, "ROPE_INPUTS_BEFORE_WAIT"),
-                (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER")]
+                (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER"), (sampling, "STATS_COMBINE")]
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
     flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
@@ -156,12 +156,12 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
              "--lm-head-prefetch-norm", "off", "--logit-stats", "on", "--pin-weight-loads", "off",
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
              "--rope-inputs-early", "off",
-             "--probs-prefetch", "off", "--advance-in-sampler", "off"] if flipped else []
+             "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "every_block"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
-    assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False]
-                   if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True])
+    assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False, "every_block"]
+                   if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True, "last_block"])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

@@ -71,6 +71,9 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probs-prefetch", default="on", choices=ON_OFF_CHOICES,
                    help="the probabilities kernel, as a dependent, loads its logits and noise before its wait "
                         "(same bits; default: %(default)s)")
+    p.add_argument("--stats-combine", default="last_block", choices=["last_block", "every_block"],
+                   help="a row's slice statistics combined by the statistics kernel's last block of the row, or by "
+                        "every block of the probabilities kernel itself (same bits; default: %(default)s)")
     p.add_argument("--advance-in-sampler", default="on", choices=ON_OFF_CHOICES,
                    help="the draft step's probabilities kernel writes the next step's inputs (token, position, length, "
                         "slot) itself instead of an advance_step launch after it (the fused sampling kernels in two "
@@ -92,6 +95,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     attention_mma.TILES_PER_SPLIT = args.attention_tiles_per_split
     sampling.PROBS_PREFETCH = args.probs_prefetch == "on"
     sampling.ADVANCE_IN_SAMPLER = args.advance_in_sampler == "on"
+    sampling.STATS_COMBINE = args.stats_combine
     verify_inputs.ALLOW_DEPENDENTS = args.verify_inputs_allow == "on"
     gemv_mma.LM_HEAD_MAX_REGISTERS = args.lm_head_max_registers
     gemv_mma.LM_HEAD_PREFETCH_NORM = args.lm_head_prefetch_norm == "on"

@@ -151,10 +151,12 @@ def _sampling_and_rejection() -> None:
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
                                [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
     logits = torch.zeros(batch, vocab)
-    chosen = sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH
+    chosen = sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE
     try:  # every form's kernels (the dependents' with the probabilities' loads after and before the wait)
-        for sampling.LAUNCHES, dependent, sampling.PROBS_PREFETCH in (("two", False, False), ("two", True, False),
-                                                                      ("two", True, True), ("one", False, False)):
+        for sampling.LAUNCHES, dependent, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE in (
+                ("two", False, False, "last_block"), ("two", True, False, "last_block"),
+                ("two", True, True, "last_block"), ("one", False, False, "last_block"),
+                ("two", True, False, "every_block"), ("two", True, True, "every_block")):
             dependent_launch.STEP_KERNELS = dependent
             sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
@@ -168,7 +170,7 @@ def _sampling_and_rejection() -> None:
             sampling.sample_into(tiled, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
     finally:
-        sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH = chosen
+        sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE = chosen
     rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, k + 1, vocab), torch.zeros(batch, k), torch.zeros(batch, k, vocab),
                            torch.zeros(batch, vocab))

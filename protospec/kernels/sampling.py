@@ -62,15 +62,32 @@ PROBS_PREFETCH = True
 # faster (data/results/README.md).
 ADVANCE_IN_SAMPLER = True
 
+# Where a row's slice statistics are combined (the two-launch form): "last_block", by the statistics
+# kernel's last block of the row to finish (an arrival count, then a chain of loads and reductions
+# before that kernel ends), or "every_block", by every block of the probabilities kernel from the
+# slices' partials itself, and the statistics kernel ends on its slices' writes. The same function on
+# the same partials: the same bits. Set before any graph is captured (--stats-combine).
+STATS_COMBINE = "last_block"
+
 
 @functools.lru_cache(maxsize=None)
-def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it as a constant)
+def _kernels(DEPENDENT: bool, prefetch: bool, every_block: bool = False):  # noqa: N803 (Numba freezes it as a constant)
     """The two kernels; DEPENDENT: launched as programmatic dependents (kernels/dependent_launch.py),
     each waits for the kernel before it (the forward that wrote the logits, then the statistics)
     before it reads anything, and lets the next one start as soon as it has. Both start while the
     kernel before them ends instead of after: at batch 1 a launch costs more than these kernels' bytes.
-    prefetch (with DEPENDENT): PROBS_PREFETCH's form of the probabilities kernel."""
-    PREFETCH = DEPENDENT and prefetch  # noqa: N806
+    prefetch (with DEPENDENT): PROBS_PREFETCH's form of the probabilities kernel; every_block:
+    STATS_COMBINE's "every_block" (the probabilities kernel's stats arguments are then the slices'
+    partials [R, S], else the combined rows as [R, 1])."""
+    PREFETCH, EVERY_BLOCK = DEPENDENT and prefetch, every_block  # noqa: N806
+
+    @cuda.jit(device=True)
+    def row_statistics(row, vocab, t, stat_max, stat_index, stat_sum, best_value, best_index, no_flags, tid):
+        """The row's (max, its index, sum): combined here from the slices' partials (EVERY_BLOCK), or
+        as the statistics kernel's last block combined them ([R, 1])."""
+        if EVERY_BLOCK:
+            return combine_stats(row, vocab, t, stat_max, stat_index, stat_sum, best_value, best_index, no_flags, tid)
+        return stat_max[row, 0], stat_index[row, 0], stat_sum[row, 0]
 
     @cuda.jit
     def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum, row_max,
@@ -95,7 +112,7 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
         t = temperature[seq]
         slice_stats(logits, row, piece, t, is_greedy[seq], part_max, part_index, part_sum, best_value, best_index,
                     no_flags, tid)
-        if arrived_last(counters, row, slices, last, tid):  # the row's last block: its threads share the slices
+        if not EVERY_BLOCK and arrived_last(counters, row, slices, last, tid):  # the row's last block combines
             value, index, total = combine_stats(row, logits.shape[1], t, part_max, part_index, part_sum, best_value,
                                                 best_index, no_flags, tid)
             if tid == 0:
@@ -103,12 +120,13 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
 
 
     @cuda.jit
-    def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, row_max, row_index, row_sum, probs_out,
+    def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, stat_max, stat_index, stat_sum, probs_out,
                                 out_step, do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters,
                                 advance, num_queries, block_size, input_ids, positions, seq_lens, slot_mapping,
                                 block_tables, error_row):
         """
-        row_max, row_index, row_sum: row_stats_kernel's. probs_out [R, S, V] f32: row r's probabilities go
+        stat_max, stat_index, stat_sum: row_stats_kernel's rows [R, 1] (or its slices' partials [R, S]
+        with EVERY_BLOCK). probs_out [R, S, V] f32: row r's probabilities go
         to probs_out[r, out_step]. do_sample: 1 = also sample (noise [R, S, V] f32 Exp(1), read at
         [r, out_step]; the id goes to ids_out [R, S] int64 at [r, out_step], and to mirror [>= R] int64 at
         [r] when use_mirror). part_max, part_index [R, S]: the slices' race winners; counters as above.
@@ -131,9 +149,11 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
             best_index = cuda.shared.array(THREADS, int64)
             no_flags = cuda.shared.array(THREADS, int64)
             last = cuda.shared.array(1, int32)
-            chosen = row_index[row]
-            if slice_probs_prefetched(row, piece, logits.shape[1], temperature[row // rows_per_seq], greedy,
-                                      row_max[row], chosen, row_sum[row], probs_out, out_step, do_sample, xs, ns,
+            t = temperature[row // rows_per_seq]
+            top, chosen, total = row_statistics(row, logits.shape[1], t, stat_max, stat_index, stat_sum, best_value,
+                                                best_index, no_flags, tid)
+            if slice_probs_prefetched(row, piece, logits.shape[1], t, greedy, top, chosen, total, probs_out,
+                                      out_step, do_sample, xs, ns,
                                       part_max, part_index, counters, best_value, best_index, no_flags, last, tid):
                 finish_row(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
                            use_mirror, best_value, best_index, no_flags, tid, advance, loaded, block_size, input_ids,
@@ -150,9 +170,11 @@ def _kernels(DEPENDENT: bool, prefetch: bool):  # noqa: N803 (Numba freezes it a
         best_index = cuda.shared.array(THREADS, int64)
         no_flags = cuda.shared.array(THREADS, int64)
         last = cuda.shared.array(1, int32)
-        greedy, chosen = is_greedy[seq], row_index[row]
+        greedy = is_greedy[seq]
         loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
-        if slice_probs(logits, row, piece, temperature[seq], greedy, row_max[row], chosen, row_sum[row], probs_out,
+        top, chosen, total = row_statistics(row, logits.shape[1], temperature[seq], stat_max, stat_index, stat_sum,
+                                            best_value, best_index, no_flags, tid)
+        if slice_probs(logits, row, piece, temperature[seq], greedy, top, chosen, total, probs_out,
                        out_step, do_sample, noise, part_max, part_index, counters, best_value, best_index, no_flags,
                        last, tid):
             finish_row(row, logits.shape[1], greedy, chosen, part_max, part_index, ids_out, out_step, mirror,
@@ -254,7 +276,9 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                     win_index, counters], rows, slices, logits.device)
         return
     dependent = bool(dependent) and dependent_launch.STEP_KERNELS  # callers: ModelRunner.launches_dependents
-    row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel = _kernels(dependent, dependent and PROBS_PREFETCH)
+    every_block = STATS_COMBINE == "every_block"
+    row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel = _kernels(dependent, dependent and PROBS_PREFETCH,
+                                                                                   every_block)
     tiles = logit_stats.attached(logits) if st.unit_temperature else None
     if tiles is not None:  # the LM head wrote its tiles' statistics: no statistics kernel
         interop.launch_tensors(probs_from_tiles_kernel, rows * slices, THREADS,
@@ -266,7 +290,10 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
     interop.launch_tensors(row_stats_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,
                             row_max, row_index, row_sum, counters], dependent=dependent)
+    # The winners go where no block still reads the statistics (every_block: the partials are read).
+    stats = (part_max, part_index, part_sum) if every_block else (row_max[:, None], row_index[:, None], row_sum[:, None])
+    win_value, win_index = scratch(rows, slices, logits.device, "winners") if every_block else (part_max, part_index)
     interop.launch_tensors(probs_and_sample_kernel, rows * slices, THREADS,
-                           [logits, st.temperature, st.is_greedy, int(rows_per_seq), row_max, row_index, row_sum,
+                           [logits, st.temperature, st.is_greedy, int(rows_per_seq), *stats,
                             probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg, int(mirror is not None),
-                            part_max, part_index, counters] + advance_args, dependent=dependent)
+                            win_value, win_index, counters] + advance_args, dependent=dependent)
