@@ -62,11 +62,9 @@ PROBS_PREFETCH = True
 # faster (data/results/README.md).
 ADVANCE_IN_SAMPLER = True
 
-# Where a row's slice statistics are combined (the two-launch form): "last_block", by the statistics
-# kernel's last block of the row to finish (an arrival count, then a chain of loads and reductions
-# before that kernel ends), or "every_block", by every block of the probabilities kernel from the
-# slices' partials itself, and the statistics kernel ends on its slices' writes. The same function on
-# the same partials: the same bits. Set before any graph is captured (--stats-combine).
+# Who combines a row's slice statistics (two launches): "last_block", the statistics kernel's last block
+# of the row (an arrival count, then a chain of loads and reductions), or "every_block", each block of
+# the probabilities kernel from the partials. Same bits. Set before any graph is captured (--stats-combine).
 STATS_COMBINE = "last_block"
 
 
@@ -78,16 +76,19 @@ def _kernels(DEPENDENT: bool, prefetch: bool, every_block: bool = False):  # noq
     kernel before them ends instead of after: at batch 1 a launch costs more than these kernels' bytes.
     prefetch (with DEPENDENT): PROBS_PREFETCH's form of the probabilities kernel; every_block:
     STATS_COMBINE's "every_block" (the probabilities kernel's stats arguments are then the slices'
-    partials [R, S], else the combined rows as [R, 1])."""
+    partials [R, S], else the combined rows [R])."""
     PREFETCH, EVERY_BLOCK = DEPENDENT and prefetch, every_block  # noqa: N806
 
-    @cuda.jit(device=True)
-    def row_statistics(row, vocab, t, stat_max, stat_index, stat_sum, best_value, best_index, no_flags, tid):
-        """The row's (max, its index, sum): combined here from the slices' partials (EVERY_BLOCK), or
-        as the statistics kernel's last block combined them ([R, 1])."""
-        if EVERY_BLOCK:
+    if EVERY_BLOCK:  # (chosen here, not by a branch in the kernel: the two take arrays of other ranks)
+        @cuda.jit(device=True)
+        def row_statistics(row, vocab, t, stat_max, stat_index, stat_sum, best_value, best_index, no_flags, tid):
+            """The row's (max, its index, sum), combined here from the slices' partials [R, S]."""
             return combine_stats(row, vocab, t, stat_max, stat_index, stat_sum, best_value, best_index, no_flags, tid)
-        return stat_max[row, 0], stat_index[row, 0], stat_sum[row, 0]
+    else:
+        @cuda.jit(device=True)
+        def row_statistics(row, vocab, t, stat_max, stat_index, stat_sum, best_value, best_index, no_flags, tid):
+            """The row's (max, its index, sum) as the statistics kernel's last block combined them ([R])."""
+            return stat_max[row], stat_index[row], stat_sum[row]
 
     @cuda.jit
     def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum, row_max,
@@ -125,7 +126,7 @@ def _kernels(DEPENDENT: bool, prefetch: bool, every_block: bool = False):  # noq
                                 advance, num_queries, block_size, input_ids, positions, seq_lens, slot_mapping,
                                 block_tables, error_row):
         """
-        stat_max, stat_index, stat_sum: row_stats_kernel's rows [R, 1] (or its slices' partials [R, S]
+        stat_max, stat_index, stat_sum: row_stats_kernel's rows [R] (or its slices' partials [R, S]
         with EVERY_BLOCK). probs_out [R, S, V] f32: row r's probabilities go
         to probs_out[r, out_step]. do_sample: 1 = also sample (noise [R, S, V] f32 Exp(1), read at
         [r, out_step]; the id goes to ids_out [R, S] int64 at [r, out_step], and to mirror [>= R] int64 at
@@ -291,7 +292,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,
                             row_max, row_index, row_sum, counters], dependent=dependent)
     # The winners go where no block still reads the statistics (every_block: the partials are read).
-    stats = (part_max, part_index, part_sum) if every_block else (row_max[:, None], row_index[:, None], row_sum[:, None])
+    stats = (part_max, part_index, part_sum) if every_block else (row_max, row_index, row_sum)
     win_value, win_index = scratch(rows, slices, logits.device, "winners") if every_block else (part_max, part_index)
     interop.launch_tensors(probs_and_sample_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), *stats,
