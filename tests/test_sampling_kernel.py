@@ -121,6 +121,32 @@ def _narrow_slices(monkeypatch):
     return sampling_slices.VOCAB_PER_BLOCK
 
 
+def mixed_case(batch, rows_per_seq, slice_width, seed, k=2):
+    """Sequences at T = 0.7, greedy and 1.3 over three slices of the vocabulary (the last one cut): row 0
+    masked over a whole slice and part of the next, the greedy sequence's first row all -inf (its id
+    is 0). (st, logits [B * rows_per_seq, V], noise [B, k, V] Exp(1))."""
+    vocab = 3 * slice_width - 8
+    st = _tensors([0.7, 0.0, 1.3][:batch], vocab)
+    logits = torch.randn(batch * rows_per_seq, vocab, generator=torch.Generator().manual_seed(seed)) * 4
+    logits[0, : slice_width + 2] = -float("inf")
+    logits[rows_per_seq] = -float("inf")
+    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()
+    return st, logits.to(DEV), noise
+
+
+def sample_layout(logits, st, step, noise, rows_per_seq, dependent=False):
+    """One call in the draft layout (rows_per_seq 1: sample step `step` of noise [B, k, V]) or the verify's
+    (probabilities only, rows_per_seq rows a sequence): (ids [R, k] with -7 where not written, probs), on the CPU."""
+    rows, vocab, k = logits.shape[0], logits.shape[1], noise.shape[1]
+    ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
+    if rows_per_seq == 1:
+        probs = torch.zeros(rows, k, vocab, device=DEV)
+        sample_into(logits, st, step, probs, ids, noise, dependent=dependent)
+    else:
+        probs = probs_into(logits, st, torch.zeros(rows, vocab, device=DEV), rows_per_seq, dependent)
+    return ids.cpu(), probs.cpu()
+
+
 @pytest.mark.parametrize("batch,rows_per_seq", [(3, 1), (2, 3)])
 def test_one_launch_gives_the_two_launches_bits(monkeypatch, batch, rows_per_seq):
     """The cooperative form against the two kernels on the same inputs: probabilities equal bit for
@@ -129,26 +155,12 @@ def test_one_launch_gives_the_two_launches_bits(monkeypatch, batch, rows_per_seq
     one launch twice, so its arrival counters are back at zero between calls."""
     from protospec.kernels import sampling
 
-    slice_width = _narrow_slices(monkeypatch)
-    k, vocab, step = 2, 3 * slice_width - 8, 1
-    st = _tensors([0.7, 0.0, 1.3][:batch], vocab)
-    rows = batch * rows_per_seq
-    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(11)) * 4
-    logits[0, : slice_width + 2] = -float("inf")  # a whole slice and part of the next
-    logits[rows_per_seq] = -float("inf")           # a greedy sequence's first row: its id is 0
-    logits = logits.to(DEV)
-    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()  # [B, k, V]
-    out = {}
+    st, logits, noise = mixed_case(batch, rows_per_seq, _narrow_slices(monkeypatch), seed=11)
+    step, out = 1, {}
     for form, calls in (("two", 1), ("one", 2)):
         monkeypatch.setattr(sampling, "LAUNCHES", form)
         for _ in range(calls):
-            ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
-            if rows_per_seq == 1:
-                probs = torch.zeros(rows, k, vocab, device=DEV)
-                sample_into(logits, st, step, probs, ids, noise)
-            else:  # the verify's layout: probabilities only, rows_per_seq rows a sequence
-                probs = probs_into(logits, st, torch.zeros(rows, vocab, device=DEV), rows_per_seq)
-        out[form] = (ids.cpu(), probs.cpu())
+            out[form] = sample_layout(logits, st, step, noise, rows_per_seq)
     assert torch.equal(out["one"][0], out["two"][0])
     assert torch.equal(out["one"][1], out["two"][1])
     if rows_per_seq == 1:
@@ -162,25 +174,12 @@ def test_prefetched_probabilities_give_the_same_bits(monkeypatch, launched_kerne
     and greedy rows (greedy rows read no logits), a masked stretch and a slice cut by the vocabulary."""
     from protospec.kernels import dependent_launch, sampling
 
-    slice_width = _narrow_slices(monkeypatch)
+    st, logits, noise = mixed_case(batch, rows_per_seq, _narrow_slices(monkeypatch), seed=12)
     monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)
-    k, vocab, step = 2, 3 * slice_width - 8, 1
-    st = _tensors([0.7, 0.0, 1.3][:batch], vocab)
-    rows = batch * rows_per_seq
-    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(12)) * 4
-    logits[0, : slice_width + 2] = -float("inf")
-    logits = logits.to(DEV)
-    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()  # [B, k, V]
-    out = {}
+    step, out = 1, {}
     for prefetch in (False, True):
         monkeypatch.setattr(sampling, "PROBS_PREFETCH", prefetch)
-        ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
-        if rows_per_seq == 1:
-            probs = torch.zeros(rows, k, vocab, device=DEV)
-            sample_into(logits, st, step, probs, ids, noise, dependent=True)
-        else:  # the verify's layout: probabilities only
-            probs = probs_into(logits, st, torch.zeros(rows, vocab, device=DEV), rows_per_seq, dependent=True)
-        out[prefetch] = (ids.cpu(), probs.cpu())
+        out[prefetch] = sample_layout(logits, st, step, noise, rows_per_seq, dependent=True)
     assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
     assert launched_kernels.count("probs_and_sample_kernel") == 2
 
