@@ -243,6 +243,19 @@ def test_kernel_census_charges_each_kernel_name_only_its_uncovered_time():
     assert sum(by_name.values()) == merged_busy_us([(s, e) for s, e, _ in kernels])
 
 
+def test_kernel_census_splits_each_phases_uncovered_time_by_kernel_name():
+    from protospec.bench.kernel_census import top_by_phase, uncovered_by_name
+
+    kernels = [(0, 5, "gemm"), (3, 9, "norm"), (9, 12, "gemm"), (20, 30, "gemv"), (22, 24, "copy"), (40, 41, "gemv")]
+    ranges = [(0, 13, "prefill"), (20, 31, "step_graph")]  # (40, 41) runs in no phase
+    by_both = uncovered_by_name(kernels, ranges)
+    assert by_both == {("prefill", "gemm"): 8, ("prefill", "norm"): 4, ("step_graph", "gemv"): 10,
+                       ("outside_spec_step", "gemv"): 1}
+    # per spec step (2 here), the largest first, at most per_phase names a phase
+    assert top_by_phase(by_both, steps=2, per_phase=1) == {"prefill": {"gemm": 4.0}, "step_graph": {"gemv": 5.0},
+                                                          "outside_spec_step": {"gemv": 0.5}}
+
+
 def _census(commit: str, by_phase: dict) -> dict:
     return {"git_commit": commit, "device": "NVIDIA H200",
             "config": {"num_speculative_tokens": 5, "batch_size": 1},

@@ -96,17 +96,31 @@ def busy_by_phase(kernels: list[tuple[float, float]], annotations: list[tuple[fl
     return out
 
 
-def uncovered_by_name(kernels: list[tuple[float, float, str]]) -> dict[str, float]:
+def uncovered_by_name(kernels: list[tuple[float, float, str]],
+                      annotations: list[tuple[float, float, str]] | None = None) -> dict:
     """Device time (us) of each kernel name, each kernel charged only the time no earlier kernel
     covers (as busy_by_phase): what removing that kernel could save, where its span alone would count
-    a dependent's wait on the kernel before it."""
-    out: dict[str, float] = {}
+    a dependent's wait on the kernel before it. With annotations (the phases' device ranges): keyed by
+    (phase, name) instead, the phase as busy_by_phase finds it."""
+    out: dict = {}
     end_so_far = float("-inf")
     for start, end, name in sorted(kernels):
         if end > end_so_far:
+            if annotations is not None:
+                name = (innermost([a for a in annotations if a[0] <= start < a[1]]), name)
             out[name] = out.get(name, 0.0) + (end - max(start, end_so_far))
             end_so_far = end
     return out
+
+
+def top_by_phase(uncovered: dict[tuple[str, str], float], steps: int, per_phase: int = 8) -> dict[str, dict[str, float]]:
+    """Per phase its `per_phase` kernel names of most uncovered time, in us per spec step."""
+    phases: dict[str, dict[str, float]] = {}
+    for (phase, name), us in sorted(uncovered.items(), key=lambda kv: -kv[1]):
+        names = phases.setdefault(phase, {})
+        if len(names) < per_phase:
+            names[name[:90]] = round(us / max(1, steps), 2)
+    return phases
 
 
 def weight_bytes_per_forward(model: torch.nn.Module) -> int:
@@ -162,7 +176,8 @@ def census(llm, setup: BenchSetup, mode: str) -> dict:
     durations: Counter = Counter()
     for e in kernels:
         durations[e.name] += e.time_range.end - e.time_range.start
-    uncovered = uncovered_by_name([(e.time_range.start, e.time_range.end, e.name) for e in kernels])
+    named = [(e.time_range.start, e.time_range.end, e.name) for e in kernels]
+    uncovered = uncovered_by_name(named)
     top_time = {name[:90]: {"ms": round(us / 1e3, 2), "calls": names[name], "us_per_call": round(us / names[name], 2),
                             "uncovered_us_per_call": round(uncovered.get(name, 0.0) / names[name], 2)}
                 for name, us in durations.most_common(16)}
@@ -172,7 +187,8 @@ def census(llm, setup: BenchSetup, mode: str) -> dict:
             "gpu_idle_ms_by_host_phase": {k: round(v / 1e3, 2) for k, v in sorted(idle.items(), key=lambda kv: -kv[1])},
             "busy_ms_per_spec_step_by_phase": {k: round(v / 1e3 / max(1, steps), 4)
                                                for k, v in sorted(by_phase.items(), key=lambda kv: -kv[1])},
-            "top_kernels_per_spec_step": top, "top_kernels_by_time": top_time}
+            "top_kernels_per_spec_step": top, "top_kernels_by_time": top_time,
+            "uncovered_us_per_spec_step_by_phase": top_by_phase(uncovered_by_name(named, on_device), steps)}
 
 
 def main(argv=None) -> dict:
