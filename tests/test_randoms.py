@@ -1,6 +1,7 @@
 """A spec step's random numbers drawn for the whole batch at once (counter_randoms): the kernel equals
 its torch twin, the numbers have the right laws, a request's numbers depend on its seed only, kept
-rows are reused without touching their generator, and the engine's modes stay token-identical."""
+rows (or their keys) are reused without touching their generator, and the engine's modes stay
+token-identical."""
 import pytest
 import torch
 
@@ -79,6 +80,34 @@ def test_kept_rows_are_reused_and_leave_their_generator_alone():
     r = SpecStepRandoms.draw(st, 3, 50, DEV, kept=[None, kept_row], batched=True)
     assert torch.equal(r.uniforms[1], kept_row[0]) and torch.equal(r.noise_block[1], kept_row[1])
     assert step_key(st.generators[1]) == before  # its first key is still to come
+
+
+def test_a_kept_key_regenerates_the_discarded_steps_numbers_and_leaves_its_generator_alone():
+    first = SpecStepRandoms.draw(_st([4, 8]), 3, 50, DEV, batched=True)
+    kept = [None, first.kept_row(1)]
+    assert isinstance(kept[1], int) and kept[1] == first.keys[1]
+    st = _st([5, 8])
+    before = step_key(torch.Generator(device=DEV).manual_seed(8))
+    again = SpecStepRandoms.draw(st, 3, 50, DEV, kept=kept, batched=True)
+    assert torch.equal(again.noise_block[1], first.noise_block[1]) and torch.equal(again.uniforms[1], first.uniforms[1])
+    assert not torch.equal(again.noise_block[0], first.noise_block[0])
+    assert step_key(st.generators[1]) == before  # the kept row drew no key
+    # a per-request draw that meets a kept key regenerates the same numbers from it
+    mixed = SpecStepRandoms.draw(_st([5, 9]), 3, 50, DEV, kept=kept, batched=False)
+    assert torch.allclose(mixed.noise_block[1], first.noise_block[1]) and torch.equal(mixed.uniforms[1], first.uniforms[1])
+
+
+def test_keyed_randoms_are_views_of_the_owners_buffers_and_draw_the_batched_keys():
+    uniforms, noise = torch.zeros(2, 3), torch.ones(2, 7, 50)
+    r = SpecStepRandoms.keyed(_st([1, 2]), 3, uniforms, noise, kept=[None, 77])
+    assert r.keys == [step_key(torch.Generator(device=DEV).manual_seed(1)), 77]
+    assert r.noise_block is noise and r.recovered_noise.data_ptr() == noise[:, 3].data_ptr()
+    assert r.bonus_noise.data_ptr() == noise[:, 6].data_ptr() and r.kept_row(1) == 77
+    # the owner's fill from those keys gives what a batched draw gives
+    drawn = SpecStepRandoms.draw(_st([1, 2]), 3, 50, DEV, kept=[None, 77], batched=True)
+    filled, filled_uniforms = counter_randoms.fill_torch(_keys(*r.keys), 7, 50, 3)
+    torch.testing.assert_close(drawn.noise_block.cpu(), filled, rtol=1e-6, atol=0)  # the log's last bit
+    assert torch.equal(drawn.uniforms.cpu(), filled_uniforms)
 
 
 def test_batched_draws_keep_the_modes_token_identical(tiny_target, tiny_draft, monkeypatch):

@@ -151,14 +151,14 @@ class OverlappedCommit(SyncedCommit):
         r = pending.randoms
         if r is not None and r.noise_block is not None:
             for row, seq in enumerate(pending.seqs):
-                self._kept_randoms[seq.seq_id] = (r.uniforms[row], r.noise_block[row])
+                self._kept_randoms[seq.seq_id] = r.kept_row(row)
 
     def clear(self) -> None:
         self.pending = None
         self._kept_randoms.clear()
 
     def kept_randoms(self, seqs: list[Sequence]) -> list | None:
-        """Per sequence its kept (uniforms, noise) or None, for SpecStepRandoms.draw(kept=...); each
+        """Per sequence what it kept (SpecStepRandoms.kept_row) or None, for SpecStepRandoms.draw(kept=...); each
         is used once (what is not asked for belongs to requests that have ended)."""
         if not self._kept_randoms:
             return None

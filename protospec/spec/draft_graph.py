@@ -62,12 +62,14 @@ class DraftLoopGraph:
     def key(rows: int, width: int, st: SamplingTensors, from_first_step: bool = False) -> tuple:
         return rows, width, st.all_greedy, st.any_greedy, st.needs_filter, st.unit_temperature, from_first_step
 
-    def steps(self) -> None:
-        """The captured work, issued once: steps 2..k (1..k with `first`) over the graph's buffers."""
+    def steps(self, noise_block: torch.Tensor | None = None) -> None:
+        """The captured work, issued once: steps 2..k (1..k with `first`) over the graph's buffers.
+        noise_block: [rows, >= k, V] the noise to sample with instead of the graph's own (a spec step
+        graph's, filled inside its replay)."""
         decode, model, kv_caches = self.decode, self.runner.model, self.runner.kv_caches
         inputs = decode.inputs(self.rows, self.width)
         sampled = decode.sampled_ids[: self.rows]  # [rows] int64: each step's ids, read by advance_step
-        noise = None if self.st.all_greedy else self.noise
+        noise = None if self.st.all_greedy else self.noise if noise_block is None else noise_block
         dependent = self.runner.launches_dependents
         if self.first is not None:  # draft step 1: its 2-token rows, the last one's logits
             first = self.first.view(self.rows, self.width)

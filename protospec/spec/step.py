@@ -155,7 +155,7 @@ class SpeculativeStep:
                                   self.draft_loop.error_flag())
             self._step_graphs[draft_graph] = graph
         with self.timer.phase("step_graph"):
-            s.randoms = self.draw_randoms(s)
+            s.randoms = graph.randoms(s.st, self.commit_policy.kept_randoms(s.seqs))
             probs, result, s.commit_row = graph.run(s.st, s.randoms, batch)
         s.target_probs = probs[:batch]
         s.result = RejectionOutput(result.output_token_ids[:batch], result.num_accepted[:batch],

@@ -8,19 +8,22 @@ the draft loop advances on the device (draft_graph.py), the verify's inputs foll
 drawn up front. So the whole step is captured once per batch layout and replayed: per spec step the
 host launches the first_draft_step kernel, draws the step's keys, copies the random numbers in,
 replays, and queues the commit's copy. The commit then runs while the device works on the next step.
+The step's random numbers are filled inside the replay, from the requests' keys (one small copy in):
+drawn outside, they would cost a fill and a copy of each block into the graph's buffers.
 
 Everything lives in fixed buffers of `rows` (the batch padded to a bucket); the draft side shares
 the steps 1..k draft graph's buffers (settings, noise, draft ids and probabilities). The outputs
 (target probabilities, the rejection output, the commit's row) are the graph's own tensors,
 overwritten by the next replay: the host reads a step's outcome from the commit's copy. Memory: each
 (rows, width) layout keeps its own graph pool (a verify's activations, [rows, k + 1, V] probabilities)
-and [rows, k + 1, V] of noise, beside the verify graph the stage-by-stage step captures.
+and [rows, 2k + 1, V] of noise, beside the verify graph the stage-by-stage step captures.
 """
 from __future__ import annotations
 
 import torch
 
 from protospec.errors import ConfigError
+from protospec.kernels.counter_randoms import split_key
 from protospec.layout import RejectionOutput
 from protospec.model.graphs import sync_allowed
 from protospec.model.persistent_inputs import PersistentInputs
@@ -28,7 +31,9 @@ from protospec.model.runner import ModelRunner
 from protospec.spec.draft_graph import DraftLoopGraph
 from protospec.spec.draft_sampling import target_probs
 from protospec.spec import registry
-from protospec.spec.randoms import SpecStepRandoms
+from protospec.kernels import counter_randoms
+from protospec.spec.randoms import SpecStepRandoms, batched_draws
+from protospec.spec.sampler import SamplingTensors
 from protospec.spec.verify_inputs import build_verify_inputs
 
 
@@ -76,40 +81,55 @@ class SpecStepGraph:
         rows, width, k, vocab, device = draft_graph.rows, draft_graph.width, draft_graph.k, target.vocab_size, target.device
         self.rows, self.width, self.k = rows, width, k
         self.verify = PersistentInputs("spec_step_graph_verify", rows, k + 1, width, k + 1, target.block_size, device)
-        # The rejection sampler's random numbers; greedy graphs keep these neutral values (never copied).
-        self.uniforms = torch.zeros(rows, k, device=device)                    # [rows, k] U[0, 1)
-        self.recovered_noise = torch.ones(rows, k, vocab, device=device)       # [rows, k, V] Exp(1)
-        self.bonus_noise = torch.ones(rows, vocab, device=device)              # [rows, V] Exp(1)
+        # The step's random numbers (SpecStepRandoms' layout); greedy graphs keep these neutral values.
+        self.uniforms = torch.zeros(rows, k, device=device)                 # [rows, k] U[0, 1)
+        self.noise = torch.ones(rows, 2 * k + 1, vocab, device=device)      # [rows, 2k + 1, V] Exp(1)
+        # Filled inside the replay from the requests' keys where draws are batched (a GPU's default),
+        # else copied in from the requests' own generators' draws.
+        self.fills = not draft_graph.st.all_greedy and batched_draws(device)
+        self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple | None = None  # (target probs [rows, k+1, V], RejectionOutput, commit row) of the replays
 
+    def randoms(self, st: SamplingTensors, kept: list | None) -> SpecStepRandoms:
+        """The step's random numbers (kept: as SpecStepRandoms.draw's): where the replay fills them,
+        the keys only (the numbers as views of the graph's buffers, valid until the next replay; a
+        discarded step keeps the keys); else drawn here, outside the replay."""
+        batch = len(st.generators)
+        if not self.fills:
+            return SpecStepRandoms.draw(st, self.k, self.target.vocab_size, self.target.device, kept)
+        return SpecStepRandoms.keyed(st, self.k, self.uniforms[:batch], self.noise[:batch], kept)
+
     def _record(self) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
         d, rows, k = self.draft, self.rows, self.k
-        d.steps()
+        if self.fills:
+            counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
+        d.steps(noise_block=self.noise)
         build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row,
                             allow_dependents=self.target.launches_dependents)
         v = self.verify.view(rows, self.width)
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
         probs = target_probs(logits, d.st, k + 1, self.fused,
                              self.target.launches_dependents).view(rows, k + 1, -1)  # [rows, k+1, V]
-        randoms = SpecStepRandoms(self.uniforms, self.recovered_noise, self.bonus_noise, noise_block=None)
+        randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms)
         return probs, result, commit_row(result, None, self.error_row)
 
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
-        """The step for the first `batch` rows: (target probs, rejection output, commit row), each of
-        the padded batch; rows past `batch` are padding."""
-        if not st.all_greedy:
+        """The step for the first `batch` rows (randoms: from self.randoms): (target probs, rejection
+        output, commit row), each of the padded batch; rows past `batch` are padding."""
+        if self.fills:  # one small copy; the fill is the replay's first kernel
+            keys = torch.tensor([split_key(key) for key in randoms.keys], dtype=torch.int64)  # [batch, 2]
+            self.keys[:batch].copy_(keys.pin_memory(), non_blocking=True)
+        elif not st.all_greedy:
             self.uniforms[:batch].copy_(randoms.uniforms)
-            self.recovered_noise[:batch].copy_(randoms.recovered_noise)
-            self.bonus_noise[:batch].copy_(randoms.bonus_noise)
+            self.noise[:batch].copy_(randoms.noise_block)
+        self.draft.load(st, None, batch)  # the settings: the noise is this graph's
         if self.graph is not None:
-            self.draft.load(st, randoms.draft_noise, batch)
             self.graph.replay()
             return self.outputs
         # First use: the step's real work eagerly (it also makes the rejection kernel's cached
         # buffers outside the capture), then the capture for every later launched step.
-        self.draft.load(st, randoms.draft_noise, batch)
         eager = self._record()
         graph = torch.cuda.CUDAGraph()
         with sync_allowed(), torch.cuda.graph(graph):
