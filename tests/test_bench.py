@@ -142,13 +142,15 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
     from protospec.bench.args import build_parser
     from protospec.bench.kernel_forms import apply_kernel_forms
     from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling, verify_inputs
+    from protospec.spec import step_graph
 
     switches = [(sampling, "LAUNCHES"), (dependent_launch, "STEP_KERNELS"), (gemv_mma, "PREFETCH_NORM"),
                 (attention_mma, "EARLY_LOADS"), (verify_inputs, "ALLOW_DEPENDENTS"), (gemv_mma, "LM_HEAD_MAX_REGISTERS"),
                 (gemv_mma, "LM_HEAD_PREFETCH_NORM"), (gemv_mma, "LOGIT_STATS"), (gemv_mma, "PIN_WEIGHT_LOADS"),
                 (gemv_mma, "EARLY_ALLOW"), (attention_mma, "PIPELINE"), (attention_mma, "TILES_PER_SPLIT"),
                 (gemv_mma, "ROPE_INPUTS_BEFORE_WAIT"),
-                (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER"), (sampling, "STATS_COMBINE")]
+                (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER"), (sampling, "STATS_COMBINE"),
+                (step_graph, "FILL_BESIDE")]
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
     flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
@@ -156,12 +158,15 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
              "--lm-head-prefetch-norm", "off", "--logit-stats", "on", "--pin-weight-loads", "off",
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
              "--rope-inputs-early", "off",
-             "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "every_block"] if flipped else []
+             "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "every_block",
+             "--step-graph-fill", "first"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
-    assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False, "every_block"]
-                   if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True, "last_block"])
+    assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False,
+                    "every_block", False]
+                   if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True,
+                                    "last_block", True])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

@@ -62,10 +62,11 @@ class DraftLoopGraph:
     def key(rows: int, width: int, st: SamplingTensors, from_first_step: bool = False) -> tuple:
         return rows, width, st.all_greedy, st.any_greedy, st.needs_filter, st.unit_temperature, from_first_step
 
-    def steps(self, noise_block: torch.Tensor | None = None) -> None:
+    def steps(self, noise_block: torch.Tensor | None = None, noise_ready: torch.cuda.Event | None = None) -> None:
         """The captured work, issued once: steps 2..k (1..k with `first`) over the graph's buffers.
         noise_block: [rows, >= k, V] the noise to sample with instead of the graph's own (a spec step
-        graph's, filled inside its replay)."""
+        graph's, filled inside its replay); noise_ready: an event the first sample waits for (its fill
+        on another stream)."""
         decode, model, kv_caches = self.decode, self.runner.model, self.runner.kv_caches
         inputs = decode.inputs(self.rows, self.width)
         sampled = decode.sampled_ids[: self.rows]  # [rows] int64: each step's ids, read by advance_step
@@ -74,9 +75,13 @@ class DraftLoopGraph:
         if self.first is not None:  # draft step 1: its 2-token rows, the last one's logits
             first = self.first.view(self.rows, self.width)
             logits = model(first.input_ids, first.positions, kv_caches, first.meta)  # [rows, V]
+            if noise_ready is not None:
+                torch.cuda.current_stream().wait_event(noise_ready)
             sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
                               dependent, then_advance=decode.advance if self.k > 1 else None)
         elif self.k > 1:  # draft step 1 sampled before the replay
+            if noise_ready is not None:
+                torch.cuda.current_stream().wait_event(noise_ready)
             decode.advance()
         for step in range(1, self.k):  # each sample advances the inputs of the step after it
             logits = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)  # [rows, V]

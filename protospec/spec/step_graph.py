@@ -37,6 +37,11 @@ from protospec.spec.sampler import SamplingTensors
 from protospec.spec.verify_inputs import build_verify_inputs
 
 
+# The step's fill of random numbers on a branch of the replay of its own, beside draft step 1's forward
+# (its first sample waits for it), not as the replay's first kernel, ahead of that forward.
+FILL_BESIDE = True
+
+
 def step_graph_applies(setting: bool | None, draft_loop: str, proposer: str | None, k: int, dynamic_k: str,
                        commit: str) -> bool:
     """EngineConfig.spec_step_graph resolved for an engine's draft loop (None: wherever it applies);
@@ -88,6 +93,7 @@ class SpecStepGraph:
         # else copied in from the requests' own generators' draws.
         self.fills = not draft_graph.st.all_greedy and batched_draws(device)
         self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
+        self._side: torch.cuda.Stream | None = None  # FILL_BESIDE's stream
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple | None = None  # (target probs [rows, k+1, V], RejectionOutput, commit row) of the replays
 
@@ -100,11 +106,26 @@ class SpecStepGraph:
             return SpecStepRandoms.draw(st, self.k, self.target.vocab_size, self.target.device, kept)
         return SpecStepRandoms.keyed(st, self.k, self.uniforms[:batch], self.noise[:batch], kept)
 
+    def _fill(self) -> torch.cuda.Event | None:
+        """The fill of the step's numbers from the keys: first in the replay, or (FILL_BESIDE) on a
+        stream of its own, which the first draft sample waits for (the event returned)."""
+        if not self.fills:
+            return None
+        if not FILL_BESIDE:
+            counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
+            return None
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.target.device)
+        self._side.wait_stream(torch.cuda.current_stream())  # the keys' copy (eager) / the replay's start
+        with torch.cuda.stream(self._side):
+            counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
+            filled = torch.cuda.Event()
+            filled.record()
+        return filled
+
     def _record(self) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
         d, rows, k = self.draft, self.rows, self.k
-        if self.fills:
-            counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
-        d.steps(noise_block=self.noise)
+        d.steps(noise_block=self.noise, noise_ready=self._fill())
         build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row,
                             allow_dependents=self.target.launches_dependents)
         v = self.verify.view(rows, self.width)
