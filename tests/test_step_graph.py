@@ -133,10 +133,15 @@ def test_asking_for_the_step_graph_on_a_cpu_engine_names_what_is_missing(tiny_ta
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature):
-    """Requests of different lengths share two batch slots, so launched steps are discarded and graphs
-    of several batch sizes replay; with the step graph on or off the tokens are the same."""
+@pytest.mark.parametrize("temperature,fill_beside", [(0.0, True), (1.0, True), (1.0, False)])
+def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature,
+                                                                         fill_beside, monkeypatch):
+    """Requests of different lengths share two batch slots, so launched steps are discarded (their keys
+    kept) and graphs of several batch sizes replay; with the step graph on or off the tokens are the
+    same, its random numbers filled beside draft step 1's forward or ahead of it."""
+    from protospec.spec import step_graph
+
+    monkeypatch.setattr(step_graph, "FILL_BESIDE", fill_beside)
     prompts = random_prompts(5, seed=6)
     params = [SamplingParams(temperature=temperature, top_k=40, max_tokens=n, seed=20 + i, ignore_eos=True)
               for i, n in enumerate((40, 61, 33, 18, 29))]
