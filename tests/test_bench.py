@@ -150,7 +150,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
                 (gemv_mma, "EARLY_ALLOW"), (attention_mma, "PIPELINE"), (attention_mma, "TILES_PER_SPLIT"),
                 (gemv_mma, "ROPE_INPUTS_BEFORE_WAIT"),
                 (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER"), (sampling, "STATS_COMBINE"),
-                (step_graph, "FILL_BESIDE")]
+                (step_graph, "FILL_BESIDE"), (attention_mma, "EARLY_TILES")]
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
     flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
@@ -159,14 +159,14 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
              "--rope-inputs-early", "off",
              "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "every_block",
-             "--step-graph-fill", "first"] if flipped else []
+             "--step-graph-fill", "first", "--attention-early-tiles", "2"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
     assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False,
-                    "every_block", False]
+                    "every_block", False, 2]
                    if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True,
-                                    "last_block", True])
+                                    "last_block", True, 1])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

@@ -69,6 +69,9 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-pipeline", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core attention loads a warp's next key tile before the products of this one "
                         "(same bits; default: %(default)s)")
+    p.add_argument("--attention-early-tiles", type=int, default=1, choices=[1, 2],
+                   help="the tensor-core attention, with its early loads and pipeline, loads this many of a warp's "
+                        "tiles of older keys before its wait (same bits; default: %(default)s)")
     p.add_argument("--probs-prefetch", default="on", choices=ON_OFF_CHOICES,
                    help="the probabilities kernel, as a dependent, loads its logits and noise before its wait "
                         "(same bits; default: %(default)s)")
@@ -97,6 +100,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     attention_mma.EARLY_LOADS = args.attention_early_loads == "on"
     attention_mma.PIPELINE = args.attention_pipeline == "on"
     attention_mma.TILES_PER_SPLIT = args.attention_tiles_per_split
+    attention_mma.EARLY_TILES = args.attention_early_tiles
     sampling.PROBS_PREFETCH = args.probs_prefetch == "on"
     sampling.ADVANCE_IN_SAMPLER = args.advance_in_sampler == "on"
     sampling.STATS_COMBINE = args.stats_combine

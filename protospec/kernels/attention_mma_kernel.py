@@ -20,11 +20,12 @@ LOW16 = 0xFFFF
 
 
 def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPENDENT: bool = False,  # noqa: N803
-                    EARLY: bool = False, PIPE: bool = False):  # noqa: N803 (Numba freezes them as constants)
+                    EARLY: bool = False, PIPE: bool = False, EARLY2: bool = False):  # noqa: N803 (Numba: constants)
     """RH 8-row halves a chunk (1 or 2), head dim D, WARPS warps a block, GROUP query heads a KV head.
     DEPENDENT: launched as a programmatic dependent; EARLY: its loads no kernel of the forward writes
     before its wait (attention_mma.EARLY_LOADS); PIPE: each tile's loads go out before the products of
-    the tile before it (attention_mma.PIPELINE)."""
+    the tile before it (attention_mma.PIPELINE); EARLY2 (with EARLY and PIPE): a warp's second tile of
+    older keys before the wait too (attention_mma.EARLY_TILES)."""
     R = 8 * RH                 # rows per chunk: g (and g + 8 when RH = 2) for lane 4 g + t
     KT = D // 16               # k-tiles of S = Q K^T (16 dims each)
     NT = D // 8                # n-tiles of O = P V (8 dims each)
@@ -129,18 +130,25 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
             column2 += 1
         if PIPE and key0 + STEP < end:
             next_block = load_flat(block_tables, seq * table + column2)
+        next_offset = offset2  # the second tile's, for EARLY2
         column2 += jump
         offset2 += rest
         if offset2 >= block_size:
             offset2 -= block_size
             column2 += 1
         prefetched = False
+        prefetched2 = False  # EARLY2: the second tile's words are in kb2 / vw2 already
         if EARLY:  # the first tile before the wait if no kernel of this forward writes its keys
             oldest_new = load_flat(positions, seq * query_len)  # the sequence's first query token
             prefetched = key0 + TILE <= oldest_new
             if prefetched:
                 load_tile(kv64, block * block_words + offset * key_stride, k_lane, v_lane, key_stride, key0, end, t,
                           kb, vw)
+            if EARLY2 and PIPE:
+                prefetched2 = prefetched and key0 + STEP < end and key0 + STEP + TILE <= oldest_new
+                if prefetched2:
+                    load_tile(kv64, next_block * block_words + next_offset * key_stride, k_lane, v_lane, key_stride,
+                              key0 + STEP, end, t, kb2, vw2)
             grid_dependency_wait()
             allow_dependent_launch()
         for hi in range(RH):  # the rows' queries (a real row's, clamped; zeroed here if past: no branch)
@@ -166,7 +174,9 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
                 offset -= block_size
                 column += 1
             if PIPE:  # the next tile's words (its entry came a step ago), and the entry of the one after it
-                if key0 + STEP < end:  # the same for the warp's lanes; no load is waited on here
+                if prefetched2:  # loaded before the wait
+                    prefetched2 = False
+                elif key0 + STEP < end:  # the same for the warp's lanes; no load is waited on here
                     load_tile(kv64, next_block * block_words + offset * key_stride, k_lane, v_lane, key_stride,
                               key0 + STEP, end, t, kb2, vw2)
                 else:  # no tile left: zeros, as load_tile gives V past the end (K's scores are masked)
@@ -243,6 +253,6 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
         write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, chunk, split, query_len, out,
                    part_acc, part_max, part_sum, counters, fused, last_block, tid)
 
-    name = "attention_mma_kernel" + ("_pipe" if PIPE else "")  # the census tells the walks apart
+    name = "attention_mma_kernel" + ("_pipe" if PIPE else "") + ("_early2" if EARLY2 and EARLY and PIPE else "")
     attention_mma_kernel.__name__ = attention_mma_kernel.__qualname__ = name
     return cuda.jit(**options)(attention_mma_kernel)

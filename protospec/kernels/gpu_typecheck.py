@@ -113,11 +113,12 @@ def _attention() -> None:
         paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, fused_combine=fused)
         if path == "mma":  # the forward's form (a programmatic dependent with early loads), pipelined or not
             from protospec.kernels import attention_mma
-            chosen = attention_mma.EARLY_LOADS, attention_mma.PIPELINE
-            for attention_mma.PIPELINE, dependent, attention_mma.EARLY_LOADS in ((False, True, True), (True, True, True)):
+            chosen = attention_mma.EARLY_LOADS, attention_mma.PIPELINE, attention_mma.EARLY_TILES
+            for attention_mma.PIPELINE, attention_mma.EARLY_TILES in ((False, 1), (True, 1), (True, 2)):
+                attention_mma.EARLY_LOADS = True
                 paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits,
-                                fused_combine=fused, dependent_launch=dependent)
-            attention_mma.EARLY_LOADS, attention_mma.PIPELINE = chosen
+                                fused_combine=fused, dependent_launch=True)
+            attention_mma.EARLY_LOADS, attention_mma.PIPELINE, attention_mma.EARLY_TILES = chosen
 
 
 def _layers_and_gemv() -> None:
