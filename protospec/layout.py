@@ -32,3 +32,6 @@ class RejectionOutput:
     # [B, k + 3] int64 or None: per row the output ids, the accepted and the passed counts, as the
     # commit reads them (the rejection kernel writes it; step_graph.commit_row builds it otherwise)
     commit_columns: torch.Tensor | None = None
+    # [B * (k + 3) + 1] int64 or None: commit_columns flat, then the error flag of the step's
+    # device-built inputs (the rejection kernel copies it in, where it was given the flag)
+    commit_flagged: torch.Tensor | None = None

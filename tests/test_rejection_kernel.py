@@ -42,7 +42,11 @@ def _assert_same(args):
     assert got.accepted_mask.dtype == got.passed_mask.dtype == torch.bool
     # The commit's columns: the ids, the accepted count and the passed count, as commit_row lays them out
     expected = torch.cat([ref.output_token_ids, ref.num_accepted[:, None], ref.passed_mask.sum(-1, keepdim=True)], 1)
-    assert got.commit_columns.tolist() == expected.tolist()
+    assert got.commit_columns.tolist() == expected.tolist() and got.commit_flagged is None
+    # given the step's error flag, the kernel copies it in after the rows: the commit's whole row
+    flag = torch.tensor([3], dtype=torch.int32, device=DEV)
+    flagged = rejection_sample_fused(*args, error_flag=flag).commit_flagged
+    assert flagged.tolist() == expected.flatten().tolist() + [3]
     return ref
 
 

@@ -112,6 +112,11 @@ def test_commit_row_lays_out_ids_counts_and_the_flag():
                               commit_columns=torch.tensor([[4, 5, -1, 1, 7], [6, -1, -1, 0, 8]]))
     assert commit_row(written, None, torch.tensor([0], dtype=torch.int32)).tolist() == [4, 5, -1, 1, 7, 6, -1, -1, 0, 8, 0]
     assert commit_row(written, torch.tensor([2, 1]), None).tolist() == [4, 5, -1, 1, 2, 2, 6, -1, -1, 0, 1, 1]
+    # and a row the kernel wrote with the flag is the commit's row itself, where no proposed counts go in
+    flagged = torch.tensor([4, 5, -1, 1, 7, 6, -1, -1, 0, 8, 9])
+    written.commit_flagged = flagged
+    assert commit_row(written, None, torch.tensor([0], dtype=torch.int32)) is flagged
+    assert commit_row(written, torch.tensor([2, 1]), None).tolist() == [4, 5, -1, 1, 2, 2, 6, -1, -1, 0, 1, 1]
 
 
 def test_the_step_graph_applies_only_where_it_can_and_says_why_not():

@@ -20,7 +20,8 @@ entries, 2 a thread on a GPU, so a 32000-entry row spreads over 63 blocks):
     the last slice block to finish (an arrival count) combines the slices, a slice per thread and a
     block reduction (ties to the lowest index), and writes out = d_1..d_n, the recovered or bonus token,
     then -1 (PLACEHOLDER_TOKEN_ID), a position per thread, and the same ids with n and the number passed
-    as the row the commit reads (step_graph.commit_row): three torch kernels a step fewer.
+    as the row the commit reads (step_graph.commit_row): three torch kernels a step fewer; row 0's
+    last block also copies the device-built inputs' error flag after the rows (two kernels fewer).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def _block_best(value, index, flag, best_value, best_index, flags, tid):
 @cuda.jit
 def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
                             num_proposed, out_ids, num_accepted, accepted_mask, passed_mask, commit,
-                            part_value, part_index, part_mass, counters):
+                            part_value, part_index, part_mass, counters, error_flag):
     """
     draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
     target_probs    [B, k + 1, V] float32 uniforms       [B, k] float32
@@ -58,10 +59,12 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
     num_proposed    [B] int64: positions past it are not tested (their draft_probs rows are zero)
     out_ids         [B, k + 1] int64 out  num_accepted   [B] int64 out
     accepted_mask   [B, k] bool out       passed_mask    [B, k] bool out
-    commit          [B, k + 3] int64 out: the ids, n and the number passed (the commit's row)
+    commit          [B + 1, k + 3] int64 out: per row the ids, n and the number passed (the commit's
+                    row), then error_flag[0] at [B, 0]
     part_value      [B, S, 2] float32, part_index [B, S, 2] int64, part_mass [B, S] int32: each slice's
                     (residual or bonus race, fallback race) winners and whether its residual had mass
     counters        [>= B] int32, zero between calls (the last block of a row resets its own)
+    error_flag      [1] int32: the step's device-built inputs' flag (0 = none), copied into commit
     """
     slices = part_mass.shape[1]
     row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
@@ -136,6 +139,8 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
             out_ids[row, i], commit[row, i] = token, token
         if tid == 0:
             commit[row, k + 1], commit[row, k + 2] = n, passes
+            if row == 0:
+                commit[draft_ids.shape[0], 0] = error_flag[0]
 
 
 _all_proposed: dict[tuple, torch.Tensor] = {}  # (batch, k, device) -> [B] int64 filled with k, never written
@@ -143,8 +148,10 @@ _partials: dict[tuple, tuple] = {}  # (batch, slices, device) -> the slices' win
 
 
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
-                           bonus_noise, num_proposed=None) -> RejectionOutput:
-    """Same arguments and result as protospec.spec.rejection.rejection_sample, in one kernel launch."""
+                           bonus_noise, num_proposed=None, error_flag=None) -> RejectionOutput:
+    """Same arguments and result as protospec.spec.rejection.rejection_sample, in one kernel launch.
+    error_flag: [1] int32 the step's device-built inputs' flag, or None; given, the result's
+    commit_flagged is the commit's row with it (RejectionOutput)."""
     batch, k = draft_token_ids.shape
     vocab = target_probs.shape[-1]
     # Slices of the spec step's noise block are contiguous at batch 1; copy them otherwise.
@@ -169,10 +176,12 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
             _all_proposed[key] = torch.full((batch,), k, dtype=torch.int64, device=device)
         num_proposed = _all_proposed[key]
     check_tensor("num_proposed", num_proposed, torch.int64, 1, rows=batch)
+    flag = error_flag if error_flag is not None else _no_flag(device)
+    check_tensor("error_flag", flag, torch.int32, 1, rows=1)
     out_ids = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     masks = torch.empty(2, batch, k, dtype=torch.bool, device=device)  # accepted, passed
-    commit = torch.empty(batch, k + 3, dtype=torch.int64, device=device)  # ids, accepted, passed counts
+    commit = torch.empty(batch + 1, k + 3, dtype=torch.int64, device=device)  # ids, accepted, passed; the flag
     slices = -(-vocab // VOCAB_PER_BLOCK)
     key = (batch, slices, device)
     if key not in _partials:  # written and read inside one launch: one set serves every call
@@ -180,6 +189,18 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
                           torch.empty(batch, slices, 2, dtype=torch.int64, device=device),
                           torch.empty(batch, slices, dtype=torch.int32, device=device))
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-            out_ids, num_accepted, masks[0], masks[1], commit, *_partials[key], arrival_counters(device, batch, "rejection")]
+            out_ids, num_accepted, masks[0], masks[1], commit, *_partials[key], arrival_counters(device, batch, "rejection"),
+            flag]
     interop.launch_tensors(rejection_sample_kernel, batch * slices, THREADS, args)
-    return RejectionOutput(out_ids, num_accepted, masks[0], masks[1], commit_columns=commit)
+    flagged = commit.view(-1)[: batch * (k + 3) + 1] if error_flag is not None else None
+    return RejectionOutput(out_ids, num_accepted, masks[0], masks[1], commit_columns=commit[:batch],
+                           commit_flagged=flagged)
+
+
+_no_flags: dict = {}  # device -> [1] int32 zero: the flag of a call that was given none (never written)
+
+
+def _no_flag(device) -> torch.Tensor:
+    if device not in _no_flags:
+        _no_flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _no_flags[device]

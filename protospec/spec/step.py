@@ -120,7 +120,8 @@ class SpeculativeStep:
         if s.result is not None:  # a step graph sampled it already
             return s.result
         with self.timer.phase("rejection"):
-            s.result = self.acceptance(s.draft_ids, s.draft_probs, s.target_probs, s.randoms, s.num_proposed)
+            s.result = self.acceptance(s.draft_ids, s.draft_probs, s.target_probs, s.randoms, s.num_proposed,
+                                       self.draft_loop.error_flag())
         return s.result
 
     def queue_commit_copy(self, s: StepState) -> None:

@@ -61,6 +61,8 @@ def commit_row(result: RejectionOutput, num_proposed: torch.Tensor | None, error
     """What the commit reads, as one int64 vector: per row the k + 1 output ids, the accepted and the
     passed counts (and the proposed count, where a proposer may offer fewer than k); then the error
     flag of device-built inputs (0 = none). [B * (k + 3) (+ B) (+ 1)] int64."""
+    if result.commit_flagged is not None and num_proposed is None and error_flag is not None:
+        return result.commit_flagged  # the rejection kernel wrote it all (no kernel of its own)
     if result.commit_columns is not None and num_proposed is None:
         parts = [result.commit_columns.flatten()]  # the rejection kernel wrote them (no extra kernels)
     else:
@@ -133,7 +135,7 @@ class SpecStepGraph:
         probs = target_probs(logits, d.st, k + 1, self.fused,
                              self.target.launches_dependents).view(rows, k + 1, -1)  # [rows, k+1, V]
         randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
-        result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms)
+        result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row)
         return probs, result, commit_row(result, None, self.error_row)
 
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
