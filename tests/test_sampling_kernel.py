@@ -33,6 +33,11 @@ def test_draft_step_sample_matches_the_torch_sampler(temperatures):
     sample_into(logits, st, step, draft_probs, draft_ids, noise, mirror)
     assert draft_ids[:, step].tolist() == ref_ids.tolist() == mirror[:batch].tolist()
     assert mirror[batch:].tolist() == [-7, -7] and (draft_ids[:, [0, 2]] == -7).all()  # nothing else written
+    # a mirror that is a column of a wider buffer (the verify's tokens: a row's k + 1 side by side)
+    tokens = torch.full((batch, k + 1), -7, dtype=torch.int64, device=DEV)
+    sample_into(logits, st, step, torch.zeros_like(draft_probs), draft_ids, noise, tokens[:, step + 1])
+    assert tokens[:, step + 1].tolist() == ref_ids.tolist()
+    assert (tokens[:, [0, 1, 3]] == -7).all()
     torch.testing.assert_close(draft_probs[:, step], ref_probs, atol=1e-6, rtol=1e-5)
     assert draft_probs[:, [0, 2]].abs().sum() == 0
     for b, t in enumerate(temperatures):

@@ -35,7 +35,7 @@ from protospec.kernels.dependent_launch import allow_dependent_launch, grid_depe
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
 from protospec.kernels.sampling_advance import finish_row, loads_for_advance
-from protospec.kernels.sampling_buffers import no_advance, placeholder, scratch
+from protospec.kernels.sampling_buffers import mirror_span, no_advance, placeholder, scratch
 from protospec.kernels.sampling_slices import (PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats,  # noqa: F401
                                                combine_winners, prefetch_slice, slice_probs,
                                                slice_probs_prefetched, slice_stats)
@@ -129,8 +129,9 @@ def _kernels(DEPENDENT: bool, prefetch: bool, every_block: bool = False):  # noq
         stat_max, stat_index, stat_sum: row_stats_kernel's rows [R] (or its slices' partials [R, S]
         with EVERY_BLOCK). probs_out [R, S, V] f32: row r's probabilities go
         to probs_out[r, out_step]. do_sample: 1 = also sample (noise [R, S, V] f32 Exp(1), read at
-        [r, out_step]; the id goes to ids_out [R, S] int64 at [r, out_step], and to mirror [>= R] int64 at
-        [r] when use_mirror). part_max, part_index [R, S]: the slices' race winners; counters as above.
+        [r, out_step]; the id goes to ids_out [R, S] int64 at [r, out_step], and to mirror int64 at
+        [r * use_mirror] where use_mirror > 0, its stride). part_max, part_index [R, S]: the slices'
+        race winners; counters as above.
         advance: 1 = also advance each sampled row's decode inputs (advance_step.advance_row's arguments
         follow: num_queries [1] int32, block_size, input_ids, positions, slot_mapping [>= R] int64,
         seq_lens [>= R] int32, block_tables [>= R, W] int32, error_row [1] int32), 0 = they are placeholders.
@@ -232,7 +233,7 @@ def sample_into(logits: torch.Tensor, st: SamplingTensors, step: int, draft_prob
                 noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False,
                 advance: AdvanceStepLauncher | None = None) -> None:
     """One draft step's sample: probabilities into draft_probs[:, step] ([B, k, V]), ids into
-    draft_ids[:, step] ([B, k]) and mirror[:B] (the buffer advance_step reads). noise: [B, k, V]
+    draft_ids[:, step] ([B, k]) and mirror[:B] (advance_step's buffer, or any [B] view). noise: [B, k, V]
     Exp(1), read at [:, step]; None when every row is greedy. dependent: as probs_into's.
     advance: the decode inputs' advance that follows this sample (over the B rows sampled here): done
     by the probabilities kernel where it can (ADVANCE_IN_SAMPLER, two launches), else launched after it."""
@@ -258,12 +259,10 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
             check_tensor("noise", noise, torch.float32, 3, rows=rows)
         elif not st.all_greedy:
             raise KernelArgumentError("noise: None, but some rows sample with a temperature")
-        if mirror is not None:
-            check_tensor("mirror", mirror, torch.int64, 1)
     # Placeholders for arguments the kernel will not touch (never an alias of a real argument).
     noise = noise if noise is not None else placeholder(torch.float32, 3, logits.device)
     ids_out = ids_out if ids_out is not None else placeholder(torch.int64, 2, logits.device)
-    mirror_arg = mirror if mirror is not None else placeholder(torch.int64, 1, logits.device)
+    mirror_arg, mirror_stride = mirror_span(mirror, rows, logits.device)
     advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(logits.device))
     slices = -(-logits.shape[1] // VOCAB_PER_BLOCK)
     part_max, part_index, part_sum, row_max, row_index, row_sum = scratch(rows, slices, logits.device)
@@ -273,7 +272,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
 
         win_value, win_index = scratch(rows, slices, logits.device, "winners")
         launch_one([logits, st.temperature, st.is_greedy, int(rows_per_seq), probs_out, int(step), int(do_sample),
-                    noise, ids_out, mirror_arg, int(mirror is not None), part_max, part_index, part_sum, win_value,
+                    noise, ids_out, mirror_arg, mirror_stride, part_max, part_index, part_sum, win_value,
                     win_index, counters], rows, slices, logits.device)
         return
     dependent = bool(dependent) and dependent_launch.STEP_KERNELS  # callers: ModelRunner.launches_dependents
@@ -285,7 +284,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
         interop.launch_tensors(probs_from_tiles_kernel, rows * slices, THREADS,
                                [logits, st.is_greedy, int(rows_per_seq), tiles.tile_max, tiles.tile_index,
                                 tiles.tile_sum, probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg,
-                                int(mirror is not None), part_max, part_index, counters] + advance_args,
+                                mirror_stride, part_max, part_index, counters] + advance_args,
                                dependent=dependent)
         return
     interop.launch_tensors(row_stats_kernel, rows * slices, THREADS,
@@ -296,5 +295,5 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
     win_value, win_index = scratch(rows, slices, logits.device, "winners") if every_block else (part_max, part_index)
     interop.launch_tensors(probs_and_sample_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), *stats,
-                            probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg, int(mirror is not None),
+                            probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg, mirror_stride,
                             win_value, win_index, counters] + advance_args, dependent=dependent)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from protospec.errors import KernelArgumentError
+from protospec.kernels.interop import check_tensor
+
 
 def no_advance(device: torch.device) -> list:
     """advance_row's arguments where the kernel advances nothing (never written)."""
@@ -41,3 +44,17 @@ def placeholder(dtype: torch.dtype, ndim: int, device: torch.device) -> torch.Te
     if key not in _placeholders:
         _placeholders[key] = torch.zeros((1,) * ndim, dtype=dtype, device=device)
     return _placeholders[key]
+
+
+def mirror_span(mirror: torch.Tensor | None, rows: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """The kernels' mirror and its stride: mirror [>= rows] int64 of any stride (a buffer of its own, or
+    a column of a larger one: the verify's draft tokens) as the contiguous span from its first row to
+    its last, the kernels writing row r at r * stride; (a placeholder, 0) where there is none."""
+    if mirror is None:
+        return placeholder(torch.int64, 1, device), 0
+    if mirror.dim() != 1 or mirror.shape[0] < rows:
+        raise KernelArgumentError(f"mirror: expected [>= {rows}] ids, got shape {tuple(mirror.shape)}")
+    stride = mirror.stride(0) if rows > 1 else 1
+    span = mirror.as_strided(((rows - 1) * stride + 1,), (1,))
+    check_tensor("mirror", span, torch.int64, 1)
+    return span, stride

@@ -53,8 +53,8 @@ def sample_one_launch_kernel(logits, temperature, is_greedy, rows_per_seq, probs
                                      no_flags, tid)
             if tid == 0:
                 ids_out[row, out_step] = chosen
-                if use_mirror:
-                    mirror[row] = chosen
+                if use_mirror > 0:
+                    mirror[row * use_mirror] = chosen
 
 
 _grids: dict[tuple, int] = {}

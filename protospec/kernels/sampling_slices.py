@@ -177,11 +177,11 @@ def combine_winners(row, vocab, greedy, chosen, win_value, win_index, best_value
 @cuda.jit(device=True)
 def write_sample(row, vocab, greedy, chosen, win_value, win_index, ids_out, out_step, mirror, use_mirror, best_value,
                  best_index, no_flags, tid):
-    """The row's sample (combine_winners) into ids_out[row, out_step], and into mirror[row] with use_mirror;
-    returned (in every thread)."""
+    """The row's sample (combine_winners) into ids_out[row, out_step], and into mirror[row * use_mirror]
+    where use_mirror (the mirror's stride) > 0; returned (in every thread)."""
     chosen = combine_winners(row, vocab, greedy, chosen, win_value, win_index, best_value, best_index, no_flags, tid)
     if tid == 0:
         ids_out[row, out_step] = chosen
-        if use_mirror:
-            mirror[row] = chosen
+        if use_mirror > 0:
+            mirror[row * use_mirror] = chosen
     return chosen
