@@ -150,7 +150,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
                 (gemv_mma, "EARLY_ALLOW"), (attention_mma, "PIPELINE"), (attention_mma, "TILES_PER_SPLIT"),
                 (gemv_mma, "ROPE_INPUTS_BEFORE_WAIT"),
                 (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER"), (sampling, "STATS_COMBINE"),
-                (step_graph, "FILL_BESIDE"), (attention_mma, "EARLY_TILES")]
+                (step_graph, "SIDE_BRANCH"), (attention_mma, "EARLY_TILES")]
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
     flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
@@ -159,7 +159,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
              "--rope-inputs-early", "off",
              "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "every_block",
-             "--step-graph-fill", "first", "--attention-early-tiles", "2"] if flipped else []
+             "--step-graph-side", "off", "--attention-early-tiles", "2"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})

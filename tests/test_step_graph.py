@@ -72,6 +72,30 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     assert error.item() == 0
 
 
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch_twin"])
+def test_verify_inputs_without_the_draft_tokens_leave_them_to_the_samples(use_kernel):
+    """tokens=False (the draft steps' samples write d_1..d_k into the verify's tokens, in a step graph):
+    every other input as the CPU prepare, the draft columns untouched, padding rows' included."""
+    batch, rows, k, block_size = 2, 4, 3, 8
+    lengths, last, tables = [9, 30], [17, 42], [[5, 6], [7, 8, 9, 10, 11]]
+    first = _first_step(rows, 5, block_size, lengths, last, tables)
+    verify = PersistentInputs("verify", rows, k + 1, 5, k + 1, block_size, KERNEL_DEVICE)
+    verify.input_ids.fill_(-5)
+    ids = verify.input_ids[: rows * (k + 1)].view(rows, k + 1)
+    drafts = torch.tensor([[3, 4, 5], [6, 7, 8], [0, 0, 0], [0, 0, 0]], device=KERNEL_DEVICE)
+    ids[:batch, 1:] = drafts[:batch]  # as the samples leave them
+    error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
+    build_verify_inputs(first, drafts, verify, rows, 5, error, use_kernel=use_kernel, tokens=False)
+    cpu = prepare_inputs([[t] + drafts[r].tolist() for r, t in enumerate(last)], [n - 1 for n in lengths], tables,
+                         block_size, k + 1, torch.device("cpu"), 5)
+    real = batch * (k + 1)
+    assert verify.input_ids[:real].tolist() == cpu.input_ids.tolist()
+    assert verify.slot_mapping[:real].tolist() == cpu.meta.slot_mapping.tolist()
+    assert verify.positions[:real].tolist() == cpu.positions.tolist()
+    assert ids[batch:, 0].tolist() == [0, 0] and (ids[batch:, 1:] == -5).all()  # padding: only the first token
+    assert error.item() == 0
+
+
 @pytest.mark.parametrize("way", WAYS)
 def test_verify_inputs_flag_a_position_past_the_table(way, monkeypatch):
     block_size, k = 4, 3
@@ -138,15 +162,15 @@ def test_asking_for_the_step_graph_on_a_cpu_engine_names_what_is_missing(tiny_ta
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
-@pytest.mark.parametrize("temperature,fill_beside", [(0.0, True), (1.0, True), (1.0, False)])
+@pytest.mark.parametrize("temperature,side", [(0.0, True), (1.0, True), (0.0, False), (1.0, False)])
 def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature,
-                                                                         fill_beside, monkeypatch):
+                                                                         side, monkeypatch):
     """Requests of different lengths share two batch slots, so launched steps are discarded (their keys
     kept) and graphs of several batch sizes replay; with the step graph on or off the tokens are the
-    same, its random numbers filled beside draft step 1's forward or ahead of it."""
+    same, its random numbers and verify inputs built on a branch beside draft step 1 or in the chain."""
     from protospec.spec import step_graph
 
-    monkeypatch.setattr(step_graph, "FILL_BESIDE", fill_beside)
+    monkeypatch.setattr(step_graph, "SIDE_BRANCH", side)
     prompts = random_prompts(5, seed=6)
     params = [SamplingParams(temperature=temperature, top_k=40, max_tokens=n, seed=20 + i, ignore_eos=True)
               for i, n in enumerate((40, 61, 33, 18, 29))]
@@ -175,7 +199,7 @@ def test_the_allowing_verify_kernel_goes_out_only_when_asked_and_switched_on(ask
     verify = PersistentInputs("verify", 1, 3, 2, 3, 4, KERNEL_DEVICE)
     build_verify_inputs(first, torch.full((1, 2), 7, device=KERNEL_DEVICE), verify, 1, 2,
                         torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE), use_kernel=True, allow_dependents=asked)
-    assert launched == [verify_inputs._verify_kernel(asked and switch)]
+    assert launched == [verify_inputs._verify_kernel(asked and switch, True)]
     assert verify_inputs._verify_kernel(True) is not verify_inputs._verify_kernel(False)
 
 
@@ -183,8 +207,12 @@ def test_the_allowing_verify_kernel_goes_out_only_when_asked_and_switched_on(ask
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 def test_the_allowing_verify_kernel_keeps_the_step_graphs_tokens(tiny_target, tiny_draft, monkeypatch):
     """With the verify's first GEMV started during the input kernel (its wait before it reads the
-    tokens), the step graph's tokens stay the stage-by-stage step's."""
+    tokens), the step graph's tokens stay the stage-by-stage step's (that kernel in the chain: no side
+    branch)."""
     from protospec.kernels import verify_inputs
+    from protospec.spec import step_graph
+
+    monkeypatch.setattr(step_graph, "SIDE_BRANCH", False)
 
     prompts = random_prompts(3, seed=7)
     params = SamplingParams(temperature=1.0, max_tokens=40, seed=5, ignore_eos=True)

@@ -82,9 +82,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="the draft step's probabilities kernel writes the next step's inputs (token, position, length, "
                         "slot) itself instead of an advance_step launch after it (the fused sampling kernels in two "
                         "launches; same tokens; default: %(default)s)")
-    p.add_argument("--step-graph-fill", default="beside", choices=["beside", "first"],
-                   help="the spec step graph fills its random numbers on a branch of its own beside draft step 1's "
-                        "forward, or as its first kernel (same numbers; default: %(default)s)")
+    p.add_argument("--step-graph-side", default="on", choices=ON_OFF_CHOICES,
+                   help="the spec step graph fills its random numbers and builds the verify's inputs on a branch of "
+                        "its own beside draft step 1's forward, the samples writing the draft tokens (off: both in "
+                        "the chain of kernels; same tokens; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
@@ -114,7 +115,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.PIN_WEIGHT_LOADS = args.pin_weight_loads == "on"
     gemv_mma.WIDE_WEIGHT_LOADS = args.wide_weight_loads == "on"
     gemv_mma.ROPE_INPUTS_BEFORE_WAIT = args.rope_inputs_early == "on"
-    step_graph.FILL_BESIDE = args.step_graph_fill == "beside"
+    step_graph.SIDE_BRANCH = args.step_graph_side == "on"
 
 
 EARLY_ALLOW_LINEARS = ("o", "gate_up", "down")

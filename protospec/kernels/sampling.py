@@ -1,10 +1,9 @@
 """Probabilities and the exponential-race sample of a row of logits, in two Numba kernels.
 
 sampler.py's torch path runs, per draft step: logits / temperature, softmax, probs / noise, argmax,
-then two copies into the spec step's buffers (six kernels, six host launches); per verify, the
-first two. Here two launches do it all and write straight into those buffers, each row's vocabulary
-split over blocks of VOCAB_PER_BLOCK entries (one block per row, an earlier version, left a batch-1
-row on one SM walking 32000 entries three times: slower than torch's kernels spread over the GPU):
+then two copies into the spec step's buffers (six kernels and launches); per verify, the first two.
+Here two launches do it all and write straight into those buffers, each row's vocabulary split over
+blocks of VOCAB_PER_BLOCK entries (one block per row left a batch-1 row on one SM: slower than torch):
   stats   each slice's max logit, its first index (torch.argmax's tie rule) and its sum of
           exp(x/T - slice max/T); the last slice block of a row to finish (an arrival count) combines
           them, a slice per thread and two tree reductions: the row's max M, its index, and
@@ -44,10 +43,9 @@ if TYPE_CHECKING:
     from protospec.kernels.advance_step import AdvanceStepLauncher
     from protospec.spec.sampler import SamplingTensors
 
-# "two": the statistics and the probabilities as two launches; "one": one cooperative launch with a
-# grid sync between them (sampling_one_launch.py), same bits. Set before any graph is captured
-# (bench and kernel_census: --sampling-launches); "two": the one launch measured slower (its grid
-# sync costs more than the launch it saves; data/results).
+# "two": the statistics and the probabilities as two launches; "one": one cooperative launch with a grid
+# sync between them (sampling_one_launch.py), same bits, measured slower (its grid sync costs more than
+# the launch it saves). Set before any graph is captured (bench and kernel_census: --sampling-launches).
 LAUNCHES = "two"
 
 # The probabilities kernel, as a dependent, loads its slice's logits and noise before its wait: the
@@ -62,9 +60,9 @@ PROBS_PREFETCH = True
 # faster (data/results/README.md).
 ADVANCE_IN_SAMPLER = True
 
-# Who combines a row's slice statistics (two launches): "last_block", the statistics kernel's last block
-# of the row (an arrival count, then a chain of loads and reductions), or "every_block", each block of
-# the probabilities kernel from the partials. Same bits. Set before any graph is captured (--stats-combine).
+# Who combines a row's slice statistics (two launches): "last_block", the statistics kernel's last block of
+# the row (an arrival count, then a chain of loads), or "every_block", each probabilities block from the
+# partials. Same bits. Set before any graph is captured (--stats-combine).
 STATS_COMBINE = "last_block"
 
 
@@ -72,9 +70,8 @@ STATS_COMBINE = "last_block"
 def _kernels(DEPENDENT: bool, prefetch: bool, every_block: bool = False):  # noqa: N803 (Numba freezes it as a constant)
     """The two kernels; DEPENDENT: launched as programmatic dependents (kernels/dependent_launch.py),
     each waits for the kernel before it (the forward that wrote the logits, then the statistics)
-    before it reads anything, and lets the next one start as soon as it has. Both start while the
-    kernel before them ends instead of after: at batch 1 a launch costs more than these kernels' bytes.
-    prefetch (with DEPENDENT): PROBS_PREFETCH's form of the probabilities kernel; every_block:
+    before it reads anything, and lets the next one start as soon as it has (at batch 1 a launch
+    costs more than these kernels' bytes). prefetch (with DEPENDENT): PROBS_PREFETCH's form; every_block:
     STATS_COMBINE's "every_block" (the probabilities kernel's stats arguments are then the slices'
     partials [R, S], else the combined rows [R])."""
     PREFETCH, EVERY_BLOCK = DEPENDENT and prefetch, every_block  # noqa: N806
@@ -190,8 +187,7 @@ def _kernels(DEPENDENT: bool, prefetch: bool, every_block: bool = False):  # noq
                                 error_row):
         """probs_and_sample_kernel for rows at T = 1 (or greedy), with no row_stats_kernel before it:
         every block combines its row's max, index and sum from the LM head's tile statistics
-        (logit_stats.py; tile_max, tile_sum [R, S'] f32, tile_index [R, S'] int64), a few thousand
-        entries from L2 where the statistics kernel read the row's logits and launched once more."""
+        (logit_stats.py; tile_max, tile_sum [R, S'] f32, tile_index [R, S'] int64)."""
         if DEPENDENT:
             grid_dependency_wait()
             allow_dependent_launch()
@@ -231,19 +227,25 @@ def probs_into(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor, row
 
 def sample_into(logits: torch.Tensor, st: SamplingTensors, step: int, draft_probs: torch.Tensor, draft_ids: torch.Tensor,
                 noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False,
-                advance: AdvanceStepLauncher | None = None) -> None:
+                advance: AdvanceStepLauncher | None = None, tokens_to: torch.Tensor | None = None) -> None:
     """One draft step's sample: probabilities into draft_probs[:, step] ([B, k, V]), ids into
     draft_ids[:, step] ([B, k]) and mirror[:B] (advance_step's buffer, or any [B] view). noise: [B, k, V]
     Exp(1), read at [:, step]; None when every row is greedy. dependent: as probs_into's.
     advance: the decode inputs' advance that follows this sample (over the B rows sampled here): done
-    by the probabilities kernel where it can (ADVANCE_IN_SAMPLER, two launches), else launched after it."""
+    by the probabilities kernel where it can (ADVANCE_IN_SAMPLER, two launches), else launched after it.
+    tokens_to: a [B] view that gets the ids too (the verify's draft tokens): the kernel's mirror where
+    no advance_step reads one, else a copy after it."""
     if advance is not None and logits.shape[0] > advance.num_rows:
         raise KernelArgumentError(f"sample_into: {logits.shape[0]} rows to sample, but the inputs to advance "
                                   f"hold {advance.num_rows}")
     folded = advance is not None and ADVANCE_IN_SAMPLER and LAUNCHES == "two"
-    _launch(logits, st, 1, draft_probs, step, noise, draft_ids, mirror, dependent, advance if folded else None)
+    mirror_free = tokens_to is not None and (advance is None or folded)
+    _launch(logits, st, 1, draft_probs, step, noise, draft_ids, tokens_to if mirror_free else mirror, dependent,
+            advance if folded else None)
     if advance is not None and not folded:
         advance()
+    if tokens_to is not None and not mirror_free:
+        tokens_to.copy_(draft_ids[:, step])
 
 
 def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent=False, advance=None) -> None:
@@ -259,8 +261,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
             check_tensor("noise", noise, torch.float32, 3, rows=rows)
         elif not st.all_greedy:
             raise KernelArgumentError("noise: None, but some rows sample with a temperature")
-    # Placeholders for arguments the kernel will not touch (never an alias of a real argument).
-    noise = noise if noise is not None else placeholder(torch.float32, 3, logits.device)
+    noise = noise if noise is not None else placeholder(torch.float32, 3, logits.device)  # (never touched)
     ids_out = ids_out if ids_out is not None else placeholder(torch.int64, 2, logits.device)
     mirror_arg, mirror_stride = mirror_span(mirror, rows, logits.device)
     advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(logits.device))

@@ -10,6 +10,9 @@ and thread i = 0 writes seq_lens[r] = L' + k and copies the row's first `width` 
 padding row (L' = 0) gets token 0, position 0, slot -1 and seq_len 0. A position past `width` or on the
 null block gets slot -1 and sets error_row to row + 1, as advance_step and first_draft_step do.
 
+Without TOKENS (a spec step graph whose draft steps' samples write d_1..d_k into input_ids themselves)
+the kernel writes no token but t_{L'-1}, so it may run beside the draft steps.
+
 With ALLOWS (sm_90 and later) the kernel lets its dependent start at once: the verify's first GEMV,
 launched as a programmatic dependent (kernels/dependent_launch.py), then has its weight loads in
 flight during this kernel and waits for it before reading the tokens it wrote. The kernel itself is
@@ -34,8 +37,9 @@ from protospec.kernels.slot_lookup import slot_or_flag
 ALLOW_DEPENDENTS = False
 
 @functools.lru_cache(maxsize=None)
-def _verify_kernel(ALLOWS: bool):  # noqa: N803 (Numba freezes it as a constant)
-    """The kernel; ALLOWS: it lets a programmatic dependent start as soon as it begins."""
+def _verify_kernel(ALLOWS: bool, TOKENS: bool = True):  # noqa: N803 (Numba freezes them as constants)
+    """The kernel; ALLOWS: it lets a programmatic dependent start as soon as it begins; TOKENS: it
+    writes the draft tokens (else only each row's first token)."""
 
     @cuda.jit
     def verify_inputs_kernel(block_size, width, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
@@ -57,25 +61,26 @@ def _verify_kernel(ALLOWS: bool):  # noqa: N803 (Numba freezes it as a constant)
         if ALLOWS:
             allow_dependent_launch()
         t = cuda.grid(1)
-        k = draft_ids.shape[1]
-        q = k + 1
+        q = input_ids.shape[0] // seq_lens.shape[0]
+        k = q - 1
         if t >= input_ids.shape[0]:
             return
         row = t // q
         i = t - row * q
         length = first_seq_lens[row]
         if length == 0:
-            input_ids[t] = 0
+            if TOKENS or i == 0:
+                input_ids[t] = 0
             positions[t] = 0
             slot_mapping[t] = PAD_SLOT_ID
             if i == 0:
                 seq_lens[row] = 0
             return
-        token = first_input_ids[2 * row + 1]
-        if i > 0:
-            token = draft_ids[row, i - 1]
+        if i == 0:
+            input_ids[t] = first_input_ids[2 * row + 1]
+        elif TOKENS:
+            input_ids[t] = draft_ids[row, i - 1]
         pos = length - 1 + i
-        input_ids[t] = token
         positions[t] = pos
         slot_mapping[t] = slot_or_flag(first_block_tables, row, pos, width, block_size, error_row)
         if i == 0:
@@ -90,9 +95,10 @@ verify_inputs_kernel = _verify_kernel(False)
 
 def verify_inputs(block_size: int, width: int, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
                   input_ids, positions, slot_mapping, seq_lens, block_tables, error_row,
-                  allow_dependents: bool = False) -> None:
+                  allow_dependents: bool = False, tokens: bool = True) -> None:
     """Check the arguments (rows = first_seq_lens' length), then one launch of rows * (k + 1) threads.
-    allow_dependents: the kernel form that lets the next kernel (a programmatic dependent) start at once."""
+    allow_dependents: the kernel form that lets the next kernel (a programmatic dependent) start at once;
+    tokens: the form that writes the draft tokens (else the samples write them)."""
     check_tensor("first_seq_lens", first_seq_lens, torch.int32, 1)
     rows = first_seq_lens.shape[0]
     check_tensor("draft_ids", draft_ids, torch.int64, 2, rows=rows)
@@ -108,6 +114,6 @@ def verify_inputs(block_size: int, width: int, first_input_ids, first_seq_lens, 
     if not 0 < width <= widest:
         raise KernelArgumentError(f"verify_inputs: width {width} outside 1..{widest} (the narrower of the two block tables)")
     grid, block = interop.launch_config(rows * q)
-    interop.launch_tensors(_verify_kernel(bool(allow_dependents) and ALLOW_DEPENDENTS), grid, block,
+    interop.launch_tensors(_verify_kernel(bool(allow_dependents) and ALLOW_DEPENDENTS, bool(tokens)), grid, block,
                            [block_size, width, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
                             input_ids, positions, slot_mapping, seq_lens, block_tables, error_row])

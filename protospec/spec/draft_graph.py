@@ -62,11 +62,13 @@ class DraftLoopGraph:
     def key(rows: int, width: int, st: SamplingTensors, from_first_step: bool = False) -> tuple:
         return rows, width, st.all_greedy, st.any_greedy, st.needs_filter, st.unit_temperature, from_first_step
 
-    def steps(self, noise_block: torch.Tensor | None = None, noise_ready: torch.cuda.Event | None = None) -> None:
+    def steps(self, noise_block: torch.Tensor | None = None, noise_ready: torch.cuda.Event | None = None,
+              tokens_to: torch.Tensor | None = None) -> None:
         """The captured work, issued once: steps 2..k (1..k with `first`) over the graph's buffers.
-        noise_block: [rows, >= k, V] the noise to sample with instead of the graph's own (a spec step
-        graph's, filled inside its replay); noise_ready: an event the first sample waits for (its fill
-        on another stream)."""
+        A spec step graph's: noise_block [rows, >= k, V] the noise to sample with instead of the graph's
+        own (filled inside its replay); noise_ready: an event the first sample waits for (that fill on
+        another stream); tokens_to [rows, k + 1] int64: step j's ids also go to column j + 1 (the
+        verify's tokens)."""
         decode, model, kv_caches = self.decode, self.runner.model, self.runner.kv_caches
         inputs = decode.inputs(self.rows, self.width)
         sampled = decode.sampled_ids[: self.rows]  # [rows] int64: each step's ids, read by advance_step
@@ -78,7 +80,8 @@ class DraftLoopGraph:
             if noise_ready is not None:
                 torch.cuda.current_stream().wait_event(noise_ready)
             sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
-                              dependent, then_advance=decode.advance if self.k > 1 else None)
+                              dependent, then_advance=decode.advance if self.k > 1 else None,
+                              tokens_to=None if tokens_to is None else tokens_to[:, 1])
         elif self.k > 1:  # draft step 1 sampled before the replay
             if noise_ready is not None:
                 torch.cuda.current_stream().wait_event(noise_ready)
@@ -86,7 +89,8 @@ class DraftLoopGraph:
         for step in range(1, self.k):  # each sample advances the inputs of the step after it
             logits = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)  # [rows, V]
             sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
-                              dependent, then_advance=decode.advance if step < self.k - 1 else None)
+                              dependent, then_advance=decode.advance if step < self.k - 1 else None,
+                              tokens_to=None if tokens_to is None else tokens_to[:, step + 1])
 
     def load(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
         """The first `batch` rows' sampling settings (when the batch changed) and draft noise

@@ -12,23 +12,29 @@ from protospec.spec.sampler import SamplingTensors, compute_probs, exponential_n
 
 def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draft_ids: torch.Tensor,
                       draft_probs: torch.Tensor, noise_block: torch.Tensor | None, mirror: torch.Tensor | None,
-                      fused: bool, dependent: bool = False, then_advance=None) -> torch.Tensor:
+                      fused: bool, dependent: bool = False, then_advance=None,
+                      tokens_to: torch.Tensor | None = None) -> torch.Tensor:
     """logits [B, V] f32 -> draft_ids[:, step] [B] (returned, a view) and draft_probs[:, step] [B, V].
     noise_block: [B, >= k, V] Exp(1) whose [:, step] is this step's noise (None: all greedy).
     mirror: an int64 [B] buffer that also gets the ids (advance_step reads it), or None.
     dependent: the fused kernels launch as programmatic dependents (ModelRunner.launches_dependents).
     then_advance: the AdvanceStepLauncher of the decode inputs the next draft step reads, run after the
-    sample (by the fused sampling kernel itself where it can: sampling.ADVANCE_IN_SAMPLER), or None."""
+    sample (by the fused sampling kernel itself where it can: sampling.ADVANCE_IN_SAMPLER), or None.
+    tokens_to: a [B] int64 view (any stride) that gets the ids too (the verify's column of this step's
+    draft tokens, in a spec step graph), or None."""
     if fused:
         from protospec.kernels.sampling import fused_applies, sample_into
 
         if fused_applies(st):
-            sample_into(logits, st, step, draft_probs, draft_ids, noise_block, mirror, dependent, then_advance)
+            sample_into(logits, st, step, draft_probs, draft_ids, noise_block, mirror, dependent, then_advance,
+                        tokens_to)
             return draft_ids[:, step]
     noise = noise_block[:, step] if noise_block is not None else None
     ids, probs = sample(logits, st, noise, out=mirror)  # [B], [B, V]
     draft_ids[:, step] = ids
     draft_probs[:, step] = probs
+    if tokens_to is not None:
+        tokens_to.copy_(ids)
     if then_advance is not None:
         then_advance()
     return draft_ids[:, step]

@@ -11,6 +11,12 @@ replays, and queues the commit's copy. The commit then runs while the device wor
 The step's random numbers are filled inside the replay, from the requests' keys (one small copy in):
 drawn outside, they would cost a fill and a copy of each block into the graph's buffers.
 
+With SIDE_BRANCH, what only needs draft step 1's buffers goes on a branch of the replay of its own,
+beside draft step 1's forward: that fill, and the verify's inputs but its draft tokens, which each
+draft step's sample writes into the verify's tokens itself. The first sample waits for the branch.
+Off, the fill is the replay's first kernel and the verify's inputs a kernel between the draft steps
+and the verify, both in the chain of dependent kernels.
+
 Everything lives in fixed buffers of `rows` (the batch padded to a bucket); the draft side shares
 the steps 1..k draft graph's buffers (settings, noise, draft ids and probabilities). The outputs
 (target probabilities, the rejection output, the commit's row) are the graph's own tensors,
@@ -37,9 +43,9 @@ from protospec.spec.sampler import SamplingTensors
 from protospec.spec.verify_inputs import build_verify_inputs
 
 
-# The step's fill of random numbers on a branch of the replay of its own, beside draft step 1's forward
-# (its first sample waits for it), not as the replay's first kernel, ahead of that forward.
-FILL_BESIDE = True
+# The fill and the verify's inputs on a branch of their own beside draft step 1's forward (the samples
+# write the draft tokens), not in the chain of kernels (module docstring; --step-graph-side).
+SIDE_BRANCH = True
 
 
 def step_graph_applies(setting: bool | None, draft_loop: str, proposer: str | None, k: int, dynamic_k: str,
@@ -95,7 +101,7 @@ class SpecStepGraph:
         # else copied in from the requests' own generators' draws.
         self.fills = not draft_graph.st.all_greedy and batched_draws(device)
         self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
-        self._side: torch.cuda.Stream | None = None  # FILL_BESIDE's stream
+        self._side: torch.cuda.Stream | None = None  # SIDE_BRANCH's stream
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple | None = None  # (target probs [rows, k+1, V], RejectionOutput, commit row) of the replays
 
@@ -108,28 +114,33 @@ class SpecStepGraph:
             return SpecStepRandoms.draw(st, self.k, self.target.vocab_size, self.target.device, kept)
         return SpecStepRandoms.keyed(st, self.k, self.uniforms[:batch], self.noise[:batch], kept)
 
-    def _fill(self) -> torch.cuda.Event | None:
-        """The fill of the step's numbers from the keys: first in the replay, or (FILL_BESIDE) on a
-        stream of its own, which the first draft sample waits for (the event returned)."""
-        if not self.fills:
-            return None
-        if not FILL_BESIDE:
-            counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
-            return None
+    def _side_branch(self) -> torch.cuda.Event:
+        """SIDE_BRANCH: the fill and the verify's inputs but the draft tokens on a stream of their own,
+        forked from the replay's start (eagerly: after the keys' copy); the event the first draft
+        sample waits for."""
         if self._side is None:
             self._side = torch.cuda.Stream(self.target.device)
-        self._side.wait_stream(torch.cuda.current_stream())  # the keys' copy (eager) / the replay's start
+        self._side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._side):
-            counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
-            filled = torch.cuda.Event()
-            filled.record()
-        return filled
+            if self.fills:
+                counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
+            build_verify_inputs(self.draft.first, self.draft.draft_ids, self.verify, self.rows, self.width,
+                                self.error_row, tokens=False)
+            done = torch.cuda.Event()
+            done.record()
+        return done
 
     def _record(self) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
         d, rows, k = self.draft, self.rows, self.k
-        d.steps(noise_block=self.noise, noise_ready=self._fill())
-        build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row,
-                            allow_dependents=self.target.launches_dependents)
+        if SIDE_BRANCH:
+            tokens = self.verify.input_ids[: rows * (k + 1)].view(rows, k + 1)  # [rows, k + 1] the verify's
+            d.steps(noise_block=self.noise, noise_ready=self._side_branch(), tokens_to=tokens)
+        else:
+            if self.fills:
+                counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
+            d.steps(noise_block=self.noise)
+            build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row,
+                                allow_dependents=self.target.launches_dependents)
         v = self.verify.view(rows, self.width)
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
         probs = target_probs(logits, d.st, k + 1, self.fused,
@@ -141,7 +152,7 @@ class SpecStepGraph:
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
         """The step for the first `batch` rows (randoms: from self.randoms): (target probs, rejection
         output, commit row), each of the padded batch; rows past `batch` are padding."""
-        if self.fills:  # one small copy; the fill is the replay's first kernel
+        if self.fills:  # one small copy; the replay fills the numbers from the keys
             keys = torch.tensor([split_key(key) for key in randoms.keys], dtype=torch.int64)  # [batch, 2]
             self.keys[:batch].copy_(keys.pin_memory(), non_blocking=True)
         elif not st.all_greedy:

@@ -29,27 +29,29 @@ from protospec.model.persistent_inputs import PersistentInputs
 
 def build_verify_inputs(first: PersistentInputs, draft_ids: torch.Tensor, verify: PersistentInputs, rows: int,
                         width: int, error_row: torch.Tensor, use_kernel: bool | None = None,
-                        allow_dependents: bool = False) -> None:
+                        allow_dependents: bool = False, tokens: bool = True) -> None:
     """first: draft step 1's buffers (query_len 2); draft_ids: [rows, k] int64; verify: buffers of
     query_len k + 1 with at least `rows` rows and `width` table columns; error_row: [1] int32.
     use_kernel: the Numba launch (None: where kernels run on the tensors' device) or the torch twin.
     allow_dependents: the verify's forward is launched as programmatic dependents (the kernel may then
-    let it start at once: kernels/verify_inputs.py)."""
+    let it start at once: kernels/verify_inputs.py). tokens: False where the draft steps' samples write
+    d_1..d_k into the verify's tokens themselves (only t_{L'-1} of the tokens is written here; draft_ids
+    then only gives k, so these inputs may be built before the draft steps)."""
     q = draft_ids.shape[1] + 1
     if verify.query_len != q:
         raise ValueError(f"verify buffers hold {verify.query_len} tokens a row, the step needs k + 1 = {q}")
     if use_kernel is None:
         use_kernel = draft_ids.device.type == KERNEL_DEVICE_TYPE
     if not use_kernel:
-        build_verify_inputs_torch(first, draft_ids, verify, rows, width, error_row)
+        build_verify_inputs_torch(first, draft_ids, verify, rows, width, error_row, tokens)
         return
     verify_inputs(first.block_size, width, first.input_ids[: 2 * rows], first.seq_lens[:rows], first.block_tables[:rows],
                   draft_ids, verify.input_ids[: rows * q], verify.positions[: rows * q], verify.slot_mapping[: rows * q],
-                  verify.seq_lens[:rows], verify.block_tables[:rows], error_row, allow_dependents)
+                  verify.seq_lens[:rows], verify.block_tables[:rows], error_row, allow_dependents, tokens)
 
 
 def build_verify_inputs_torch(first: PersistentInputs, draft_ids: torch.Tensor, verify: PersistentInputs, rows: int,
-                              width: int, error_row: torch.Tensor) -> None:
+                              width: int, error_row: torch.Tensor, tokens: bool = True) -> None:
     """The same buffers from torch ops (the kernel's twin)."""
     k = draft_ids.shape[1]
     q = k + 1
@@ -57,8 +59,9 @@ def build_verify_inputs_torch(first: PersistentInputs, draft_ids: torch.Tensor, 
     length = first.seq_lens[:rows].long()                                      # [rows] L', 0 on padding rows
     real = length > 0                                                          # [rows] bool
     ids = verify.input_ids[: rows * q].view(rows, q)                           # [rows, k + 1]
-    ids[:, 0] = first.input_ids[: 2 * rows].view(rows, 2)[:, 1]
-    ids[:, 1:] = draft_ids
+    ids[:, 0] = torch.where(real, first.input_ids[: 2 * rows].view(rows, 2)[:, 1], 0)
+    if tokens:
+        ids[:, 1:] = torch.where(real[:, None], draft_ids, 0)
     offsets = torch.arange(q, device=device)                                   # [k + 1]
     pos = torch.where(real[:, None], length[:, None] - 1 + offsets, 0)        # [rows, k + 1]
     verify.positions[: rows * q].view(rows, q).copy_(pos)
