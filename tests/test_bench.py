@@ -142,6 +142,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
     from protospec.bench.args import build_parser
     from protospec.bench.kernel_forms import apply_kernel_forms
     from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling, verify_inputs
+    from protospec.model import layer_kernels
     from protospec.spec import step_graph
 
     switches = [(sampling, "LAUNCHES"), (dependent_launch, "STEP_KERNELS"), (gemv_mma, "PREFETCH_NORM"),
@@ -150,7 +151,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
                 (gemv_mma, "EARLY_ALLOW"), (attention_mma, "PIPELINE"), (attention_mma, "TILES_PER_SPLIT"),
                 (gemv_mma, "ROPE_INPUTS_BEFORE_WAIT"),
                 (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER"), (sampling, "STATS_COMBINE"),
-                (step_graph, "SIDE_BRANCH"), (attention_mma, "EARLY_TILES")]
+                (step_graph, "SIDE_BRANCH"), (attention_mma, "EARLY_TILES"), (layer_kernels, "LONG_CHUNKS")]
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
     flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
@@ -159,14 +160,14 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
              "--rope-inputs-early", "off",
              "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "every_block",
-             "--step-graph-side", "off", "--attention-early-tiles", "2"] if flipped else []
+             "--step-graph-side", "off", "--attention-early-tiles", "2", "--prefill-kernels", "on"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
     assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False,
-                    "every_block", False, 2]
+                    "every_block", False, 2, True]
                    if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True,
-                                    "last_block", True, 1])
+                                    "last_block", True, 1, False])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

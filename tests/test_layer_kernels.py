@@ -126,6 +126,33 @@ def test_a_forced_attention_kernel_runs_in_every_layer(monkeypatch):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_prefill_on_the_long_chunk_kernels_gives_the_torch_paths_logits_and_cache(dtype, monkeypatch):
+    """LONG_CHUNKS: a whole prompt (batch 1, past MAX_QUERY_LEN tokens, from position 0) on the 9-kernel
+    path: the torch path's logits (the last token's) and K/V, to rounding."""
+    from protospec.model import layer_kernels
+
+    cfg = LlamaArchConfig.from_dict(TARGET_CFG)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).place(DEV, dtype)
+    block_size, num_blocks, length = 16, 6, layer_kernels.MAX_QUERY_LEN + 9
+    prompt = torch.randint(3, cfg.vocab_size, (length,), generator=torch.Generator().manual_seed(2)).tolist()
+    inputs = prepare_inputs([prompt], [0], [[4, 2]], block_size, 1, torch.device(DEV))
+    caches = [torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype, device=DEV)
+              for _ in range(cfg.num_hidden_layers)]
+    torch_caches = [c.clone() for c in caches]
+    expected = model(inputs.input_ids, inputs.positions, torch_caches, inputs.meta)
+    model.enable_layer_kernels()
+    assert not model.layer_kernels.applies(inputs.meta)  # off: the torch path's
+    monkeypatch.setattr(layer_kernels, "LONG_CHUNKS", True)
+    assert model.layer_kernels.applies(inputs.meta)
+    got = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(got, expected, **tol)
+    for c, t in zip(caches, torch_caches):
+        torch.testing.assert_close(c, t, **(TOL[dtype] if dtype == torch.float32 else tol))
+
+
 def test_prefill_and_ragged_batches_keep_the_torch_path():
     model = LlamaForCausalLM(LlamaArchConfig.from_dict(TARGET_CFG)).place(DEV, torch.float32)
     model.enable_layer_kernels()

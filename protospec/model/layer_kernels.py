@@ -31,7 +31,12 @@ from protospec.kernels.gemv_mma_twin import RopeCache, TailNorm
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 from protospec.model.llama import logits_float32
 
-MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path
+MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path, unless LONG_CHUNKS
+# Uniform chunks longer than MAX_QUERY_LEN (a prefill at batch 1) on the 9-kernel path too (cuBLAS for the
+# linears, the Numba norms, RoPE with the cache store, attention and SiLU x up between them) where their
+# tokens fit `_row_ids`: half the torch path's ~20 kernels a layer. The same logits to rounding (bench and
+# kernel_census: --prefill-kernels).
+LONG_CHUNKS = False
 # The fused forward's final norm: "fused" into the LM head GEMV's loads (one kernel, but each of its
 # ~2000 blocks recomputes the norm of the wanted rows), or "separate" (gemv_mma.head_norm: the same
 # arithmetic once, in one block launched as a dependent, then the plain GEMV; the same logits).
@@ -137,7 +142,7 @@ class LayerKernelForward:
         whose context fits the attention kernel."""
         q = meta.uniform_query_len
         keys = meta.block_tables.shape[1] * meta.block_size
-        return (q is not None and q <= MAX_QUERY_LEN and meta.slot_mapping.shape[0] <= self._row_ids.shape[0]
+        return (q is not None and (q <= MAX_QUERY_LEN or LONG_CHUNKS) and meta.slot_mapping.shape[0] <= self._row_ids.shape[0]
                 and attention_kernel.supports(self.num_heads, self.head_dim, keys))
 
     def forward(self, model, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
