@@ -94,12 +94,17 @@ class SpecStepGraph:
         rows, width, k, vocab, device = draft_graph.rows, draft_graph.width, draft_graph.k, target.vocab_size, target.device
         self.rows, self.width, self.k = rows, width, k
         self.verify = PersistentInputs("spec_step_graph_verify", rows, k + 1, width, k + 1, target.block_size, device)
-        # The step's random numbers (SpecStepRandoms' layout); greedy graphs keep these neutral values.
+        # The step's random numbers (SpecStepRandoms' layout). Greedy graphs keep neutral values, their
+        # rejection noise two blocks of their own (contiguous: the rejection kernel copies slices of a
+        # block in rows > 1, inside the replay).
+        self.greedy = draft_graph.st.all_greedy
         self.uniforms = torch.zeros(rows, k, device=device)                 # [rows, k] U[0, 1)
-        self.noise = torch.ones(rows, 2 * k + 1, vocab, device=device)      # [rows, 2k + 1, V] Exp(1)
+        self.noise = torch.ones(rows, 2 * k + 1, vocab, device=device) if not self.greedy else None  # [rows, 2k + 1, V]
+        self.greedy_noise = (torch.ones(rows, k, vocab, device=device), torch.ones(rows, vocab, device=device)) \
+            if self.greedy else None                                        # [rows, k, V], [rows, V] Exp(1) stand-ins
         # Filled inside the replay from the requests' keys where draws are batched (a GPU's default),
         # else copied in from the requests' own generators' draws.
-        self.fills = not draft_graph.st.all_greedy and batched_draws(device)
+        self.fills = not self.greedy and batched_draws(device)
         self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
         self._side: torch.cuda.Stream | None = None  # SIDE_BRANCH's stream
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -110,6 +115,8 @@ class SpecStepGraph:
         the keys only (the numbers as views of the graph's buffers, valid until the next replay; a
         discarded step keeps the keys); else drawn here, outside the replay."""
         batch = len(st.generators)
+        if self.greedy:  # no draw, nothing kept
+            return SpecStepRandoms(self.uniforms[:batch], *(n[:batch] for n in self.greedy_noise), noise_block=None)
         if not self.fills:
             return SpecStepRandoms.draw(st, self.k, self.target.vocab_size, self.target.device, kept)
         return SpecStepRandoms.keyed(st, self.k, self.uniforms[:batch], self.noise[:batch], kept)
@@ -145,7 +152,10 @@ class SpecStepGraph:
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
         probs = target_probs(logits, d.st, k + 1, self.fused,
                              self.target.launches_dependents).view(rows, k + 1, -1)  # [rows, k+1, V]
-        randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
+        if self.greedy:
+            randoms = SpecStepRandoms(self.uniforms, *self.greedy_noise, noise_block=None)
+        else:
+            randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row)
         return probs, result, commit_row(result, None, self.error_row)
 
@@ -155,7 +165,7 @@ class SpecStepGraph:
         if self.fills:  # one small copy; the replay fills the numbers from the keys
             keys = torch.tensor([split_key(key) for key in randoms.keys], dtype=torch.int64)  # [batch, 2]
             self.keys[:batch].copy_(keys.pin_memory(), non_blocking=True)
-        elif not st.all_greedy:
+        elif not self.greedy:
             self.uniforms[:batch].copy_(randoms.uniforms)
             self.noise[:batch].copy_(randoms.noise_block)
         self.draft.load(st, None, batch)  # the settings: the noise is this graph's
