@@ -159,15 +159,15 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
              "--lm-head-prefetch-norm", "off", "--logit-stats", "on", "--pin-weight-loads", "off",
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
              "--rope-inputs-early", "off",
-             "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "every_block",
+             "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "last_block",
              "--step-graph-side", "off", "--attention-early-tiles", "2", "--prefill-kernels", "on"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
     assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False,
-                    "every_block", False, 2, True]
+                    "last_block", False, 2, True]
                    if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True,
-                                    "last_block", True, 1, False])
+                                    "every_block", True, 1, False])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

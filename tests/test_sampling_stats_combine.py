@@ -1,5 +1,5 @@
 """The row statistics combined by every block of the probabilities kernel (sampling.STATS_COMBINE =
-"every_block") against the statistics kernel's last block combining them (the default): the same
+"every_block", the default) against the statistics kernel's last block combining them: the same
 function on the same partials, so the same probabilities and ids bit for bit, in both forms of the
 probabilities kernel (loads after and before its wait), sampled and greedy rows, a masked stretch, a
 greedy row of -inf, the draft and the verify layouts, twice in a row (the arrival counters back at

@@ -75,7 +75,7 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probs-prefetch", default="on", choices=ON_OFF_CHOICES,
                    help="the probabilities kernel, as a dependent, loads its logits and noise before its wait "
                         "(same bits; default: %(default)s)")
-    p.add_argument("--stats-combine", default="last_block", choices=["last_block", "every_block"],
+    p.add_argument("--stats-combine", default="every_block", choices=["last_block", "every_block"],
                    help="a row's slice statistics combined by the statistics kernel's last block of the row, or by "
                         "every block of the probabilities kernel itself (same bits; default: %(default)s)")
     p.add_argument("--advance-in-sampler", default="on", choices=ON_OFF_CHOICES,

@@ -167,6 +167,8 @@ class LayerKernelForward:
             act = silu_and_mul(self._linear(h, layer.gate_up_weight))
             x = self._linear(act, layer.mlp.down_proj.weight)
         norm = model.model.norm
+        if wanted.shape[0] == 0:  # a prefill that wants no logits (the draft's): no head, no empty launch
+            return torch.empty(0, model.lm_head.weight.shape[0], dtype=torch.float32, device=x.device)
         h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # only the rows whose logits are wanted
         if self._tensor_cores(h):
             return gemv_mma.gemv_mma(h if h.is_contiguous() else h.contiguous(), model.lm_head.weight,
