@@ -157,6 +157,12 @@ def test_a_prefill_on_the_long_chunk_kernels_gives_the_torch_paths_logits_and_ca
     torch.testing.assert_close(got, expected, **tol)
     for c, t in zip(caches, torch_caches):
         torch.testing.assert_close(c, t, **(TOL[dtype] if dtype == torch.float32 else tol))
+    # the draft's prefill wants no logits: none come back, the cache is written the same
+    no_logits = prepare_inputs([prompt], [0], [[4, 2]], block_size, 0, torch.device(DEV))
+    fresh = [torch.zeros_like(c) for c in caches]
+    assert model(no_logits.input_ids, no_logits.positions, fresh, no_logits.meta).shape == (0, cfg.vocab_size)
+    for c, t in zip(fresh, caches):
+        assert torch.equal(c, t)
 
 
 def test_prefill_and_ragged_batches_keep_the_torch_path():
