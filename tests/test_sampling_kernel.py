@@ -322,4 +322,6 @@ def test_the_dependent_form_is_launched_only_with_its_switch_on(switch, monkeypa
     sample_into(torch.zeros(1, vocab, device=DEV), st, 0, torch.zeros(1, 2, vocab, device=DEV),
                 torch.zeros(1, 2, dtype=torch.int64, device=DEV), torch.ones(1, 2, vocab, device=DEV), dependent=True)
     assert [dependent for _, dependent in launched] == [switch, switch]
-    assert [kernel for kernel, _ in launched] == list(sampling._kernels(switch, switch and sampling.PROBS_PREFETCH, False)[:2])  # statistics, probabilities
+    every_block = sampling.STATS_COMBINE == "every_block"
+    expected = sampling._kernels(switch, switch and sampling.PROBS_PREFETCH, every_block)[:2]  # statistics, probabilities
+    assert [kernel for kernel, _ in launched] == list(expected)
