@@ -122,6 +122,8 @@ class EngineConfig:
     # the second time a layout runs), at most graphs.MAX_PREFILL_GRAPHS layouts a model; with cuda_graphs.
     # True (default): measured faster where prompts repeat a layout, as the bench's do (data/results/).
     prefill_graphs: bool = True
+    # On a CUDA device, the draft's prefill on a stream of its own beside the target's (engine/prefill.py).
+    draft_prefill_side: bool = False
     # Which draft tokens a spec step keeps (spec/acceptance.py): "rejection" (lossless) or "typical"
     # (Medusa's typical acceptance, lossy; posterior_threshold and posterior_alpha as vLLM names them).
     acceptance: str = registry.REJECTION
@@ -162,7 +164,7 @@ class EngineConfig:
         kind = registry.DRAFT_LOOPS.get(self.draft_loop)
         if self.check_no_sync and kind is not None and kind.host_sync_per_step:
             raise ConfigError(f"check_no_sync cannot hold with draft_loop={self.draft_loop!r}, which syncs every draft step")
-        for name in ("overlap_commit", "first_step_at_begin", "prefill_graphs"):  # a switch, not a truthy string
+        for name in ("overlap_commit", "first_step_at_begin", "prefill_graphs", "draft_prefill_side"):  # a switch, not a truthy string
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.persistent_decode not in (False, True, "one", "per_phase"):

@@ -1,5 +1,5 @@
 """Prefills replayed as CUDA graphs (EngineConfig.prefill_graphs): which layouts get one, and on a GPU
-the same tokens as the eager prefill."""
+the same tokens as the eager prefill; the draft's prefill beside the target's (draft_prefill_side)."""
 import pytest
 import torch
 from tiny import random_prompts, tiny_llm
@@ -47,6 +47,29 @@ def test_prefill_graphs_give_the_eager_tokens(tiny_target, tiny_draft, temperatu
     assert outs[True] == outs[False]
     assert counters[True]["target"]["forward:graph_prefill"] == 2 == counters[True]["draft"]["forward:graph_prefill"]
     assert "forward:graph_prefill" not in counters[False]["target"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_draft_prefill_beside_the_target_gives_the_same_tokens(tiny_target, tiny_draft, temperature):
+    """Eager the first time, captured the second, replayed the third: on its own stream each time, and
+    draft step 1 must see the draft's whole cache (a missing wait shows as other draft tokens)."""
+    prompts = random_prompts(2, lengths=(24,), seed=5)
+    params = SamplingParams(temperature=temperature, max_tokens=20, ignore_eos=True, seed=6)
+    outs = {}
+    for side in (False, True):
+        llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph", draft_prefill_side=side)
+        outs[side] = [[o.token_ids for o in llm.generate(prompts, params)] for _ in range(3)]
+        assert (llm.engine.prefill._stream is not None) is side
+    assert outs[True] == outs[False]
+
+
+def test_the_draft_prefill_stays_on_the_current_stream_off_a_gpu(tiny_target, tiny_draft):
+    llm = tiny_llm(tiny_target, tiny_draft, k=3, draft_prefill_side=True)
+    assert llm.engine.config.draft_prefill_side and not llm.engine.prefill.side
+    out = llm.generate(random_prompts(1, lengths=(9,), seed=2), SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out[0].token_ids) == 4 and llm.engine.prefill._stream is None
 
 
 @pytest.mark.parametrize("prompts", [1, 3], ids=["one_row", "padded_to_four_rows"])

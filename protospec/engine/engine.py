@@ -13,6 +13,7 @@ import torch
 
 from protospec.engine.block_manager import BlockManager, blocks_for
 from protospec.engine.kv_pool import size_kv_pool
+from protospec.engine.prefill import Prefill
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
 from protospec.spec import registry
 from protospec.spec.acceptance import make_acceptance
@@ -95,6 +96,7 @@ class Engine:
                     # The widest repeated forward: the verify, or the draft's two-token first step.
                     runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.look.verify_len),
                                               config.prefill_graphs)
+        self.prefill = Prefill(self.target, self.draft, config.draft_prefill_side, self.device)
         self.vocab_size = target.config.vocab_size
         self._draft_loops: dict[tuple, DraftLoop] = {}  # built once: switching keeps their buffers and graphs
         self.spec_step = self._build_spec_step() if config.proposer is not None else None
@@ -221,12 +223,7 @@ class Engine:
         return cached[1]
 
     def _prefill(self, seqs: list[Sequence], launch_first_step: bool) -> None:
-        prompts = [s.prompt_token_ids for s in seqs]
-        tables = [s.block_table for s in seqs]
-        starts = [0] * len(seqs)
-        if self.draft is not None:
-            self.draft.execute(self.draft.prepare("prefill", prompts, starts, tables, num_logits=0))
-        logits = self.target.execute(self.target.prepare("prefill", prompts, starts, tables, num_logits=1))
+        logits = self.prefill([s.prompt_token_ids for s in seqs], [s.block_table for s in seqs])
         st = self.sampling_tensors(seqs)
         ids = sample_tokens(logits, st, self.fused_sampling, self.target.launches_dependents)
         if launch_first_step and len(seqs) == len(self.running) and self.speculating():  # the next batch is this one

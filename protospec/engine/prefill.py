@@ -1,0 +1,41 @@
+"""Both models' prefill of newly admitted prompts: the draft's forward fills its KV cache (no
+logits), the target's fills its own and returns the logits of each prompt's last token.
+
+The two forwards share nothing but their inputs' token ids, so with `side` (EngineConfig.
+draft_prefill_side) on a CUDA device the draft's runs on a stream of its own, beside the target's:
+at batch 1 a prefill's kernels are small and the two forwards' kernels fit the GPU together. The
+current stream waits for the draft's before anything after the prefill (draft step 1 reads its KV).
+"""
+from __future__ import annotations
+
+import torch
+
+from protospec.model.runner import ModelRunner
+
+
+class Prefill:
+    def __init__(self, target: ModelRunner, draft: ModelRunner | None, side: bool, device: torch.device):
+        self.target, self.draft = target, draft
+        self.side = side and draft is not None and device.type == "cuda"
+        self._stream: torch.cuda.Stream | None = None
+
+    def __call__(self, prompts: list[list[int]], tables: list[list[int]]) -> torch.Tensor:
+        """Logits [len(prompts), V] of each prompt's last token; both caches hold the prompts."""
+        starts = [0] * len(prompts)
+        if self.draft is not None:
+            # Prepared on the current stream (its host-to-device copies), run on the side one.
+            inputs = self.draft.prepare("prefill", prompts, starts, tables, num_logits=0)
+            if self.side:
+                if self._stream is None:
+                    self._stream = torch.cuda.Stream(inputs.input_ids.device)
+                self._stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self._stream):
+                    self.draft.execute(inputs)
+            else:
+                self.draft.execute(inputs)
+        logits = self.target.execute(self.target.prepare("prefill", prompts, starts, tables, num_logits=1))
+        if self.side:
+            # The draft's inputs were allocated on the current stream and are freed once this returns:
+            # the wait also keeps their memory from being reused before the draft's forward read them.
+            torch.cuda.current_stream().wait_stream(self._stream)
+        return logits
