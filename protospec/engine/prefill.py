@@ -22,18 +22,19 @@ class Prefill:
     def __call__(self, prompts: list[list[int]], tables: list[list[int]]) -> torch.Tensor:
         """Logits [len(prompts), V] of each prompt's last token; both caches hold the prompts."""
         starts = [0] * len(prompts)
-        if self.draft is not None:
-            # Prepared on the current stream (its host-to-device copies), run on the side one.
-            inputs = self.draft.prepare("prefill", prompts, starts, tables, num_logits=0)
-            if self.side:
-                if self._stream is None:
-                    self._stream = torch.cuda.Stream(inputs.input_ids.device)
-                self._stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(self._stream):
-                    self.draft.execute(inputs)
-            else:
-                self.draft.execute(inputs)
-        logits = self.target.execute(self.target.prepare("prefill", prompts, starts, tables, num_logits=1))
+        # Both forwards' inputs first (host work and host-to-device copies on the current stream): the
+        # target's prepared after the draft's launch would leave the draft's forward alone on the GPU.
+        draft_inputs = self.draft.prepare("prefill", prompts, starts, tables, num_logits=0) if self.draft is not None else None
+        target_inputs = self.target.prepare("prefill", prompts, starts, tables, num_logits=1)
+        if draft_inputs is not None and self.side:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(draft_inputs.input_ids.device)
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                self.draft.execute(draft_inputs)
+        elif draft_inputs is not None:
+            self.draft.execute(draft_inputs)
+        logits = self.target.execute(target_inputs)
         if self.side:
             # The draft's inputs were allocated on the current stream and are freed once this returns:
             # the wait also keeps their memory from being reused before the draft's forward read them.
