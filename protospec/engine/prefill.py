@@ -5,6 +5,8 @@ The two forwards share nothing but their inputs' token ids, so with `side` (Engi
 draft_prefill_side) on a CUDA device the draft's runs on a stream of its own, beside the target's:
 at batch 1 a prefill's kernels are small and the two forwards' kernels fit the GPU together. The
 current stream waits for the draft's before anything after the prefill (draft step 1 reads its KV).
+The side stream waits for the current one before the target's forward, so the draft's forward sees
+every input copy queued so far; the target's logits come from the current stream as before.
 """
 from __future__ import annotations
 
@@ -26,17 +28,19 @@ class Prefill:
         # target's prepared after the draft's launch would leave the draft's forward alone on the GPU.
         draft_inputs = self.draft.prepare("prefill", prompts, starts, tables, num_logits=0) if self.draft is not None else None
         target_inputs = self.target.prepare("prefill", prompts, starts, tables, num_logits=1)
-        if draft_inputs is not None and self.side:
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(draft_inputs.input_ids.device)
-            self._stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._stream):
+        if not self.side:
+            if draft_inputs is not None:
                 self.draft.execute(draft_inputs)
-        elif draft_inputs is not None:
-            self.draft.execute(draft_inputs)
+            return self.target.execute(target_inputs)
+        # The target's first: the host's launches of the draft's forward then overlap the target's
+        # kernels instead of running ahead of them (the draft's forward alone on the GPU again).
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(target_inputs.input_ids.device)
+        self._stream.wait_stream(torch.cuda.current_stream())
         logits = self.target.execute(target_inputs)
-        if self.side:
-            # The draft's inputs were allocated on the current stream and are freed once this returns:
-            # the wait also keeps their memory from being reused before the draft's forward read them.
-            torch.cuda.current_stream().wait_stream(self._stream)
+        with torch.cuda.stream(self._stream):
+            self.draft.execute(draft_inputs)
+        # The draft's inputs were allocated on the current stream and are freed once this returns:
+        # the wait also keeps their memory from being reused before the draft's forward read them.
+        torch.cuda.current_stream().wait_stream(self._stream)
         return logits
