@@ -129,20 +129,23 @@ def test_a_pipelined_walk_gives_the_same_bits(early, monkeypatch, launched_kerne
     assert walks[:2] == ["attention_mma_kernel", "attention_mma_kernel_pipe"]
 
 
-def test_a_second_early_tile_gives_the_same_bits(monkeypatch, launched_kernels):
-    """EARLY_TILES = 2: a warp's second tile of older keys goes out before the wait too (in the 70-key
-    context, keys 32..47 of warp 0 in the simulator's 2-warp blocks; the 1-key context has none), and
-    the walk uses it instead of loading it in its first step: exactly the bits of one early tile."""
+def test_early_tiles_give_the_same_bits(monkeypatch, launched_kernels):
+    """EARLY_TILES = 2 or 3: a warp's second (and third) tile of older keys goes out before the wait too,
+    and the walk uses them instead of loading them in its steps. In the simulator's 2-warp blocks the
+    110-key context gives warp 0 tiles at keys 0, 32, 64 (all three early) and 96 (loaded in the walk,
+    after the third moved up), warp 1 three tiles from key 16 (its third, keys 80..95, early too); the
+    1-key context has none: exactly the bits of one early tile."""
     monkeypatch.setattr(by_mma, "EARLY_LOADS", True)
     monkeypatch.setattr(by_mma, "PIPELINE", True)
-    inputs, cache, q = _case(1, [70, 1], 4, 2, 32, 16, torch.float16, seed=9)
+    inputs, cache, q = _case(1, [110, 1], 4, 2, 32, 16, torch.float16, seed=9)
     out = {}
-    for tiles in (1, 2):
+    for tiles in (1, 2, 3):
         monkeypatch.setattr(by_mma, "EARLY_TILES", tiles)
         out[tiles] = _kernel(inputs, cache, q, path="mma", dependent_launch=True)
-    assert torch.equal(out[2], out[1])
+    assert torch.equal(out[2], out[1]) and torch.equal(out[3], out[1])
+    torch.testing.assert_close(out[3], _torch_reference(inputs, cache, q, torch.float16), **TOL[torch.float16])
     walks = [name for name in launched_kernels if name.startswith("attention_mma_kernel")]
-    assert walks[-2:] == ["attention_mma_kernel_pipe", "attention_mma_kernel_pipe_early2"]
+    assert walks[-3:] == ["attention_mma_kernel_pipe", "attention_mma_kernel_pipe_early2", "attention_mma_kernel_pipe_early3"]
 
 
 def test_stale_nan_slots_and_padding_rows_stay_out_of_real_rows():

@@ -161,7 +161,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
              "--rope-inputs-early", "off",
              "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "last_block",
-             "--step-graph-side", "off", "--attention-early-tiles", "2", "--prefill-kernels", "on"] if flipped else []
+             "--step-graph-side", "off", "--attention-early-tiles", "3", "--prefill-kernels", "on"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})

@@ -69,7 +69,7 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-pipeline", default="on", choices=ON_OFF_CHOICES,
                    help="the tensor-core attention loads a warp's next key tile before the products of this one "
                         "(same bits; default: %(default)s)")
-    p.add_argument("--attention-early-tiles", type=int, default=1, choices=[1, 2],
+    p.add_argument("--attention-early-tiles", type=int, default=1, choices=[1, 2, 3],
                    help="the tensor-core attention, with its early loads and pipeline, loads this many of a warp's "
                         "tiles of older keys before its wait (same bits; default: %(default)s)")
     p.add_argument("--probs-prefetch", default="on", choices=ON_OFF_CHOICES,

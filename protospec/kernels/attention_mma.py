@@ -48,8 +48,11 @@ EARLY_LOADS = True
 # the table entry two tiles ahead), not after them. Same bits. On: timed faster at batch 1 and 64
 # (bench, kernel_census: --attention-pipeline; data/results/README.md).
 PIPELINE = True
-# With EARLY_LOADS and PIPELINE: how many of a warp's tiles of older keys go out before its wait, 1 or 2
-# (the second into the pipeline's second set of words). Same bits (bench, kernel_census: --attention-early-tiles).
+# With EARLY_LOADS and PIPELINE: how many of a warp's first tiles of older keys go out before its wait, 1 to 3
+# (the second into the pipeline's second set of words, the third into a set of its own). A pipeline one
+# tile deep makes every later tile's loads wait a whole memory latency after the tile before; at the
+# seed shapes (up to 384 keys, 8 warps of 16) a warp walks 3 tiles. Same bits (bench, kernel_census:
+# --attention-early-tiles).
 EARLY_TILES = 1
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
@@ -101,13 +104,13 @@ def attention_kernel(group_rows: int, head_dim: int, warps: int, group: int, dep
     (a programmatic dependent launch: dependent_launch.py)."""
     early = dependent and EARLY_LOADS
     return _compiled(rows_per_chunk(group_rows), head_dim, warps, group, FASTMATH, MIN_BLOCKS_PER_SM, dependent,
-                     early, PIPELINE, early and PIPELINE and EARLY_TILES == 2)
+                     early, PIPELINE, EARLY_TILES if early and PIPELINE else 1)
 
 
 @functools.cache
 def _compiled(rows: int, head_dim: int, warps: int, group: int, fastmath: bool, min_blocks: int | None,
-              dependent: bool = False, early: bool = False, pipeline: bool = False, early2: bool = False):
+              dependent: bool = False, early: bool = False, pipeline: bool = False, early_tiles: int = 1):
     options = {} if interop.SIMULATOR else {"fastmath": fastmath}
     if min_blocks and not interop.SIMULATOR:
         options["launch_bounds"] = (32 * warps, min_blocks)
-    return make_mma_kernel(rows // 8, head_dim, warps, group, options, dependent, early, pipeline, early2)
+    return make_mma_kernel(rows // 8, head_dim, warps, group, options, dependent, early, pipeline, early_tiles)

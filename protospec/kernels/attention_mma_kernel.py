@@ -20,12 +20,14 @@ LOW16 = 0xFFFF
 
 
 def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPENDENT: bool = False,  # noqa: N803
-                    EARLY: bool = False, PIPE: bool = False, EARLY2: bool = False):  # noqa: N803 (Numba: constants)
+                    EARLY: bool = False, PIPE: bool = False, EARLY_TILES: int = 1):  # noqa: N803 (Numba: constants)
     """RH 8-row halves a chunk (1 or 2), head dim D, WARPS warps a block, GROUP query heads a KV head.
     DEPENDENT: launched as a programmatic dependent; EARLY: its loads no kernel of the forward writes
     before its wait (attention_mma.EARLY_LOADS); PIPE: each tile's loads go out before the products of
-    the tile before it (attention_mma.PIPELINE); EARLY2 (with EARLY and PIPE): a warp's second tile of
-    older keys before the wait too (attention_mma.EARLY_TILES)."""
+    the tile before it (attention_mma.PIPELINE); EARLY_TILES (with EARLY and PIPE; 1, 2 or 3): how many
+    of a warp's first tiles of older keys go out before the wait (attention_mma.EARLY_TILES)."""
+    EARLY2 = EARLY and PIPE and EARLY_TILES >= 2
+    EARLY3 = EARLY2 and EARLY_TILES >= 3
     R = 8 * RH                 # rows per chunk: g (and g + 8 when RH = 2) for lane 4 g + t
     KT = D // 16               # k-tiles of S = Q K^T (16 dims each)
     NT = D // 8                # n-tiles of O = P V (8 dims each)
@@ -75,6 +77,8 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
         vw = cuda.local.array(VK, int64)     # [4, VW] V words: keys key0 + 2t, + 1, + 8, + 9; dims g NT ..
         kb2 = cuda.local.array(KB, int64)    # PIPE: the next tile's K and V words, in flight during this one's
         vw2 = cuda.local.array(VK, int64)
+        kb3 = cuda.local.array(KB if EARLY3 else 1, int64)  # EARLY3: the third tile's, loaded before the wait
+        vw3 = cuda.local.array(VK if EARLY3 else 1, int64)
         s = cuda.local.array(8, float32)     # [2, 4] this step's S fragments (one per 8 keys)
         o = cuda.local.array(OD, float32)    # [NT, 4] O fragments: rows g, g + 8; dims (2t + i) NT + nt
         for i in range(OD):
@@ -138,17 +142,24 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
             column2 += 1
         prefetched = False
         prefetched2 = False  # EARLY2: the second tile's words are in kb2 / vw2 already
+        prefetched3 = False  # EARLY3: the third tile's are in kb3 / vw3
         if EARLY:  # the first tile before the wait if no kernel of this forward writes its keys
             oldest_new = load_flat(positions, seq * query_len)  # the sequence's first query token
             prefetched = key0 + TILE <= oldest_new
             if prefetched:
                 load_tile(kv64, block * block_words + offset * key_stride, k_lane, v_lane, key_stride, key0, end, t,
                           kb, vw)
-            if EARLY2 and PIPE:
+            if EARLY2:
                 prefetched2 = prefetched and key0 + STEP < end and key0 + STEP + TILE <= oldest_new
                 if prefetched2:
                     load_tile(kv64, next_block * block_words + next_offset * key_stride, k_lane, v_lane, key_stride,
                               key0 + STEP, end, t, kb2, vw2)
+            if EARLY3:  # its table entry first (the walk's first step loads it again, as `after`)
+                prefetched3 = prefetched2 and key0 + 2 * STEP < end and key0 + 2 * STEP + TILE <= oldest_new
+                if prefetched3:
+                    third = load_flat(block_tables, seq * table + column2)
+                    load_tile(kv64, third * block_words + offset2 * key_stride, k_lane, v_lane, key_stride,
+                              key0 + 2 * STEP, end, t, kb3, vw3)
             grid_dependency_wait()
             allow_dependent_launch()
         for hi in range(RH):  # the rows' queries (a real row's, clamped; zeroed here if past: no branch)
@@ -236,6 +247,12 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
                 for i in range(VK):
                     vw[i] = vw2[i]
                 next_block = after
+                if EARLY3 and prefetched3:  # the third tile moves up: the next step loads nothing
+                    for i in range(KB):
+                        kb2[i] = kb3[i]
+                    for i in range(VK):
+                        vw2[i] = vw3[i]
+                    prefetched2, prefetched3 = True, False
 
         # A row's sum over its 4 lanes; then the warp's rows into shared memory, dims un-permuted.
         for mask in (1, 2):
@@ -253,6 +270,6 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
         write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, chunk, split, query_len, out,
                    part_acc, part_max, part_sum, counters, fused, last_block, tid)
 
-    name = "attention_mma_kernel" + ("_pipe" if PIPE else "") + ("_early2" if EARLY2 and EARLY and PIPE else "")
+    name = "attention_mma_kernel" + ("_pipe" if PIPE else "") + (f"_early{EARLY_TILES}" if EARLY2 else "")
     attention_mma_kernel.__name__ = attention_mma_kernel.__qualname__ = name
     return cuda.jit(**options)(attention_mma_kernel)

@@ -114,7 +114,7 @@ def _attention() -> None:
         if path == "mma":  # the forward's form (a programmatic dependent with early loads), pipelined or not
             from protospec.kernels import attention_mma
             chosen = attention_mma.EARLY_LOADS, attention_mma.PIPELINE, attention_mma.EARLY_TILES
-            for attention_mma.PIPELINE, attention_mma.EARLY_TILES in ((False, 1), (True, 1), (True, 2)):
+            for attention_mma.PIPELINE, attention_mma.EARLY_TILES in ((False, 1), (True, 1), (True, 2), (True, 3)):
                 attention_mma.EARLY_LOADS = True
                 paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits,
                                 fused_combine=fused, dependent_launch=True)

@@ -31,6 +31,7 @@ import sys
 import tempfile
 
 LDG, WAIT, LAUNCH = 0x981, 0x82E, 0x82D
+PTX_WAIT = "griddepcontrol.wait"
 
 
 def opcodes_of(cubin: bytes) -> list[int]:
@@ -62,19 +63,23 @@ def ptx_loads_before_wait(ptx: str) -> int | None:
     loads = 0
     for line in ptx.splitlines():
         instruction = line.strip().split(" ", 1)[-1] if line.strip().startswith("@") else line.strip()
-        if instruction.startswith("griddepcontrol.wait"):
+        if instruction.startswith(PTX_WAIT):
             return loads
         loads += instruction.startswith("ld.global")
     return None
 
 
-def sass_opcodes(py_func, signature: tuple, options: dict, workdir: str) -> tuple[list[int], str]:
-    """(the machine code's opcodes, the PTX they were assembled from)."""
-    from protospec.kernels.gpu_registers import assemble
+def sass_opcodes(py_func, signature: tuple, options: dict, workdir: str) -> tuple[list[int] | None, str]:
+    """(the machine code's opcodes, the PTX they were assembled from); opcodes None for a kernel whose
+    PTX never waits (ptxas is the slow half, and such a kernel has no order to read)."""
+    from protospec.kernels.gpu_registers import assemble_ptx, kernel_ptx
 
-    _, cubin = assemble(py_func, signature, options, workdir)
-    with open(cubin, "rb") as f, open(cubin[: -len(".cubin")] + ".ptx") as ptx:
-        return opcodes_of(f.read()), ptx.read()
+    ptx = kernel_ptx(py_func, signature, options)
+    if PTX_WAIT not in ptx:
+        return None, ptx
+    _, cubin = assemble_ptx(ptx, options, workdir)
+    with open(cubin, "rb") as f:
+        return opcodes_of(f.read()), ptx
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.match not in name:
                 continue
             opcodes, ptx = sass_opcodes(kernel.py_func, signature, kernel.targetoptions, workdir)
-            order, issued = wait_order(opcodes), ptx_loads_before_wait(ptx)
+            order, issued = (None if opcodes is None else wait_order(opcodes)), ptx_loads_before_wait(ptx)
             if order is not None:
                 hoisted = " HOISTED" if order["loads_before"] > (issued or 0) else ""
                 print(f"{order['loads_before']:3d} loads before the wait, {order['loads_after']:3d} after "
