@@ -123,7 +123,8 @@ class EngineConfig:
     # True (default): measured faster where prompts repeat a layout, as the bench's do (data/results/).
     prefill_graphs: bool = True
     # On a CUDA device, the draft's prefill on a stream of its own beside the target's (engine/prefill.py).
-    draft_prefill_side: bool = False
+    # True (default): measured faster (data/results/README.md); elsewhere it changes nothing.
+    draft_prefill_side: bool = True
     # Which draft tokens a spec step keeps (spec/acceptance.py): "rejection" (lossless) or "typical"
     # (Medusa's typical acceptance, lossy; posterior_threshold and posterior_alpha as vLLM names them).
     acceptance: str = registry.REJECTION

@@ -129,11 +129,11 @@ def test_cpu_default_is_small(monkeypatch):
 def test_the_on_off_switches_reach_the_engine(tiny_target, tiny_draft, off):
     from protospec.bench.args import build_parser, resolve_args, setup_from
 
-    flags = ["--first-step-at-begin", "off", "--prefill-graphs", "off", "--draft-prefill-side", "on"] if off else []
+    flags = ["--first-step-at-begin", "off", "--prefill-graphs", "off", "--draft-prefill-side", "off"] if off else []
     args = resolve_args(build_parser().parse_args(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, *flags]))
     engine = setup_from(args).llm(draft_loop="gpu").engine
     assert engine.config.first_step_at_begin is engine.config.prefill_graphs is (not off)
-    assert engine.config.draft_prefill_side is off  # off by default: the flipped run switches it on
+    assert engine.config.draft_prefill_side is (not off)
     assert engine.spec_step.commit_policy.at_begin is (not off)
 
 
@@ -155,20 +155,22 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
                 (step_graph, "SIDE_BRANCH"), (attention_mma, "EARLY_TILES"), (layer_kernels, "LONG_CHUNKS")]
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
+    long_chunks = layer_kernels.LONG_CHUNKS  # by machine (on a GPU, not in the simulator): "auto" keeps it
     flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
              "--attention-early-loads", "off", "--verify-inputs-allow", "on", "--lm-head-max-registers", "128",
              "--lm-head-prefetch-norm", "off", "--logit-stats", "on", "--pin-weight-loads", "off",
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
              "--rope-inputs-early", "off",
              "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "last_block",
-             "--step-graph-side", "off", "--attention-early-tiles", "3", "--prefill-kernels", "on"] if flipped else []
+             "--step-graph-side", "off", "--attention-early-tiles", "3",
+             "--prefill-kernels", "off" if layer_kernels.LONG_CHUNKS else "on"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
     assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False,
-                    "last_block", False, 2, True]
+                    "last_block", False, 3, not long_chunks]
                    if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True,
-                                    "every_block", True, 1, False])
+                                    "every_block", True, 1, long_chunks])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

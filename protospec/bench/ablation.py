@@ -71,7 +71,7 @@ class BenchSetup:
     spec_step_graph: bool | None = None    # EngineConfig.spec_step_graph (None: wherever it applies)
     first_step_at_begin: bool = True       # EngineConfig.first_step_at_begin
     prefill_graphs: bool = True            # EngineConfig.prefill_graphs
-    draft_prefill_side: bool = False       # EngineConfig.draft_prefill_side
+    draft_prefill_side: bool = True        # EngineConfig.draft_prefill_side
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)

@@ -86,12 +86,13 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="the spec step graph fills its random numbers and builds the verify's inputs on a branch of "
                         "its own beside draft step 1's forward, the samples writing the draft tokens (off: both in "
                         "the chain of kernels; same tokens; default: %(default)s)")
-    p.add_argument("--prefill-kernels", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],
                    help="a prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' "
-                        "9-kernel path with cuBLAS linears, not the torch path (default: %(default)s)")
+                        "9-kernel path with cuBLAS linears, not the torch path (auto: on a GPU, off in the CUDA "
+                        "simulator; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
-    p.add_argument("--draft-prefill-side", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--draft-prefill-side", default="on", choices=ON_OFF_CHOICES,
                    help="the draft's prefill on a CUDA stream of its own beside the target's (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
                    help="where no spec step was launched ahead (the batch changed, or a request nears its end), "
@@ -121,7 +122,8 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.WIDE_WEIGHT_LOADS = args.wide_weight_loads == "on"
     gemv_mma.ROPE_INPUTS_BEFORE_WAIT = args.rope_inputs_early == "on"
     step_graph.SIDE_BRANCH = args.step_graph_side == "on"
-    layer_kernels.LONG_CHUNKS = args.prefill_kernels == "on"
+    if args.prefill_kernels != "auto":
+        layer_kernels.LONG_CHUNKS = args.prefill_kernels == "on"
 
 
 EARLY_ALLOW_LINEARS = ("o", "gate_up", "down")

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from protospec.errors import ConfigError
 from protospec.layout import LINEAR_KERNELS
 from protospec.model.attention import AttentionMetadata
-from protospec.kernels import dependent_launch, gemv_mma, paged_attention as attention_kernel
+from protospec.kernels import dependent_launch, gemv_mma, interop, paged_attention as attention_kernel
 from protospec.kernels.gemv_mma_twin import RopeCache, TailNorm
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 from protospec.model.llama import logits_float32
@@ -35,8 +35,9 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 # Uniform chunks longer than MAX_QUERY_LEN (a prefill at batch 1) on the 9-kernel path too (cuBLAS for the
 # linears, the Numba norms, RoPE with the cache store, attention and SiLU x up between them) where their
 # tokens fit `_row_ids`: half the torch path's ~20 kernels a layer. The same logits to rounding (bench and
-# kernel_census: --prefill-kernels).
-LONG_CHUNKS = False
+# kernel_census: --prefill-kernels). On a GPU by default: timed faster there (data/results/README.md); in
+# the simulator a prompt's every token through simulated kernels would take minutes (its tests switch it on).
+LONG_CHUNKS = not interop.SIMULATOR
 # The fused forward's final norm: "fused" into the LM head GEMV's loads (one kernel, but each of its
 # ~2000 blocks recomputes the norm of the wanted rows), or "separate" (gemv_mma.head_norm: the same
 # arithmetic once, in one block launched as a dependent, then the plain GEMV; the same logits).
