@@ -137,6 +137,7 @@ def test_a_prefill_on_the_long_chunk_kernels_gives_the_torch_paths_logits_and_ca
 
     if SIMULATOR:  # a shorter "decode shape" and prompt: a 25-token prompt takes the simulator minutes
         monkeypatch.setattr(layer_kernels, "MAX_QUERY_LEN", 2)
+    monkeypatch.setattr(layer_kernels, "LONG_CHUNKS", False)  # the default differs by machine: off first
     cfg = LlamaArchConfig.from_dict(TARGET_CFG)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).place(DEV, dtype)
@@ -165,7 +166,11 @@ def test_a_prefill_on_the_long_chunk_kernels_gives_the_torch_paths_logits_and_ca
         assert torch.equal(c, t)
 
 
-def test_prefill_and_ragged_batches_keep_the_torch_path():
+def test_prefill_and_ragged_batches_keep_the_torch_path(monkeypatch):
+    """Without LONG_CHUNKS (on by default on a GPU only) a prefill keeps the torch path; a ragged batch always."""
+    from protospec.model import layer_kernels
+
+    monkeypatch.setattr(layer_kernels, "LONG_CHUNKS", False)
     model = LlamaForCausalLM(LlamaArchConfig.from_dict(TARGET_CFG)).place(DEV, torch.float32)
     model.enable_layer_kernels()
     prefill = prepare_inputs([list(range(3, 40))], [0], [list(range(1, 11))], 4, 1, torch.device(DEV))
@@ -173,6 +178,8 @@ def test_prefill_and_ragged_batches_keep_the_torch_path():
     assert not model.layer_kernels.applies(prefill.meta) and not model.layer_kernels.applies(ragged.meta)
     decode = prepare_inputs([[5], [6]], [3, 4], [[1, 2], [3, 4]], 4, 1, torch.device(DEV))
     assert model.layer_kernels.applies(decode.meta)
+    monkeypatch.setattr(layer_kernels, "LONG_CHUNKS", True)
+    assert model.layer_kernels.applies(prefill.meta) and not model.layer_kernels.applies(ragged.meta)
 
 
 @pytest.mark.gpu
