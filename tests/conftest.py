@@ -43,3 +43,12 @@ def launched_kernels(monkeypatch):
 
     monkeypatch.setattr(interop, "launch_tensors", recording)
     return names
+
+
+# The build checks in child processes take minutes each: started last, one would keep a test worker
+# busy long after the other ran out of tests; first, they run beside everything else.
+FIRST = ("test_gpu_typecheck.py",)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: 0 if item.path.name in FIRST else 1 if item.get_closest_marker("slow") else 2)

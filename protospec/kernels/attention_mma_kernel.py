@@ -35,6 +35,7 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
     THREADS = 32 * WARPS
     STEP = TILE * WARPS
     QA, KB, VK, OD = KT * 4, 2 * KT, 4 * VW, NT * 4  # local arrays: Q's A fragments, K and V words, O
+    KB3, VK3 = (KB, VK) if EARLY3 else (1, 1)         # EARLY3's third tile's words (else a placeholder)
     RS = D + 1                 # merged rows one float wider: a warp's stores spread over the banks
     MERGED, MERGED_ROWS = WARPS * R * RS, WARPS * R
     SCRATCH = scratch_size(WARPS)
@@ -77,8 +78,8 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
         vw = cuda.local.array(VK, int64)     # [4, VW] V words: keys key0 + 2t, + 1, + 8, + 9; dims g NT ..
         kb2 = cuda.local.array(KB, int64)    # PIPE: the next tile's K and V words, in flight during this one's
         vw2 = cuda.local.array(VK, int64)
-        kb3 = cuda.local.array(KB if EARLY3 else 1, int64)  # EARLY3: the third tile's, loaded before the wait
-        vw3 = cuda.local.array(VK if EARLY3 else 1, int64)
+        kb3 = cuda.local.array(KB3, int64)  # EARLY3: the third tile's words, loaded before the wait
+        vw3 = cuda.local.array(VK3, int64)
         s = cuda.local.array(8, float32)     # [2, 4] this step's S fragments (one per 8 keys)
         o = cuda.local.array(OD, float32)    # [NT, 4] O fragments: rows g, g + 8; dims (2t + i) NT + nt
         for i in range(OD):
