@@ -49,10 +49,10 @@ EARLY_LOADS = True
 # (bench, kernel_census: --attention-pipeline; data/results/README.md).
 PIPELINE = True
 # With EARLY_LOADS and PIPELINE: how many of a warp's first tiles of older keys go out before its wait, 1 to 3
-# (the second into the pipeline's second set of words, the third into a set of its own). A pipeline one
-# tile deep makes every later tile's loads wait a whole memory latency after the tile before; at the
-# seed shapes (up to 384 keys, 8 warps of 16) a warp walks 3 tiles. Same bits (bench, kernel_census:
-# --attention-early-tiles).
+# (the second into the pipeline's second set of words, the third into a set of its own: at the seed
+# shapes, up to 384 keys and 8 warps of 16, a warp walks 3 tiles). Same bits. 1: 2 and 3 timed slower at
+# batch 1, whose attention does not wait on its tiles' loads (bench, kernel_census: --attention-early-tiles;
+# data/results/README.md).
 EARLY_TILES = 1
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
