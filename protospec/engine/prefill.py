@@ -26,7 +26,9 @@ class Prefill:
         starts = [0] * len(prompts)
         # Both forwards' inputs first (host work and host-to-device copies on the current stream): the
         # target's prepared after the draft's launch would leave the draft's forward alone on the GPU.
-        draft_inputs = self.draft.prepare("prefill", prompts, starts, tables, num_logits=0) if self.draft is not None else None
+        draft_inputs = None
+        if self.draft is not None:
+            draft_inputs = self.draft.prepare("prefill", prompts, starts, tables, num_logits=0)
         target_inputs = self.target.prepare("prefill", prompts, starts, tables, num_logits=1)
         if not self.side:
             if draft_inputs is not None:
