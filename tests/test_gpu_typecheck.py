@@ -16,8 +16,17 @@ def _run(code: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def test_every_kernel_signature_the_wrappers_launch_builds_for_sm90():
-    done = _run("from protospec.kernels import gpu_typecheck; raise SystemExit(gpu_typecheck.main(['--divisions']))")
+def test_every_kernel_builds_for_sm90_and_each_dependent_keeps_its_loads_around_its_wait():
+    """One child process types and lowers every kernel signature the wrappers launch for sm_90, then
+    (where the CUDA toolkit's ptxas is on the PATH) reads the machine code of the dependents among them
+    from those very builds (each kernel compiled once: the two checks took minutes each apart)."""
+    import shutil
+
+    wait_orders = shutil.which("ptxas") is not None
+    done = _run("from protospec.kernels import gpu_typecheck, gpu_wait_order\n"
+                "code = gpu_typecheck.main(['--divisions'])\n"
+                + ("gpu_wait_order.print_orders_of_built()\n" if wait_orders else "")
+                + "raise SystemExit(code)")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     built = {line.split("(")[0].split()[-1] for line in lines if line.startswith("built")}
@@ -28,14 +37,16 @@ def test_every_kernel_signature_the_wrappers_launch_builds_for_sm90():
                  "qkv_kernel", "lm_kernel", "add_rms_norm_kernel", "rope_and_cache_kernel", "fill_randoms_kernel",
                  "advance_step_kernel", "first_draft_step_kernel"):
         assert any(b.endswith("." + name) for b in built), (name, sorted(built))
-    assert lines[-1].endswith(", 0 failed")
+    assert [line for line in lines if " kernel signatures built for " in line][0].endswith(", 0 failed")
     # The attention kernels' key loops divide nothing at run time (a 64-bit division is a subroutine
     # call on a GPU; one per tile made the tensor-core kernel instruction-bound): at most the split-K
     # combine's one, outside the loop.
     for line in lines:
-        if "attention_mma_kernel" in line or "attention_group_kernel" in line:
+        if line.startswith("built") and ("attention_mma_kernel" in line or "attention_group_kernel" in line):
             count = int(line.rsplit("[", 1)[1].split()[0])
             assert count <= 1, line
+    if wait_orders:
+        _check_wait_orders(lines)
 
 
 def test_a_kernel_the_gpu_compiler_rejects_is_reported():
@@ -118,26 +129,16 @@ def test_the_ptx_reader_counts_the_loads_issued_before_the_first_wait():
     assert ptx_loads_before_wait("griddepcontrol.wait;\nld.global.u64 %rd4, [%rd1];") == 0
 
 
-def test_the_pinned_dependent_gemvs_issue_their_weight_loads_before_the_wait():
-    """The machine code ptxas makes (it needs the CUDA toolkit, which CI lacks): each tensor-core
-    GEMV form with --pin-weight-loads or an early allow has every weight word of a lane (24, 36 with
-    the norm weight, 60 for gate/up; half the weight loads with --wide-weight-loads) loaded before its wait. ptxas hoists a plain wait above them all,
-    so a dropped pin shows here as 0 loads before the wait. And in no dependent kernel (attention,
-    GEMVs, sampling: the kernels that issue loads before their wait) did ptxas move a load from after
-    the wait to before it."""
-    import shutil
-
-    import pytest
-
-    if shutil.which("ptxas") is None:
-        pytest.skip("needs ptxas (the CUDA toolkit)")
-    done = _run("from protospec.kernels import gpu_wait_order; "
-                "gpu_wait_order.main(['--parts', 'attention', 'layers', 'sampling'])")
-    assert done.returncode == 0, done.stderr[-3000:]
-    orders = {line.rsplit(": ", 1)[1]: int(line.split()[0]) for line in done.stdout.splitlines()
-              if "loads before the wait" in line}
+def _check_wait_orders(lines: list[str]) -> None:
+    """gpu_wait_order's lines for the attention, GEMV and sampling kernels (machine code from ptxas).
+    Each tensor-core GEMV form with --pin-weight-loads or an early allow has every weight word of a lane
+    (24, 36 with the norm weight, 60 for gate/up; half the weight loads with --wide-weight-loads) loaded
+    before its wait. ptxas hoists a plain wait above them all, so a dropped pin shows here as 0 loads
+    before the wait. And in no dependent kernel (attention, GEMVs, sampling: the kernels that issue
+    loads before their wait) did ptxas move a load from after the wait to before it."""
+    orders = {line.rsplit(": ", 1)[1]: int(line.split()[0]) for line in lines if "loads before the wait" in line}
     # ptxas moved no load from after a wait to before it (where the kernel before may still be writing)
-    assert not [line for line in done.stdout.splitlines() if "HOISTED" in line], done.stdout
+    assert not [line for line in lines if "HOISTED" in line], "\n".join(lines)
     pinned = {name: loads for name, loads in orders.items() if name.endswith(("_pin", "_early"))}
     assert pinned["gemv_mma_k768_dep_pin"] >= 24 and pinned["gemv_mma_k768_norm_residual_glu_dep_prefetch_pin"] >= 60
     assert len(pinned) >= 6 and min(pinned.values()) >= 24, pinned

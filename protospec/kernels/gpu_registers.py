@@ -36,7 +36,8 @@ def parse_ptxas(report: str) -> dict:
                 spill_loads=int(spills.group(2)))
 
 
-def _toolkit_without_nvrtc() -> None:
+def toolkit_without_nvrtc() -> None:
+    """Lets NVVM make PTX on a machine with the CUDA toolkit's libNVVM but no NVRTC (only ptxas is run)."""
     from numba.cuda import cuda_paths
     from numba.cuda.cudadrv import nvrtc
 
@@ -89,7 +90,7 @@ def reached_kernels(parts: tuple[str, ...] = PARTS) -> list[tuple[str, tuple, ob
     (NUMBA_ENABLE_CUDASIM=0; the CUDA toolkit's libNVVM, no NVRTC needed)."""
     from protospec.kernels import gpu_typecheck  # refuses to run in the simulator: NUMBA_ENABLE_CUDASIM=0
 
-    _toolkit_without_nvrtc()
+    toolkit_without_nvrtc()
     seen: dict[tuple, object] = {}
     build = gpu_typecheck.build
 

@@ -38,6 +38,8 @@ COMPUTE_CAPABILITY = (9, 0)
 SM_COUNT = 132
 results: dict[tuple, str | None] = {}  # (kernel name, argument types) -> None (built) or the error
 built: dict[tuple, object] = {}        # the same keys -> Numba's compile result, for --divisions
+parts: dict[tuple, tuple] = {}         # the same keys -> (the group of kernels that built it, the dispatcher)
+_building = ""                          # main()'s group running now
 
 
 def _argument_type(value):
@@ -53,9 +55,11 @@ def build(kernel, args: list) -> str | None:
     key = (f"{kernel.py_func.__module__}.{name}", signature, id(kernel))
     if key not in results:
         try:
+            fastmath = kernel.targetoptions.get("fastmath", False)  # NVVM's options as compile_ptx's (gpu_wait_order)
             built[key] = compiler.compile_cuda(kernel.py_func, types.void, signature, cc=COMPUTE_CAPABILITY,
-                                               fastmath=kernel.targetoptions.get("fastmath", False))
+                                               fastmath=fastmath, nvvm_options={"fastmath": fastmath, "opt": 3})
             results[key] = None
+            parts[key] = (_building, kernel)
         except Exception as exc:  # any failure to build is the finding
             results[key] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     return results[key]
@@ -270,8 +274,10 @@ def runtime_divisions(compiled) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     divisions = "--divisions" in (sys.argv[1:] if argv is None else argv)
+    global _building
     install()
     for part in (_attention, _layers_and_gemv, _sampling_and_rejection, _draft_inputs, _forwards):
+        _building = part.__name__
         part()
     failed = 0
     for key, error in results.items():

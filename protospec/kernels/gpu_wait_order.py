@@ -72,14 +72,60 @@ def ptx_loads_before_wait(ptx: str) -> int | None:
 def sass_opcodes(py_func, signature: tuple, options: dict, workdir: str) -> tuple[list[int] | None, str]:
     """(the machine code's opcodes, the PTX they were assembled from); opcodes None for a kernel whose
     PTX never waits (ptxas is the slow half, and such a kernel has no order to read)."""
-    from protospec.kernels.gpu_registers import assemble_ptx, kernel_ptx
+    from protospec.kernels.gpu_registers import kernel_ptx
 
     ptx = kernel_ptx(py_func, signature, options)
+    return machine_opcodes(ptx, options, workdir), ptx
+
+
+def machine_opcodes(ptx: str, options: dict, workdir: str) -> list[int] | None:
+    """The opcodes of the machine code ptxas makes of this PTX; None where the PTX never waits."""
+    from protospec.kernels.gpu_registers import assemble_ptx
+
     if PTX_WAIT not in ptx:
-        return None, ptx
+        return None
     _, cubin = assemble_ptx(ptx, options, workdir)
     with open(cubin, "rb") as f:
-        return opcodes_of(f.read()), ptx
+        return opcodes_of(f.read())
+
+
+def built_kernel_ptx(compiled) -> str:
+    """The PTX of a kernel gpu_typecheck built (its compile result, typed and lowered once), as
+    compile_ptx makes it: the kernel's entry fixed up, then NVVM."""
+    from numba.cuda.compiler import kernel_fixup
+
+    from protospec.kernels.gpu_typecheck import COMPUTE_CAPABILITY
+
+    library, entry = compiled.library, compiled.fndesc.llvm_func_name
+    kernel_fixup(library.get_function(entry), False)
+    library._entry_name = entry
+    return library.get_asm_str(cc=COMPUTE_CAPABILITY)
+
+
+def print_orders(name: str, opcodes: list[int] | None, ptx: str) -> None:
+    """One line for a kernel that waits: its loads on each side of the wait, HOISTED where ptxas moved
+    some above it; nothing for one that does not."""
+    order, issued = (None if opcodes is None else wait_order(opcodes)), ptx_loads_before_wait(ptx)
+    if order is not None:
+        hoisted = " HOISTED" if order["loads_before"] > (issued or 0) else ""
+        print(f"{order['loads_before']:3d} loads before the wait, {order['loads_after']:3d} after "
+              f"(the PTX issues {issued} before it{hoisted}); "
+              f"launch_dependents {'/'.join(order['launches']) or 'never'}: {name}")
+
+
+def print_orders_of_built(groups: tuple[str, ...] = ("_attention", "_layers_and_gemv", "_sampling_and_rejection")) -> None:
+    """print_orders for the kernels gpu_typecheck.main() built in these groups (run it first, in this
+    process): their PTX from the build's own results, so nothing is typed or lowered twice."""
+    from protospec.kernels import gpu_typecheck
+    from protospec.kernels.gpu_registers import toolkit_without_nvrtc
+
+    toolkit_without_nvrtc()
+    with tempfile.TemporaryDirectory() as workdir:
+        for key, compiled in gpu_typecheck.built.items():
+            group, kernel = gpu_typecheck.parts[key]
+            if group in groups:
+                ptx = built_kernel_ptx(compiled)
+                print_orders(kernel.py_func.__name__, machine_opcodes(ptx, kernel.targetoptions, workdir), ptx)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,13 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, signature, kernel in reached_kernels(tuple(args.parts or PARTS)):
             if args.match not in name:
                 continue
-            opcodes, ptx = sass_opcodes(kernel.py_func, signature, kernel.targetoptions, workdir)
-            order, issued = (None if opcodes is None else wait_order(opcodes)), ptx_loads_before_wait(ptx)
-            if order is not None:
-                hoisted = " HOISTED" if order["loads_before"] > (issued or 0) else ""
-                print(f"{order['loads_before']:3d} loads before the wait, {order['loads_after']:3d} after "
-                      f"(the PTX issues {issued} before it{hoisted}); "
-                      f"launch_dependents {'/'.join(order['launches']) or 'never'}: {name}")
+            print_orders(name, *sass_opcodes(kernel.py_func, signature, kernel.targetoptions, workdir))
     return 0
 
 
