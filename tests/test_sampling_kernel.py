@@ -285,9 +285,10 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
 
     seen, launch = [], sampling._launch
 
-    def recording(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent=False, advance=None):
+    def recording(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent=False, advance=None,
+                  space=""):
         seen.append((rows_per_seq, dependent))
-        launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent, advance)
+        launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent, advance, space)
 
     params = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=3)
     prompts = random_prompts(1, seed=2)

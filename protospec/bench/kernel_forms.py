@@ -7,7 +7,7 @@ import argparse
 
 from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling, verify_inputs
 from protospec.model import layer_kernels
-from protospec.spec import step_graph
+from protospec.spec import probs_branch, step_graph
 
 ON_OFF_CHOICES = ["on", "off"]
 
@@ -86,6 +86,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="the spec step graph fills its random numbers and builds the verify's inputs on a branch of "
                         "its own beside draft step 1's forward, the samples writing the draft tokens (off: both in "
                         "the chain of kernels; same tokens; default: %(default)s)")
+    p.add_argument("--draft-sample-first", default="off", choices=ON_OFF_CHOICES,
+                   help="the captured draft loops sample each step's token in one Gumbel-max launch and compute its "
+                        "probabilities on a branch beside the next draft forward (same probabilities; the same "
+                        "tokens unless two candidates tie to float32 rounding; default: %(default)s)")
     p.add_argument("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],
                    help="a prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' "
                         "9-kernel path with cuBLAS linears, not the torch path (auto: on a GPU, off in the CUDA "
@@ -122,6 +126,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.WIDE_WEIGHT_LOADS = args.wide_weight_loads == "on"
     gemv_mma.ROPE_INPUTS_BEFORE_WAIT = args.rope_inputs_early == "on"
     step_graph.SIDE_BRANCH = args.step_graph_side == "on"
+    probs_branch.SAMPLE_FIRST = args.draft_sample_first == "on"
     if args.prefill_kernels != "auto":
         layer_kernels.LONG_CHUNKS = args.prefill_kernels == "on"
 

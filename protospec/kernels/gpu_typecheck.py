@@ -148,6 +148,7 @@ def _layers_and_gemv() -> None:
 
 def _sampling_and_rejection() -> None:
     from protospec.kernels import counter_randoms, dependent_launch, logit_stats, ngram_match, sampling
+    from protospec.kernels.gumbel_sample import gumbel_sample_into
     from protospec.kernels.rejection import rejection_sample_fused
     from protospec.config import SamplingParams
     from protospec.spec.sampler import SamplingTensors
@@ -174,6 +175,9 @@ def _sampling_and_rejection() -> None:
             logit_stats.attach(tiled, logit_stats.LogitStats.empty(batch, vocab, tiled.device))
             sampling.sample_into(tiled, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
+        for dependent_launch.STEP_KERNELS in (False, True):  # the one-launch sample (gumbel_sample.py), advancing
+            gumbel_sample_into(logits, st, 0, torch.zeros(batch, k, dtype=torch.int64), torch.ones(batch, k, vocab),
+                               torch.zeros(batch, dtype=torch.int64), True, _advance_launcher(batch))
     finally:
         sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE = chosen
     rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),

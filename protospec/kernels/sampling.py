@@ -1,9 +1,8 @@
 """Probabilities and the exponential-race sample of a row of logits, in two Numba kernels.
 
-sampler.py's torch path runs, per draft step: logits / temperature, softmax, probs / noise, argmax,
-then two copies into the spec step's buffers (six kernels and launches); per verify, the first two.
-Here two launches do it all and write straight into those buffers, each row's vocabulary split over
-blocks of VOCAB_PER_BLOCK entries (one block per row left a batch-1 row on one SM: slower than torch):
+sampler.py's torch path runs, per draft step: logits / temperature, softmax, probs / noise, argmax, then two
+copies into the spec step's buffers (six launches); per verify, the first two. Here two launches do it all, into
+those buffers, a row split over blocks of VOCAB_PER_BLOCK entries (one block a row: slower than torch at batch 1):
   stats   each slice's max logit, its first index (torch.argmax's tie rule) and its sum of
           exp(x/T - slice max/T); the last slice block of a row to finish (an arrival count) combines
           them, a slice per thread and two tree reductions: the row's max M, its index, and
@@ -116,7 +115,6 @@ def _kernels(DEPENDENT: bool, prefetch: bool, every_block: bool = False):  # noq
             if tid == 0:
                 row_max[row], row_index[row], row_sum[row] = value, index, total
 
-
     @cuda.jit
     def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, stat_max, stat_index, stat_sum, probs_out,
                                 out_step, do_sample, noise, ids_out, mirror, use_mirror, part_max, part_index, counters,
@@ -218,10 +216,11 @@ def fused_applies(st: SamplingTensors) -> bool:
 
 
 def probs_into(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor, rows_per_seq: int = 1,
-               dependent: bool = False) -> torch.Tensor:
-    """compute_probs, written into `out` [R, V] (contiguous): the verify's target probabilities.
-    dependent: launch the kernels as programmatic dependents (sm_90 and later; the simulator ignores it)."""
-    _launch(logits, st, rows_per_seq, out.view(out.shape[0], 1, out.shape[1]), 0, None, None, None, dependent)
+               dependent: bool = False, step: int | None = None, space: str = "") -> torch.Tensor:
+    """compute_probs into `out` [R, V] (contiguous; the verify's), or with `step` into out[:, step] of
+    out [R, k, V] (a draft step's). dependent: as programmatic dependents (sm_90); space: _launch's."""
+    view = out if step is not None else out.view(out.shape[0], 1, out.shape[1])
+    _launch(logits, st, rows_per_seq, view, step or 0, None, None, None, dependent, space=space)
     return out
 
 
@@ -248,7 +247,8 @@ def sample_into(logits: torch.Tensor, st: SamplingTensors, step: int, draft_prob
         tokens_to.copy_(draft_ids[:, step])
 
 
-def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent=False, advance=None) -> None:
+def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent=False, advance=None,
+            space="") -> None:  # space: scratch and counters of its own (a concurrent stream's)
     rows = logits.shape[0]
     check_tensor("logits", logits, torch.float32, 2)
     check_tensor("probs_out", probs_out, torch.float32, 3, rows=rows)
@@ -266,8 +266,8 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
     mirror_arg, mirror_stride = mirror_span(mirror, rows, logits.device)
     advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(logits.device))
     slices = -(-logits.shape[1] // VOCAB_PER_BLOCK)
-    part_max, part_index, part_sum, row_max, row_index, row_sum = scratch(rows, slices, logits.device)
-    counters = arrival_counters(logits.device, rows, "sampling")  # the two launches count in turn
+    part_max, part_index, part_sum, row_max, row_index, row_sum = scratch(rows, slices, logits.device, "stats" + space)
+    counters = arrival_counters(logits.device, rows, "sampling" + space)  # the two launches count in turn
     if LAUNCHES == "one":  # a cooperative launch: never a dependent
         from protospec.kernels.sampling_one_launch import launch_one
 
@@ -293,7 +293,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                             row_max, row_index, row_sum, counters], dependent=dependent)
     # The winners go where no block still reads the statistics (every_block: the partials are read).
     stats = (part_max, part_index, part_sum) if every_block else (row_max, row_index, row_sum)
-    win_value, win_index = scratch(rows, slices, logits.device, "winners") if every_block else (part_max, part_index)
+    win_value, win_index = scratch(rows, slices, logits.device, "winners" + space) if every_block else (part_max, part_index)
     interop.launch_tensors(probs_and_sample_kernel, rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), *stats,
                             probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg, mirror_stride,

@@ -20,14 +20,14 @@ _scratches: dict[tuple, tuple] = {}
 
 
 def scratch(rows: int, slices: int, device: torch.device, what: str = "stats") -> tuple:
-    """The slices' partials and the rows' stats ("stats"), or the one-launch form's slice winners
-    ("winners"), written and read within a call: one set per shape (the engine launches on one
-    stream; two streams sampling the same shape at once would share it)."""
+    """The slices' partials and the rows' stats ("stats..."), or the slice winners ("winners..."),
+    written and read within a call: one set per shape and name (work on two streams at once takes
+    two names: sampling._launch's `space`)."""
     key = (rows, slices, str(device), what)
     if key not in _scratches:
         f32 = dict(dtype=torch.float32, device=device)
         i64 = dict(dtype=torch.int64, device=device)
-        if what == "winners":
+        if what.startswith("winners"):
             _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64))
         else:
             _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64),

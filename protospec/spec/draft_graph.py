@@ -25,6 +25,7 @@ from protospec.model.graphs import sync_allowed
 from protospec.model.persistent_inputs import PersistentInputs
 from protospec.model.runner import ModelRunner
 from protospec.spec.decode_state import DraftDecodeState
+from protospec.spec import probs_branch
 from protospec.spec.draft_sampling import sample_draft_step
 from protospec.spec.sampler import SamplingTensors
 
@@ -56,6 +57,8 @@ class DraftLoopGraph:
             self._settings_of: list = [None]
         self.fused = fused_sampling  # how the captured steps sample (draft_sampling.sample_draft_step)
         self.first = first  # draft step 1's device-built buffers: the replay starts at step 1 (None: step 2)
+        # probs_branch.SAMPLE_FIRST: each step's probabilities on a branch beside the next step's forward
+        self.branch = probs_branch.ProbsBranch(device) if fused_sampling and probs_branch.SAMPLE_FIRST else None
         self.graph: torch.cuda.CUDAGraph | None = None
 
     @staticmethod
@@ -63,12 +66,13 @@ class DraftLoopGraph:
         return rows, width, st.all_greedy, st.any_greedy, st.needs_filter, st.unit_temperature, from_first_step
 
     def steps(self, noise_block: torch.Tensor | None = None, noise_ready: torch.cuda.Event | None = None,
-              tokens_to: torch.Tensor | None = None) -> None:
+              tokens_to: torch.Tensor | None = None, join: bool = True) -> None:
         """The captured work, issued once: steps 2..k (1..k with `first`) over the graph's buffers.
         A spec step graph's: noise_block [rows, >= k, V] the noise to sample with instead of the graph's
         own (filled inside its replay); noise_ready: an event the first sample waits for (that fill on
         another stream); tokens_to [rows, k + 1] int64: step j's ids also go to column j + 1 (the
-        verify's tokens)."""
+        verify's tokens); join=False: the probabilities' branch (self.branch) is left for the caller
+        to join before it reads draft_probs."""
         decode, model, kv_caches = self.decode, self.runner.model, self.runner.kv_caches
         inputs = decode.inputs(self.rows, self.width)
         sampled = decode.sampled_ids[: self.rows]  # [rows] int64: each step's ids, read by advance_step
@@ -81,7 +85,7 @@ class DraftLoopGraph:
                 torch.cuda.current_stream().wait_event(noise_ready)
             sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
                               dependent, then_advance=decode.advance if self.k > 1 else None,
-                              tokens_to=None if tokens_to is None else tokens_to[:, 1])
+                              tokens_to=None if tokens_to is None else tokens_to[:, 1], branch=self.branch)
         elif self.k > 1:  # draft step 1 sampled before the replay
             if noise_ready is not None:
                 torch.cuda.current_stream().wait_event(noise_ready)
@@ -90,7 +94,9 @@ class DraftLoopGraph:
             logits = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)  # [rows, V]
             sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
                               dependent, then_advance=decode.advance if step < self.k - 1 else None,
-                              tokens_to=None if tokens_to is None else tokens_to[:, step + 1])
+                              tokens_to=None if tokens_to is None else tokens_to[:, step + 1], branch=self.branch)
+        if join and self.branch is not None:
+            self.branch.join()
 
     def load(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
         """The first `batch` rows' sampling settings (when the batch changed) and draft noise

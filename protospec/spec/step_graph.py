@@ -141,11 +141,11 @@ class SpecStepGraph:
         d, rows, k = self.draft, self.rows, self.k
         if SIDE_BRANCH:
             tokens = self.verify.input_ids[: rows * (k + 1)].view(rows, k + 1)  # [rows, k + 1] the verify's
-            d.steps(noise_block=self.noise, noise_ready=self._side_branch(), tokens_to=tokens)
+            d.steps(noise_block=self.noise, noise_ready=self._side_branch(), tokens_to=tokens, join=False)
         else:
             if self.fills:
                 counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
-            d.steps(noise_block=self.noise)
+            d.steps(noise_block=self.noise, join=False)
             build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row,
                                 allow_dependents=self.target.launches_dependents)
         v = self.verify.view(rows, self.width)
@@ -156,6 +156,8 @@ class SpecStepGraph:
             randoms = SpecStepRandoms(self.uniforms, *self.greedy_noise, noise_block=None)
         else:
             randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
+        if d.branch is not None:  # the draft's probabilities (probs_branch.py) are read from here on
+            d.branch.join()
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row)
         return probs, result, commit_row(result, None, self.error_row)
 
