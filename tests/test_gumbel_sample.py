@@ -100,33 +100,38 @@ def test_bad_arguments_are_refused_by_name(monkeypatch):
 
 
 @pytest.mark.parametrize("temperatures", [[0.7, 0.0, 1.0], [0.0, 0.0, 0.0]], ids=["mixed", "greedy"])
-def test_a_draft_step_with_its_probabilities_on_a_branch_writes_what_the_two_launches_write(monkeypatch,
-                                                                                            temperatures):
-    """sample_draft_step with a ProbsBranch: the same ids and the very same probabilities as without one,
-    once the branch is joined (on a CPU the branch runs in place)."""
+def test_draft_steps_sampled_first_then_their_probabilities_in_one_pass_write_what_the_two_launches_write(
+        monkeypatch, temperatures):
+    """k draft steps through sample_draft_step with sample_first (the token alone, the logits kept in
+    draft_probs), then ProbsBranch.probabilities over all k rows in place: the same ids, the very same
+    probabilities as sampling each step with the two launches (on a CPU the branch runs in place)."""
     from protospec.spec.draft_sampling import sample_draft_step
     from protospec.spec.probs_branch import ProbsBranch
 
     width = _narrow(monkeypatch)
-    rows, k, step, vocab = 3, 3, 1, 2 * width + 7
+    rows, k, vocab = 3, 3, 2 * width + 7
     st = _tensors(temperatures, vocab)
-    logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(2)) * 3).to(DEV)
+    gen = torch.Generator().manual_seed(2)
+    logits = [(torch.randn(rows, vocab, generator=gen) * 3).to(DEV) for _ in range(k)]
     noise = None if st.all_greedy else exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()
     out = {}
-    for branch in (None, ProbsBranch(DEV)):
+    for first in (False, True):
         ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
         probs = torch.zeros(rows, k, vocab, device=DEV)
         tokens = torch.full((rows, k + 1), -7, dtype=torch.int64, device=DEV)
-        got = sample_draft_step(logits, st, step, ids, probs, noise, None, True, tokens_to=tokens[:, step + 1],
-                                branch=branch)
-        if branch is not None:
+        for step in range(k):
+            got = sample_draft_step(logits[step], st, step, ids, probs, noise, None, True,
+                                    tokens_to=tokens[:, step + 1], sample_first=first)
+            assert got.tolist() == ids[:, step].tolist()
+        if first:
+            assert torch.equal(probs[:, 1].cpu(), logits[1].cpu())  # the logits, kept for the pass
+            branch = ProbsBranch(DEV)
+            branch.probabilities(probs, st)
             branch.join()
-            assert branch.held == []
-        out[branch is None] = (got.cpu(), ids.cpu(), probs.cpu(), tokens.cpu())
-    (got, ids, probs, tokens), (ref_got, ref_ids, ref_probs, ref_tokens) = out[False], out[True]
-    assert torch.equal(ids, ref_ids) and torch.equal(got, ref_got) and torch.equal(tokens, ref_tokens)
-    assert torch.equal(probs, ref_probs)
-    assert tokens[:, step + 1].tolist() == ids[:, step].tolist()
+        out[first] = (ids.cpu(), probs.cpu(), tokens.cpu())
+    (ref_ids, ref_probs, ref_tokens), (ids, probs, tokens) = out[False], out[True]
+    assert torch.equal(ids, ref_ids) and torch.equal(tokens, ref_tokens) and torch.equal(probs, ref_probs)
+    assert tokens[:, 1:].tolist() == ids.tolist()
 
 
 @pytest.mark.gpu

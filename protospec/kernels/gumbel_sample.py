@@ -10,8 +10,8 @@ which needs no statistics: one launch, each row's vocabulary split over the same
 the last slice block of a row to finish combining the slices' winners (an arrival count), then the
 row's next decode inputs (sampling_advance.py) as the probabilities kernel writes them. The same token
 as the race unless two candidates tie to float32 rounding. The draft's probabilities (the rejection
-sampler's q) still come from sampling.py's kernels, off the draft loop's chain of kernels
-(spec/probs_branch.py).
+sampler's q) still come from sampling.py's kernels, later and off the draft loop's chain of kernels,
+from the copy of the logits this kernel leaves in their buffer (spec/probs_branch.py).
 """
 from __future__ import annotations
 
@@ -44,12 +44,13 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
     noise (written kernels before it) and the advance's inputs are loaded before the wait."""
 
     @cuda.jit
-    def gumbel_sample_kernel(logits, temperature, is_greedy, noise, out_step, win_value, win_index, counters, ids_out,
-                             mirror, use_mirror, advance, num_queries, block_size, input_ids, positions, seq_lens,
-                             slot_mapping, block_tables, error_row):
+    def gumbel_sample_kernel(logits, temperature, is_greedy, noise, out_step, logits_out, keep, win_value, win_index,
+                             counters, ids_out, mirror, use_mirror, advance, num_queries, block_size, input_ids,
+                             positions, seq_lens, slot_mapping, block_tables, error_row):
         """
         logits [R, V] f32; temperature [R] f32; is_greedy [R] bool; noise [R, S, V] f32 Exp(1), read at
-        [r, out_step] on rows that are not greedy. win_value [R, slices] f32, win_index [R, slices] int64:
+        [r, out_step] on rows that are not greedy. keep = 1: the logits also go to logits_out [R, S, V] f32
+        at [r, out_step] (the probabilities' pass reads them there later). win_value [R, slices] f32, win_index [R, slices] int64:
         the slices' winners; counters [>= R] int32, zero between calls. Out: ids_out [R, S] int64 at
         [r, out_step], mirror [r * use_mirror] where use_mirror > 0. advance and what follows: as
         sampling.py's probabilities kernel.
@@ -76,6 +77,8 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
             v = lo + tid + j * THREADS
             if v < hi:
                 x = logits[row, v]
+                if keep:
+                    logits_out[row, out_step, v] = x
                 score = x if greedy else x / t + gumbel[j]
                 if score > value:
                     value, index = score, v
@@ -118,11 +121,12 @@ def _winner_buffers(rows: int, slices: int, device: torch.device) -> tuple[torch
 
 def gumbel_sample_into(logits: torch.Tensor, st: "SamplingTensors", step: int, draft_ids: torch.Tensor,
                        noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False,
-                       advance: "AdvanceStepLauncher | None" = None, tokens_to: torch.Tensor | None = None) -> None:
+                       advance: "AdvanceStepLauncher | None" = None, tokens_to: torch.Tensor | None = None,
+                       logits_out: torch.Tensor | None = None) -> None:
     """One draft step's token (sampling.sample_into's arguments, no probabilities): ids into
     draft_ids[:, step] ([B, k] int64), mirror and tokens_to as sample_into's; noise [B, k, V] Exp(1)
     read at [:, step] (None: every row greedy); advance: the decode inputs' advance after the sample,
-    written by this kernel."""
+    written by this kernel; logits_out [B, k, V] f32: gets a copy of the logits at [:, step], or None."""
     rows, vocab = logits.shape
     check_tensor("logits", logits, torch.float32, 2)
     check_tensor("draft_ids", draft_ids, torch.int64, 2, rows=rows)
@@ -135,7 +139,13 @@ def gumbel_sample_into(logits: torch.Tensor, st: "SamplingTensors", step: int, d
     if advance is not None and rows > advance.num_rows:
         raise KernelArgumentError(f"gumbel_sample_into: {rows} rows to sample, but the inputs to advance hold "
                                   f"{advance.num_rows}")
+    if logits_out is not None:
+        check_tensor("logits_out", logits_out, torch.float32, 3, rows=rows)
+        if logits_out.shape[2] != vocab:
+            raise KernelArgumentError(f"logits_out {tuple(logits_out.shape)} does not fit logits {tuple(logits.shape)}")
     device = logits.device
+    keep = int(logits_out is not None)
+    logits_out = logits_out if logits_out is not None else placeholder(torch.float32, 3, device)  # (never written)
     noise = noise if noise is not None else placeholder(torch.float32, 3, device)  # (never read: greedy rows)
     one_mirror = tokens_to if tokens_to is not None else mirror  # the advance writes its inputs itself
     mirror_arg, mirror_stride = mirror_span(one_mirror, rows, device)
@@ -144,7 +154,7 @@ def gumbel_sample_into(logits: torch.Tensor, st: "SamplingTensors", step: int, d
     win_value, win_index = _winner_buffers(rows, slices, device)
     dependent = bool(dependent) and dependent_launch.STEP_KERNELS
     interop.launch_tensors(_kernel(dependent), rows * slices, THREADS,
-                           [logits, st.temperature, st.is_greedy, noise, int(step), win_value, win_index,
+                           [logits, st.temperature, st.is_greedy, noise, int(step), logits_out, keep, win_value, win_index,
                             arrival_counters(device, rows, "gumbel"), draft_ids, mirror_arg, mirror_stride]
                            + advance_args, dependent=dependent)
 

@@ -216,11 +216,11 @@ def fused_applies(st: SamplingTensors) -> bool:
 
 
 def probs_into(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor, rows_per_seq: int = 1,
-               dependent: bool = False, step: int | None = None, space: str = "") -> torch.Tensor:
-    """compute_probs into `out` [R, V] (contiguous; the verify's), or with `step` into out[:, step] of
-    out [R, k, V] (a draft step's). dependent: as programmatic dependents (sm_90); space: _launch's."""
-    view = out if step is not None else out.view(out.shape[0], 1, out.shape[1])
-    _launch(logits, st, rows_per_seq, view, step or 0, None, None, None, dependent, space=space)
+               dependent: bool = False, space: str = "") -> torch.Tensor:
+    """compute_probs, written into `out` [R, V] (contiguous; `logits` itself is allowed): the verify's target
+    probabilities. dependent: as programmatic dependents (sm_90 and later); space: _launch's."""
+    _launch(logits, st, rows_per_seq, out.view(out.shape[0], 1, out.shape[1]), 0, None, None, None, dependent,
+            space=space)
     return out
 
 

@@ -57,8 +57,10 @@ class DraftLoopGraph:
             self._settings_of: list = [None]
         self.fused = fused_sampling  # how the captured steps sample (draft_sampling.sample_draft_step)
         self.first = first  # draft step 1's device-built buffers: the replay starts at step 1 (None: step 2)
-        # probs_branch.SAMPLE_FIRST: each step's probabilities on a branch beside the next step's forward
-        self.branch = probs_branch.ProbsBranch(device) if fused_sampling and probs_branch.SAMPLE_FIRST else None
+        # probs_branch.SAMPLE_FIRST: the tokens alone, the probabilities of all k steps after them on a branch
+        # (a loop from draft step 1 only: step 1 sampled outside would have left probabilities, not logits)
+        sample_first = fused_sampling and probs_branch.SAMPLE_FIRST and first is not None and not st.needs_filter
+        self.branch = probs_branch.ProbsBranch(device) if sample_first else None
         self.graph: torch.cuda.CUDAGraph | None = None
 
     @staticmethod
@@ -85,7 +87,7 @@ class DraftLoopGraph:
                 torch.cuda.current_stream().wait_event(noise_ready)
             sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
                               dependent, then_advance=decode.advance if self.k > 1 else None,
-                              tokens_to=None if tokens_to is None else tokens_to[:, 1], branch=self.branch)
+                              tokens_to=None if tokens_to is None else tokens_to[:, 1], sample_first=self.branch is not None)
         elif self.k > 1:  # draft step 1 sampled before the replay
             if noise_ready is not None:
                 torch.cuda.current_stream().wait_event(noise_ready)
@@ -94,9 +96,12 @@ class DraftLoopGraph:
             logits = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)  # [rows, V]
             sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
                               dependent, then_advance=decode.advance if step < self.k - 1 else None,
-                              tokens_to=None if tokens_to is None else tokens_to[:, step + 1], branch=self.branch)
-        if join and self.branch is not None:
-            self.branch.join()
+                              tokens_to=None if tokens_to is None else tokens_to[:, step + 1],
+                              sample_first=self.branch is not None)
+        if self.branch is not None:  # the k steps' logits -> probabilities, beside what follows
+            self.branch.probabilities(self.draft_probs, self.st)
+            if join:
+                self.branch.join()
 
     def load(self, st: SamplingTensors, draft_noise: torch.Tensor | None, batch: int) -> None:
         """The first `batch` rows' sampling settings (when the batch changed) and draft noise

@@ -13,7 +13,7 @@ from protospec.spec.sampler import SamplingTensors, compute_probs, exponential_n
 def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draft_ids: torch.Tensor,
                       draft_probs: torch.Tensor, noise_block: torch.Tensor | None, mirror: torch.Tensor | None,
                       fused: bool, dependent: bool = False, then_advance=None,
-                      tokens_to: torch.Tensor | None = None, branch=None) -> torch.Tensor:
+                      tokens_to: torch.Tensor | None = None, sample_first: bool = False) -> torch.Tensor:
     """logits [B, V] f32 -> draft_ids[:, step] [B] (returned, a view) and draft_probs[:, step] [B, V].
     noise_block: [B, >= k, V] Exp(1) whose [:, step] is this step's noise (None: all greedy).
     mirror: an int64 [B] buffer that also gets the ids (advance_step reads it), or None.
@@ -22,16 +22,16 @@ def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draf
     sample (by the fused sampling kernel itself where it can: sampling.ADVANCE_IN_SAMPLER), or None.
     tokens_to: a [B] int64 view (any stride) that gets the ids too (the verify's column of this step's
     draft tokens, in a spec step graph), or None.
-    branch: a ProbsBranch (probs_branch.py) for the probabilities, the token sampled alone (its
-    SAMPLE_FIRST form; the caller joins the branch before reading draft_probs), or None."""
+    sample_first: the token alone (kernels/gumbel_sample.py), the logits left in draft_probs[:, step] for
+    the caller to turn into probabilities (probs_branch.py), where the fused kernels apply."""
     if fused:
-        from protospec.kernels.sampling import fused_applies, probs_into, sample_into
+        from protospec.kernels.sampling import fused_applies, sample_into
 
-        if fused_applies(st) and branch is not None:
+        if fused_applies(st) and sample_first:
             from protospec.kernels.gumbel_sample import gumbel_sample_into
 
-            branch.launch(logits, lambda: probs_into(logits, st, draft_probs, step=step, space="_branch"))
-            gumbel_sample_into(logits, st, step, draft_ids, noise_block, mirror, dependent, then_advance, tokens_to)
+            gumbel_sample_into(logits, st, step, draft_ids, noise_block, mirror, dependent, then_advance, tokens_to,
+                               logits_out=draft_probs)
             return draft_ids[:, step]
         if fused_applies(st):
             sample_into(logits, st, step, draft_probs, draft_ids, noise_block, mirror, dependent, then_advance,

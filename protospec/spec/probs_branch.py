@@ -1,21 +1,24 @@
 """The draft's probabilities off the draft loop's chain of kernels.
 
 A draft step's next forward needs its token only; its probabilities q (a [V] row per sequence) are
-read first by the rejection sampler, after the verify. With SAMPLE_FIRST, a captured draft loop
-(draft_graph.py) samples each step's token in one launch (kernels/gumbel_sample.py) and computes
-that step's probabilities with sampling.py's kernels on a stream of its own, forked after the LM head
-wrote the logits: they run beside the next draft forward, not between the forwards. The branch is
-joined before anything reads the probabilities (the end of the draft loop, or, in a spec step graph,
-just before the rejection sampler), and holds each step's logits until then, so no later step's
-allocation reuses their memory while the branch may still read them.
+read first by the rejection sampler, after the verify. With SAMPLE_FIRST, a captured draft loop that
+starts at draft step 1 (draft_graph.py) samples each step's token in one launch
+(kernels/gumbel_sample.py), which leaves a copy of the step's logits where its probabilities go;
+after the k-th step, sampling.py's two kernels turn all k rows of logits into probabilities in
+place (the same arithmetic, so the same bits as sampling each step with them), on a stream of their
+own, forked there: in a spec step graph they run beside the verify's forward, joined just before the
+rejection sampler reads them. In all, two launches beside the verify for 2k launches between the
+draft forwards.
 """
 from __future__ import annotations
 
 import torch
 
-# The captured draft loops' token in one Gumbel-max launch, the probabilities on a branch. Same
-# probabilities; the same tokens as the race unless two candidates tie to float32 rounding. Set
-# before any graph is captured (bench and kernel_census: --draft-sample-first).
+from protospec.spec.sampler import SamplingTensors
+
+# The captured draft loops' token in one Gumbel-max launch, the probabilities in one pass after the
+# loop, on a branch. Same probabilities; the same tokens as the race unless two candidates tie to
+# float32 rounding. Set before any graph is captured (bench and kernel_census: --draft-sample-first).
 SAMPLE_FIRST = False
 
 
@@ -23,20 +26,25 @@ class ProbsBranch:
     def __init__(self, device: torch.device):
         # Off a GPU (the simulator's CPU tensors) there are no streams: the branch's work runs in place.
         self.stream = torch.cuda.Stream(device) if torch.device(device).type == "cuda" else None
-        self.held: list[torch.Tensor] = []  # the logits the branch reads, until the join
+        self.pending = False  # work queued on the branch and not yet joined
 
-    def launch(self, logits: torch.Tensor, work) -> None:
-        """Run work() (which reads logits) on the branch, after everything queued so far."""
+    def probabilities(self, draft_probs: torch.Tensor, st: SamplingTensors) -> None:
+        """draft_probs [rows, k, V] f32 holding each step's logits -> their probabilities, in place,
+        after everything queued so far on the current stream (st: the rows' settings)."""
+        from protospec.kernels.sampling import probs_into
+
+        rows, k, vocab = draft_probs.shape
+        flat = draft_probs.view(rows * k, vocab)  # row b k + j: sequence b's step j
         if self.stream is None:
-            work()
+            probs_into(flat, st, flat, k, space="_branch")
             return
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
-            work()
-        self.held.append(logits)
+            probs_into(flat, st, flat, k, space="_branch")
+        self.pending = True
 
     def join(self) -> None:
         """The current stream waits for the branch's work (nothing to wait for: nothing queued)."""
-        if self.stream is not None and self.held:
+        if self.stream is not None and self.pending:
             torch.cuda.current_stream().wait_stream(self.stream)
-        self.held.clear()
+        self.pending = False
