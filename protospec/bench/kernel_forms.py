@@ -86,10 +86,11 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="the spec step graph fills its random numbers and builds the verify's inputs on a branch of "
                         "its own beside draft step 1's forward, the samples writing the draft tokens (off: both in "
                         "the chain of kernels; same tokens; default: %(default)s)")
-    p.add_argument("--draft-sample-first", default="off", choices=ON_OFF_CHOICES,
-                   help="the captured draft loops sample each step's token in one Gumbel-max launch and compute its "
-                        "probabilities on a branch beside the next draft forward (same probabilities; the same "
-                        "tokens unless two candidates tie to float32 rounding; default: %(default)s)")
+    p.add_argument("--draft-sample-first", default="on", choices=ON_OFF_CHOICES,
+                   help="a captured draft loop from draft step 1 samples each step's token in one Gumbel-max launch, "
+                        "the k steps' probabilities after it in one pass on a branch beside the verify (same "
+                        "probabilities; the same tokens unless two candidates tie to float32 rounding; "
+                        "default: %(default)s)")
     p.add_argument("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],
                    help="a prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' "
                         "9-kernel path with cuBLAS linears, not the torch path (auto: on a GPU, off in the CUDA "

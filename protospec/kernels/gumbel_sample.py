@@ -66,11 +66,11 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
             v = lo + tid + j * THREADS
             gumbel[j] = noise[row, out_step, v] if v < hi and not greedy else float32(1.0)
         loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
+        for j in range(PER_THREAD):  # while the LM head still runs
+            gumbel[j] = -math.log(gumbel[j])
         if DEPENDENT:
             wait_after_issued_loads(slices)  # kept below the loads above in the machine code
             allow_dependent_launch()
-        for j in range(PER_THREAD):
-            gumbel[j] = -math.log(gumbel[j])
         t = temperature[row]
         value, index = float32(-math.inf), int64(vocab)
         for j in range(PER_THREAD):  # ascending entries: a later equal score never replaces the first

@@ -19,7 +19,8 @@ from protospec.spec.sampler import SamplingTensors
 # The captured draft loops' token in one Gumbel-max launch, the probabilities in one pass after the
 # loop, on a branch. Same probabilities; the same tokens as the race unless two candidates tie to
 # float32 rounding. Set before any graph is captured (bench and kernel_census: --draft-sample-first).
-SAMPLE_FIRST = False
+# On: timed faster (data/results/README.md).
+SAMPLE_FIRST = True
 
 
 class ProbsBranch:
