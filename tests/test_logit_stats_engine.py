@@ -18,7 +18,10 @@ def test_tile_statistics_keep_the_engines_tokens(mma_pair, temperature, mode, mo
     from tiny import random_prompts, tiny_llm
 
     from protospec.kernels import gemv_mma
+    from protospec.spec import probs_branch
 
+    # the captured loop's two-launch sampler (the one-launch token takes no statistics)
+    monkeypatch.setattr(probs_branch, "SAMPLE_FIRST", False)
     names = launched_kernels
     params = SamplingParams(temperature=temperature, max_tokens=24, ignore_eos=True, seed=4)
     prompts = random_prompts(3, seed=3)
