@@ -9,7 +9,8 @@ weights loaded 16 bytes at a time (gemv_mma.WIDE_WEIGHT_LOADS); the attention lo
 before this one's products (attention_mma.PIPELINE); the probabilities kernel's logits and noise before its
 wait (sampling.PROBS_PREFETCH); the draft step's advance done by the probabilities kernel
 (sampling.ADVANCE_IN_SAMPLER); the draft step's token in one launch, its probabilities after the loop
-(probs_branch.SAMPLE_FIRST: the same tokens unless two candidates tie to float32 rounding). (Their bits against each other run in the simulator too:
+(probs_branch.SAMPLE_FIRST: the same tokens unless two candidates tie to float32 rounding); the
+rejection kernel launched as a dependent in the step graph (rejection.DEPENDENT). (Their bits against each other run in the simulator too:
 tests/test_gemv_mma.py, test_attention_mma.py, test_sampling_kernel.py.)"""
 import pytest
 import torch
@@ -32,6 +33,7 @@ FORMS = {  # setting -> (module, attribute, the two values, a kernel name only t
     "advance_in_sampler": ("protospec.kernels.sampling", "ADVANCE_IN_SAMPLER", (False, True), None),  # one kernel less
     # first: off, so the two forms above run in the captured loop (the one-launch token replaces them there)
     "draft_sample_first": ("protospec.spec.probs_branch", "SAMPLE_FIRST", (False, True), "gumbel_sample_kernel"),
+    "rejection_dependent": ("protospec.kernels.rejection", "DEPENDENT", (False, True), None),  # one kernel name
 }
 
 

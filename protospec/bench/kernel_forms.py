@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling, verify_inputs
+from protospec.kernels import attention_mma, dependent_launch, gemv_mma, rejection, sampling, verify_inputs
 from protospec.model import layer_kernels
 from protospec.spec import probs_branch, step_graph
 
@@ -91,6 +91,10 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                         "the k steps' probabilities after it in one pass on a branch beside the verify (same "
                         "probabilities; the same tokens unless two candidates tie to float32 rounding; "
                         "default: %(default)s)")
+    p.add_argument("--rejection-dependent", default="off", choices=ON_OFF_CHOICES,
+                   help="in the spec step graph the rejection kernel launches as a programmatic dependent of the "
+                        "verify's probabilities kernel, its draft-side loads before its wait (sm_90; same bits; "
+                        "default: %(default)s)")
     p.add_argument("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],
                    help="a prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' "
                         "9-kernel path with cuBLAS linears, not the torch path (auto: on a GPU, off in the CUDA "
@@ -128,6 +132,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.ROPE_INPUTS_BEFORE_WAIT = args.rope_inputs_early == "on"
     step_graph.SIDE_BRANCH = args.step_graph_side == "on"
     probs_branch.SAMPLE_FIRST = args.draft_sample_first == "on"
+    rejection.DEPENDENT = args.rejection_dependent == "on"
     if args.prefill_kernels != "auto":
         layer_kernels.LONG_CHUNKS = args.prefill_kernels == "on"
 

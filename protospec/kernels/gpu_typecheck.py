@@ -147,9 +147,8 @@ def _layers_and_gemv() -> None:
 
 
 def _sampling_and_rejection() -> None:
-    from protospec.kernels import counter_randoms, dependent_launch, logit_stats, ngram_match, sampling
+    from protospec.kernels import counter_randoms, dependent_launch, logit_stats, ngram_match, rejection, sampling
     from protospec.kernels.gumbel_sample import gumbel_sample_into
-    from protospec.kernels.rejection import rejection_sample_fused
     from protospec.config import SamplingParams
     from protospec.spec.sampler import SamplingTensors
 
@@ -157,7 +156,8 @@ def _sampling_and_rejection() -> None:
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
                                [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
     logits = torch.zeros(batch, vocab)
-    chosen = sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE
+    chosen = (sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE,
+              rejection.DEPENDENT)
     try:  # every form's kernels (the dependents' with the probabilities' loads after and before the wait)
         for sampling.LAUNCHES, dependent, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE in (
                 ("two", False, False, "last_block"), ("two", True, False, "last_block"),
@@ -178,11 +178,13 @@ def _sampling_and_rejection() -> None:
         for dependent_launch.STEP_KERNELS in (False, True):  # the one-launch sample (gumbel_sample.py), advancing
             gumbel_sample_into(logits, st, 0, torch.zeros(batch, k, dtype=torch.int64), torch.ones(batch, k, vocab),
                                torch.zeros(batch, dtype=torch.int64), True, _advance_launcher(batch))
+        for rejection.DEPENDENT in (False, True):  # the rejection kernel's plain and dependent forms
+            rejection.rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
+                                             torch.zeros(batch, k + 1, vocab), torch.zeros(batch, k),
+                                             torch.zeros(batch, k, vocab), torch.zeros(batch, vocab), dependent=True)
     finally:
-        sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE = chosen
-    rejection_sample_fused(torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
-                           torch.zeros(batch, k + 1, vocab), torch.zeros(batch, k), torch.zeros(batch, k, vocab),
-                           torch.zeros(batch, vocab))
+        (sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE,
+         rejection.DEPENDENT) = chosen
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))
     ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,

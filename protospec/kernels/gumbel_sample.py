@@ -50,8 +50,8 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         """
         logits [R, V] f32; temperature [R] f32; is_greedy [R] bool; noise [R, S, V] f32 Exp(1), read at
         [r, out_step] on rows that are not greedy. keep = 1: the logits also go to logits_out [R, S, V] f32
-        at [r, out_step] (the probabilities' pass reads them there later). win_value [R, slices] f32, win_index [R, slices] int64:
-        the slices' winners; counters [>= R] int32, zero between calls. Out: ids_out [R, S] int64 at
+        at [r, out_step] (the probabilities' pass reads them there later). win_value [R, slices] f32,
+        win_index [R, slices] int64: the slices' winners; counters [>= R] int32, zero between calls. Out: ids_out [R, S] int64 at
         [r, out_step], mirror [r * use_mirror] where use_mirror > 0. advance and what follows: as
         sampling.py's probabilities kernel.
         """
@@ -94,7 +94,7 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
                 if better(win_value[row, s], win_index[row, s], value, index):
                     value, index = win_value[row, s], win_index[row, s]
             chosen = block_argmax(value, index, best_value, best_index, no_flags, tid)[1]
-            chosen = chosen if chosen < vocab else int64(0)  # every score -inf or NaN: torch.argmax's 0
+            chosen = chosen if chosen < vocab else int64(0)  # every score -inf: torch.argmax's 0
             if tid == 0:
                 ids_out[row, out_step] = chosen
                 if use_mirror > 0:

@@ -70,14 +70,16 @@ class RejectionSampling:
         else:
             self.sample = rejection_sample
 
-    def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None) -> RejectionOutput:
+    def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None,
+                 dependent: bool = False) -> RejectionOutput:
         """error_flag: [1] int32 the step's device-built inputs' flag, which the kernel copies into the
-        commit's row (RejectionOutput.commit_flagged); the torch path leaves it to commit_row."""
+        commit's row (RejectionOutput.commit_flagged); the torch path leaves it to commit_row.
+        dependent: the kernel before launches dependents (the kernel's rejection.DEPENDENT form)."""
         if self.sample is rejection_sample:
             return rejection_sample(draft_ids, draft_probs, target_probs, randoms.uniforms, randoms.recovered_noise,
                                     randoms.bonus_noise, num_proposed)
         return self.sample(draft_ids, draft_probs, target_probs, randoms.uniforms, randoms.recovered_noise,
-                           randoms.bonus_noise, num_proposed, error_flag)
+                           randoms.bonus_noise, num_proposed, error_flag, dependent)
 
 
 class TypicalAcceptance:
@@ -87,7 +89,8 @@ class TypicalAcceptance:
                  posterior_alpha: float = DEFAULT_POSTERIOR_ALPHA):
         self.posterior_threshold, self.posterior_alpha = posterior_threshold, posterior_alpha
 
-    def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None) -> RejectionOutput:
+    def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None,
+                 dependent: bool = False) -> RejectionOutput:
         return typical_acceptance(draft_ids, target_probs, self.posterior_threshold, self.posterior_alpha,
                                   randoms.recovered_noise, randoms.bonus_noise, num_proposed)
 

@@ -87,7 +87,8 @@ class DraftLoopGraph:
                 torch.cuda.current_stream().wait_event(noise_ready)
             sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
                               dependent, then_advance=decode.advance if self.k > 1 else None,
-                              tokens_to=None if tokens_to is None else tokens_to[:, 1], sample_first=self.branch is not None)
+                              tokens_to=None if tokens_to is None else tokens_to[:, 1],
+                              sample_first=self.branch is not None)
         elif self.k > 1:  # draft step 1 sampled before the replay
             if noise_ready is not None:
                 torch.cuda.current_stream().wait_event(noise_ready)

@@ -158,7 +158,8 @@ class SpecStepGraph:
             randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
         if d.branch is not None:  # the draft's probabilities (probs_branch.py) are read from here on
             d.branch.join()
-        result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row)
+        result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row,
+                                 dependent=self.target.launches_dependents)
         return probs, result, commit_row(result, None, self.error_row)
 
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
