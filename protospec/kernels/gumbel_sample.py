@@ -24,14 +24,13 @@ from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import dependent_launch, interop
-from protospec.kernels.advance_step import advance_stores
 from protospec.kernels.dependent_launch import allow_dependent_launch, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
 from protospec.kernels.reductions import better
-from protospec.kernels.sampling_advance import loads_for_advance
+from protospec.kernels.sampling_advance import finish_row, loads_for_advance
 from protospec.kernels.sampling_buffers import mirror_span, no_advance, placeholder
-from protospec.kernels.sampling_slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, block_argmax, slice_winner
+from protospec.kernels.sampling_slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, slice_winner
 
 if TYPE_CHECKING:
     from protospec.kernels.advance_step import AdvanceStepLauncher
@@ -73,36 +72,24 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
             allow_dependent_launch()
         t = temperature[row]
         value, index = float32(-math.inf), int64(vocab)
-        for j in range(PER_THREAD):  # ascending entries: a later equal score never replaces the first
+        for j in range(PER_THREAD):  # ties (a row of -inf too) to the first entry, torch.argmax's rule
             v = lo + tid + j * THREADS
             if v < hi:
                 x = logits[row, v]
                 if keep:
                     logits_out[row, out_step, v] = x
                 score = x if greedy else x / t + gumbel[j]
-                if score > value:
+                if better(score, v, value, index):
                     value, index = score, v
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)
         no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots (it writes them), unused here
         last = cuda.shared.array(1, int32)
         if slice_winner(row, piece, value, index, win_value, win_index, counters, best_value, best_index, no_flags,
-                        last, tid):
-            cuda.syncthreads()
-            value, index = float32(-math.inf), int64(vocab)
-            for s in range(tid, slices, THREADS):
-                if better(win_value[row, s], win_index[row, s], value, index):
-                    value, index = win_value[row, s], win_index[row, s]
-            chosen = block_argmax(value, index, best_value, best_index, no_flags, tid)[1]
-            chosen = chosen if chosen < vocab else int64(0)  # every score -inf: torch.argmax's 0
-            if tid == 0:
-                ids_out[row, out_step] = chosen
-                if use_mirror > 0:
-                    mirror[row * use_mirror] = chosen
-                if advance:
-                    real, pos, block = loaded
-                    advance_stores(row, chosen, real, pos, block, block_size, input_ids, positions, seq_lens,
-                                   slot_mapping, error_row)
+                        last, tid):  # the row's last block: the slices' best, then the next step's inputs
+            finish_row(row, vocab, False, int64(0), win_value, win_index, ids_out, out_step, mirror, use_mirror,
+                       best_value, best_index, no_flags, tid, advance, loaded, block_size, input_ids, positions,
+                       seq_lens, slot_mapping, error_row)
 
     return gumbel_sample_kernel
 

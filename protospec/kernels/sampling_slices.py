@@ -162,12 +162,13 @@ def slice_probs_prefetched(row, piece, vocab, t, greedy, row_max, chosen, total,
 
 @cuda.jit(device=True)
 def combine_winners(row, vocab, greedy, chosen, win_value, win_index, best_value, best_index, no_flags, tid):
-    """The row's sample: the best of its slices' winners (greedy rows: `chosen`)."""
+    """The row's sample: the best of its slices' winners (greedy rows: `chosen`). Any score beats the
+    start, -inf: the race's are >= 0, gumbel_sample.py's any float."""
     if greedy:
         return chosen
     slices = win_value.shape[1]
     cuda.syncthreads()
-    value, index = float32(-1.0), int64(vocab)
+    value, index = float32(-math.inf), int64(vocab)
     for s in range(tid, slices, THREADS):
         if better(win_value[row, s], win_index[row, s], value, index):
             value, index = win_value[row, s], win_index[row, s]
