@@ -10,7 +10,8 @@ before this one's products (attention_mma.PIPELINE); the probabilities kernel's 
 wait (sampling.PROBS_PREFETCH); the draft step's advance done by the probabilities kernel
 (sampling.ADVANCE_IN_SAMPLER); the draft step's token in one launch, its probabilities after the loop
 (probs_branch.SAMPLE_FIRST: the same tokens unless two candidates tie to float32 rounding); the
-rejection kernel launched as a dependent in the step graph (rejection.DEPENDENT). (Their bits against each other run in the simulator too:
+rejection kernel launched as a dependent in the step graph (rejection.DEPENDENT); the verify's probabilities and
+the rejection sampler as one launch (verify_rejection.FUSED). (Their bits against each other run in the simulator too:
 tests/test_gemv_mma.py, test_attention_mma.py, test_sampling_kernel.py.)"""
 import pytest
 import torch
@@ -34,6 +35,7 @@ FORMS = {  # setting -> (module, attribute, the two values, a kernel name only t
     # first: off, so the two forms above run in the captured loop (the one-launch token replaces them there)
     "draft_sample_first": ("protospec.spec.probs_branch", "SAMPLE_FIRST", (False, True), "gumbel_sample_kernel"),
     "rejection_dependent": ("protospec.kernels.rejection", "DEPENDENT", (False, True), None),  # one kernel name
+    "verify_rejection": ("protospec.kernels.verify_rejection", "FUSED", (False, True), "verify_rejection_kernel"),
 }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from protospec.kernels import attention_mma, dependent_launch, gemv_mma, rejection, sampling, verify_inputs
+from protospec.kernels import (attention_mma, dependent_launch, gemv_mma, rejection, sampling, verify_inputs,
+                               verify_rejection)
 from protospec.model import layer_kernels
 from protospec.spec import probs_branch, step_graph
 
@@ -95,6 +96,9 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="in the spec step graph the rejection kernel launches as a programmatic dependent of the "
                         "verify's probabilities kernel, its draft-side loads before its wait (sm_90; same bits; "
                         "default: %(default)s)")
+    p.add_argument("--verify-rejection", default="off", choices=ON_OFF_CHOICES,
+                   help="in the spec step graph the verify's probabilities and the fused rejection sampler run as one "
+                        "launch after the statistics kernel (same bits; default: %(default)s)")
     p.add_argument("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],
                    help="a prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' "
                         "9-kernel path with cuBLAS linears, not the torch path (auto: on a GPU, off in the CUDA "
@@ -133,6 +137,7 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     step_graph.SIDE_BRANCH = args.step_graph_side == "on"
     probs_branch.SAMPLE_FIRST = args.draft_sample_first == "on"
     rejection.DEPENDENT = args.rejection_dependent == "on"
+    verify_rejection.FUSED = args.verify_rejection == "on"
     if args.prefill_kernels != "auto":
         layer_kernels.LONG_CHUNKS = args.prefill_kernels == "on"
 

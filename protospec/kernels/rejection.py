@@ -26,6 +26,7 @@ entries, 2 a thread on a GPU, so a 32000-entry row spreads over 63 blocks):
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from numba import float32, int32, int64
@@ -188,22 +189,47 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     commit_flagged is the commit's row with it (RejectionOutput). dependent: the kernel before it
     launches dependents (ModelRunner.launches_dependents): with DEPENDENT, launched as one."""
     batch, k = draft_token_ids.shape
-    vocab = target_probs.shape[-1]
+    check_tensor("target_probs", target_probs, torch.float32, 3, rows=batch)
+    recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
+        "rejection_sample_fused", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
+        error_flag, target_probs.shape[-1])
+    if target_probs.shape != (batch, k + 1, target_probs.shape[-1]):
+        raise interop.KernelArgumentError(f"rejection_sample_fused: target_probs {tuple(target_probs.shape)} "
+                                          f"does not fit B={batch}, k={k}")
+    out = RejectionBuffers.empty(batch, k, draft_token_ids.device)
+    slices = -(-target_probs.shape[-1] // VOCAB_PER_BLOCK)
+    key = (batch, slices, draft_token_ids.device)
+    if key not in _partials:  # written and read inside one launch: one set serves every call
+        _partials[key] = (torch.empty(batch, slices, 2, dtype=torch.float32, device=draft_token_ids.device),
+                          torch.empty(batch, slices, 2, dtype=torch.int64, device=draft_token_ids.device),
+                          torch.empty(batch, slices, dtype=torch.int32, device=draft_token_ids.device))
+    args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
+            *out.kernel_args, *_partials[key], arrival_counters(draft_token_ids.device, batch, "rejection"), flag]
+    waits = bool(dependent) and DEPENDENT and dependent_launch.STEP_KERNELS
+    interop.launch_tensors(_kernel(waits), batch * slices, THREADS, args, dependent=waits)
+    return out.result(error_flag is not None)
+
+
+def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
+                   error_flag, vocab) -> tuple:
+    """The rejection sampler's draft-side inputs checked against B, k and V (a KernelArgumentError that
+    names the first misfit): (recovered_noise, bonus_noise contiguous, num_proposed, the error flag),
+    the last two made where not given (k for every row; a zero flag)."""
+    batch, k = draft_token_ids.shape
     # Slices of the spec step's noise block are contiguous at batch 1; copy them otherwise.
     recovered_noise, bonus_noise = recovered_noise.contiguous(), bonus_noise.contiguous()
     for name, t, dtype, ndim in (("draft_token_ids", draft_token_ids, torch.int64, 2),
                                  ("draft_probs", draft_probs, torch.float32, 3),
-                                 ("target_probs", target_probs, torch.float32, 3),
                                  ("uniforms", uniforms, torch.float32, 2),
                                  ("recovered_noise", recovered_noise, torch.float32, 3),
                                  ("bonus_noise", bonus_noise, torch.float32, 2)):
         check_tensor(name, t, dtype, ndim, rows=batch)
-    if draft_probs.shape != (batch, k, vocab) or target_probs.shape != (batch, k + 1, vocab) \
-            or recovered_noise.shape != (batch, k, vocab) or bonus_noise.shape != (batch, vocab) or uniforms.shape != (batch, k):
+    if draft_probs.shape != (batch, k, vocab) or recovered_noise.shape != (batch, k, vocab) \
+            or bonus_noise.shape != (batch, vocab) or uniforms.shape != (batch, k):
         raise interop.KernelArgumentError(
-            f"rejection_sample_fused: shapes do not fit B={batch}, k={k}, V={vocab}: draft_probs {tuple(draft_probs.shape)}, "
-            f"target_probs {tuple(target_probs.shape)}, uniforms {tuple(uniforms.shape)}, "
-            f"recovered_noise {tuple(recovered_noise.shape)}, bonus_noise {tuple(bonus_noise.shape)}")
+            f"{caller}: shapes do not fit B={batch}, k={k}, V={vocab}: draft_probs {tuple(draft_probs.shape)}, "
+            f"uniforms {tuple(uniforms.shape)}, recovered_noise {tuple(recovered_noise.shape)}, "
+            f"bonus_noise {tuple(bonus_noise.shape)}")
     device = draft_token_ids.device
     if num_proposed is None:
         key = (batch, k, device)
@@ -213,24 +239,33 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     check_tensor("num_proposed", num_proposed, torch.int64, 1, rows=batch)
     flag = error_flag if error_flag is not None else _no_flag(device)
     check_tensor("error_flag", flag, torch.int32, 1, rows=1)
-    out_ids = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
-    num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
-    masks = torch.empty(2, batch, k, dtype=torch.bool, device=device)  # accepted, passed
-    commit = torch.empty(batch + 1, k + 3, dtype=torch.int64, device=device)  # ids, accepted, passed; the flag
-    slices = -(-vocab // VOCAB_PER_BLOCK)
-    key = (batch, slices, device)
-    if key not in _partials:  # written and read inside one launch: one set serves every call
-        _partials[key] = (torch.empty(batch, slices, 2, dtype=torch.float32, device=device),
-                          torch.empty(batch, slices, 2, dtype=torch.int64, device=device),
-                          torch.empty(batch, slices, dtype=torch.int32, device=device))
-    args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-            out_ids, num_accepted, masks[0], masks[1], commit, *_partials[key], arrival_counters(device, batch, "rejection"),
-            flag]
-    waits = bool(dependent) and DEPENDENT and dependent_launch.STEP_KERNELS
-    interop.launch_tensors(_kernel(waits), batch * slices, THREADS, args, dependent=waits)
-    flagged = commit.view(-1)[: batch * (k + 3) + 1] if error_flag is not None else None
-    return RejectionOutput(out_ids, num_accepted, masks[0], masks[1], commit_columns=commit[:batch],
-                           commit_flagged=flagged)
+    return recovered_noise, bonus_noise, num_proposed, flag
+
+
+@dataclass
+class RejectionBuffers:
+    """A call's outputs (new tensors each call: a captured graph keeps its own)."""
+    out_ids: torch.Tensor       # [B, k + 1] int64
+    num_accepted: torch.Tensor  # [B] int64
+    masks: torch.Tensor         # [2, B, k] bool: accepted, passed
+    commit: torch.Tensor        # [B + 1, k + 3] int64: ids, accepted, passed per row; then the flag
+
+    @classmethod
+    def empty(cls, batch: int, k: int, device) -> "RejectionBuffers":
+        return cls(torch.empty(batch, k + 1, dtype=torch.int64, device=device),
+                   torch.empty(batch, dtype=torch.int64, device=device),
+                   torch.empty(2, batch, k, dtype=torch.bool, device=device),
+                   torch.empty(batch + 1, k + 3, dtype=torch.int64, device=device))
+
+    @property
+    def kernel_args(self) -> list:
+        return [self.out_ids, self.num_accepted, self.masks[0], self.masks[1], self.commit]
+
+    def result(self, flagged: bool) -> RejectionOutput:
+        batch, k = self.masks.shape[1:]
+        row = self.commit.view(-1)[: batch * (k + 3) + 1] if flagged else None
+        return RejectionOutput(self.out_ids, self.num_accepted, self.masks[0], self.masks[1],
+                               commit_columns=self.commit[:batch], commit_flagged=row)
 
 
 _no_flags: dict = {}  # device -> [1] int32 zero: the flag of a call that was given none (never written)

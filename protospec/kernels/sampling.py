@@ -28,7 +28,6 @@ from numba import float32, int32, int64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import dependent_launch, interop, logit_stats
-from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
@@ -36,7 +35,8 @@ from protospec.kernels.sampling_advance import finish_row, loads_for_advance
 from protospec.kernels.sampling_buffers import mirror_span, no_advance, placeholder, scratch
 from protospec.kernels.sampling_slices import (PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats,  # noqa: F401
                                                combine_winners, prefetch_slice, slice_probs,
-                                               slice_probs_prefetched, slice_stats)
+                                               slice_probs_prefetched)
+from protospec.kernels.sampling_stats import launch_stats, stats_kernel
 
 if TYPE_CHECKING:
     from protospec.kernels.advance_step import AdvanceStepLauncher
@@ -85,35 +85,6 @@ def _kernels(DEPENDENT: bool, prefetch: bool, every_block: bool = False):  # noq
         def row_statistics(row, vocab, t, stat_max, stat_index, stat_sum, best_value, best_index, no_flags, tid):
             """The row's (max, its index, sum) as the statistics kernel's last block combined them ([R])."""
             return stat_max[row], stat_index[row], stat_sum[row]
-
-    @cuda.jit
-    def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum, row_max,
-                         row_index, row_sum, counters):
-        """
-        logits [R, V] f32; temperature [B] f32 (1.0 on greedy rows); is_greedy [B] bool; row r belongs to
-        sequence r // rows_per_seq. part_max, part_sum [R, S] f32, part_index [R, S] int64: each slice's
-        max, its index, its sum of exp(x/T - max/T). Out: row_max, row_sum [R] f32, row_index [R] int64.
-        counters [>= R] int32, zero between calls.
-        """
-        if DEPENDENT:
-            grid_dependency_wait()
-            allow_dependent_launch()
-        slices = part_max.shape[1]
-        row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
-        tid = cuda.threadIdx.x
-        seq = row // rows_per_seq
-        best_value = cuda.shared.array(THREADS, float32)
-        best_index = cuda.shared.array(THREADS, int64)
-        no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots (it writes them), unused here
-        last = cuda.shared.array(1, int32)
-        t = temperature[seq]
-        slice_stats(logits, row, piece, t, is_greedy[seq], part_max, part_index, part_sum, best_value, best_index,
-                    no_flags, tid)
-        if not EVERY_BLOCK and arrived_last(counters, row, slices, last, tid):  # the row's last block combines
-            value, index, total = combine_stats(row, logits.shape[1], t, part_max, part_index, part_sum, best_value,
-                                                best_index, no_flags, tid)
-            if tid == 0:
-                row_max[row], row_index[row], row_sum[row] = value, index, total
 
     @cuda.jit
     def probs_and_sample_kernel(logits, temperature, is_greedy, rows_per_seq, stat_max, stat_index, stat_sum, probs_out,
@@ -207,7 +178,7 @@ def _kernels(DEPENDENT: bool, prefetch: bool, every_block: bool = False):  # noq
                        use_mirror, best_value, best_index, no_flags, tid, advance, loaded, block_size, input_ids,
                        positions, seq_lens, slot_mapping, error_row)
 
-    return row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel
+    return stats_kernel(DEPENDENT, EVERY_BLOCK), probs_and_sample_kernel, probs_from_tiles_kernel
 
 
 def fused_applies(st: SamplingTensors) -> bool:
@@ -288,9 +259,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                                 mirror_stride, part_max, part_index, counters] + advance_args,
                                dependent=dependent)
         return
-    interop.launch_tensors(row_stats_kernel, rows * slices, THREADS,
-                           [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,
-                            row_max, row_index, row_sum, counters], dependent=dependent)
+    launch_stats(row_stats_kernel, logits, st, rows_per_seq, slices, space, counters, dependent)
     # The winners go where no block still reads the statistics (every_block: the partials are read).
     stats = (part_max, part_index, part_sum) if every_block else (row_max, row_index, row_sum)
     win_value, win_index = scratch(rows, slices, logits.device, "winners" + space) if every_block else (part_max, part_index)
@@ -298,3 +267,4 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), *stats,
                             probs_out, int(step), int(do_sample), noise, ids_out, mirror_arg, mirror_stride,
                             win_value, win_index, counters] + advance_args, dependent=dependent)
+

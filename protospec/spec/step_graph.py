@@ -1,5 +1,6 @@
 """A launched spec step as ONE CUDA graph: draft steps 1..k, the verify's inputs, the verify, the
-target's probabilities, the rejection sampler and the commit's row, one replay.
+target's probabilities, the rejection sampler and the commit's row, one replay (the last three in two
+launches with kernels/verify_rejection.py's FUSED).
 
 The overlapped commit (commit.py) builds the next spec step's draft step 1 on the device from the
 rejection output, before the host has read it. From there nothing the step does needs the host:
@@ -37,7 +38,7 @@ from protospec.model.runner import ModelRunner
 from protospec.spec.draft_graph import DraftLoopGraph
 from protospec.spec.draft_sampling import target_probs
 from protospec.spec import registry
-from protospec.kernels import counter_randoms
+from protospec.kernels import counter_randoms, verify_rejection
 from protospec.spec.randoms import SpecStepRandoms, batched_draws
 from protospec.spec.sampler import SamplingTensors
 from protospec.spec.verify_inputs import build_verify_inputs
@@ -150,16 +151,23 @@ class SpecStepGraph:
                                 allow_dependents=self.target.launches_dependents)
         v = self.verify.view(rows, self.width)
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
-        probs = target_probs(logits, d.st, k + 1, self.fused,
-                             self.target.launches_dependents).view(rows, k + 1, -1)  # [rows, k+1, V]
         if self.greedy:
             randoms = SpecStepRandoms(self.uniforms, *self.greedy_noise, noise_block=None)
         else:
             randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
-        if d.branch is not None:  # the draft's probabilities (probs_branch.py) are read from here on
+        dependent = self.target.launches_dependents
+        if self.fused and verify_rejection.applies(d.st, self.acceptance):  # the probabilities and the sampler at once
+            if d.branch is not None:  # the draft's probabilities (probs_branch.py) are read from here on
+                d.branch.join()
+            probs, result = verify_rejection.probs_and_rejection(
+                logits, d.st, d.draft_ids, d.draft_probs, randoms.uniforms, randoms.recovered_noise,
+                randoms.bonus_noise, error_flag=self.error_row, dependent=dependent)
+            return probs, result, commit_row(result, None, self.error_row)
+        probs = target_probs(logits, d.st, k + 1, self.fused, dependent).view(rows, k + 1, -1)  # [rows, k+1, V]
+        if d.branch is not None:
             d.branch.join()
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row,
-                                 dependent=self.target.launches_dependents)
+                                 dependent=dependent)
         return probs, result, commit_row(result, None, self.error_row)
 
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:

@@ -1,0 +1,71 @@
+"""The sampling and rejection kernels' forms for gpu_typecheck (and the tools built on it): the sliced
+samplers in every launch form, the one-launch Gumbel sample, the rejection kernel alone and fused with
+the verify's probabilities, the counter-based random fill and the n-gram matcher, on CPU tensors of
+shapes that reach each compile-time variant."""
+from __future__ import annotations
+
+import torch
+
+
+def sampling_and_rejection_forms() -> None:
+    from protospec.kernels import (counter_randoms, dependent_launch, logit_stats, ngram_match, rejection, sampling,
+                                   verify_rejection)
+    from protospec.kernels.gumbel_sample import gumbel_sample_into
+    from protospec.config import SamplingParams
+    from protospec.spec.sampler import SamplingTensors
+
+    batch, k, vocab = 2, 3, 512
+    st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
+                               [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
+    logits = torch.zeros(batch, vocab)
+    chosen = (sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE,
+              rejection.DEPENDENT)
+    try:  # every form's kernels (the dependents' with the probabilities' loads after and before the wait)
+        for sampling.LAUNCHES, dependent, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE in (
+                ("two", False, False, "last_block"), ("two", True, False, "last_block"),
+                ("two", True, True, "last_block"), ("one", False, False, "last_block"),
+                ("two", True, False, "every_block"), ("two", True, True, "every_block")):
+            dependent_launch.STEP_KERNELS = dependent
+            sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
+            sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1,
+                                dependent)
+            sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent,
+                                 _advance_launcher(batch))  # the form that advances the decode inputs too
+            tiled = torch.zeros(batch, vocab)  # logits the LM head wrote with its tiles' statistics
+            logit_stats.attach(tiled, logit_stats.LogitStats.empty(batch, vocab, tiled.device))
+            sampling.sample_into(tiled, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
+        for dependent_launch.STEP_KERNELS in (False, True):  # the one-launch sample (gumbel_sample.py), advancing
+            gumbel_sample_into(logits, st, 0, torch.zeros(batch, k, dtype=torch.int64), torch.ones(batch, k, vocab),
+                               torch.zeros(batch, dtype=torch.int64), True, _advance_launcher(batch))
+        draft = [torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab), torch.zeros(batch, k),
+                 torch.zeros(batch, k, vocab), torch.zeros(batch, vocab)]  # ids, q, u, recovered and bonus noise
+        for rejection.DEPENDENT in (False, True):  # the rejection kernel's plain and dependent forms
+            rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:],
+                                             dependent=True)
+        tiled = torch.zeros(batch * (k + 1), vocab)  # the verify's logits with the LM head's tiles' statistics
+        logit_stats.attach(tiled, logit_stats.LogitStats.empty(batch * (k + 1), vocab, tiled.device))
+        for dependent_launch.STEP_KERNELS in (False, True):  # the verify's probabilities with the rejection
+            for verify_logits in (torch.zeros(batch * (k + 1), vocab), tiled):  # after the statistics kernel, the head
+                verify_rejection.probs_and_rejection(verify_logits, st, *draft, dependent=True)
+    finally:
+        (sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE,
+         rejection.DEPENDENT) = chosen
+    counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
+                                torch.zeros(batch, k))
+    ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,
+                            torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
+                            torch.zeros(batch, dtype=torch.int64))
+
+
+def _advance_launcher(rows: int):
+    """An advance_step launcher over `rows` zeroed decode rows (one real), for the sampler's advancing form."""
+    from protospec.kernels.advance_step import AdvanceStepLauncher
+
+    int32, int64 = torch.int32, torch.int64
+    return AdvanceStepLauncher(16, torch.ones(1, dtype=int32), torch.zeros(rows, dtype=int64),
+                               torch.zeros(rows, dtype=int64), torch.zeros(rows, dtype=int64),
+                               torch.ones(rows, dtype=int32), torch.zeros(rows, dtype=int64),
+                               torch.zeros(rows, 3, dtype=int32), torch.zeros(1, dtype=int32), bind=False)

@@ -1,0 +1,131 @@
+"""The verify's probabilities and the rejection sampler in one launch (kernels/verify_rejection.py): the
+probabilities kernel's very bits and the rejection sampler's tokens, masks, counts and commit row over them,
+against the two kernels and the torch reference (simulator on CPU, the GPU where there is one)."""
+import pytest
+import torch
+
+from protospec.config import SamplingParams
+from protospec.errors import KernelArgumentError
+from protospec.kernels import logit_stats, paged_attention, verify_rejection
+from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.sampling import probs_into
+from protospec.spec.rejection import rejection_sample
+from protospec.spec.sampler import SamplingTensors
+
+DEV = KERNEL_DEVICE_TYPE
+
+
+def _case(seed, temperatures, k, vocab, uniforms=None):
+    """Logits [B (k + 1), V] peaked enough that drafts often pass, a draft that proposed from its own
+    softmax (one-hot on greedy rows), and the step's random numbers in the engine's layout."""
+    batch = len(temperatures)
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(batch, 1, vocab, generator=gen) * 3
+    logits = (base + torch.randn(batch, k + 1, vocab, generator=gen)).view(batch * (k + 1), vocab)
+    draft_logits = base[:, 0, None] + torch.randn(batch, k, vocab, generator=gen)
+    q = torch.softmax(draft_logits, -1)
+    draft_ids = torch.multinomial(q.view(-1, vocab), 1, generator=gen).view(batch, k)
+    for b, t in enumerate(temperatures):
+        if t == 0.0:  # a greedy draft: one-hot at its argmax
+            draft_ids[b] = draft_logits[b].argmax(-1)
+            q[b] = torch.nn.functional.one_hot(draft_ids[b], vocab).float()
+    noise = torch.empty(batch, 2 * k + 1, vocab).exponential_(generator=gen).clamp_min_(1e-30)
+    u = torch.rand(batch, k, generator=gen) if uniforms is None else uniforms
+    params = [SamplingParams(temperature=t) for t in temperatures]
+    st = SamplingTensors.build(params, [torch.Generator() for _ in params], vocab, DEV)
+    to = lambda x: x.to(DEV)  # noqa: E731
+    return to(logits), st, [to(draft_ids), to(q), to(u), to(noise[:, k : 2 * k]), to(noise[:, 2 * k])]
+
+
+def _assert_same(logits, st, draft, num_proposed=None, dependent=False):
+    batch, k = draft[0].shape
+    probs = probs_into(logits, st, torch.empty_like(logits), k + 1).view(batch, k + 1, -1)
+    ref = rejection_sample(draft[0], draft[1], probs, *draft[2:], num_proposed)
+    flag = torch.tensor([5], dtype=torch.int32, device=DEV)
+    got_probs, got = verify_rejection.probs_and_rejection(logits, st, *draft, num_proposed=num_proposed,
+                                                          error_flag=flag, dependent=dependent)
+    assert torch.equal(got_probs, probs)  # the probabilities kernel's bits
+    for field in ("output_token_ids", "num_accepted", "accepted_mask", "passed_mask"):
+        assert getattr(got, field).tolist() == getattr(ref, field).tolist(), field
+    expected = torch.cat([ref.output_token_ids, ref.num_accepted[:, None], ref.passed_mask.sum(-1, keepdim=True)], 1)
+    assert got.commit_columns.tolist() == expected.tolist()
+    assert got.commit_flagged.tolist() == expected.flatten().tolist() + [5]
+    # the sequences' last blocks reset their arrival counters for the next call
+    assert int(paged_attention._COUNTERS[(logits.device, "verify_rejection")][-1].abs().sum()) == 0
+    return ref
+
+
+def test_sampled_and_greedy_rows_match_the_two_kernels():
+    """Rows at T = 1, 0.7 and greedy over a vocabulary of two slices (the simulator's are 128 entries),
+    the last one ragged; u = 0 keeps every draft token (the bonus race), u = 1 rejects the first (the
+    residual race at 0), u = (0, 1) keeps one."""
+    uniforms = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    logits, st, draft = _case(1, [1.0, 0.7, 0.0], 2, 200, uniforms=uniforms)
+    draft[1][1, 0, draft[0][1, 0]] = 1.0  # q(d) = 1 > p(d): u = 1 rejects
+    draft[0][2, 0] = logits[6].argmax()  # the greedy row's first draft token is the target's: kept
+    draft[1][2, 0] = torch.nn.functional.one_hot(draft[0][2, 0], 200).float()
+    ref = _assert_same(logits, st, draft)
+    assert ref.num_accepted.tolist() == [2, 0, 1]
+
+
+def test_the_residual_fallback_where_p_equals_q():
+    """u = 1 rejects even where p == q; the residual is then zero over the whole row and the token is the
+    race over p itself, which the sequence's last block runs over the probabilities written."""
+    logits, st, draft = _case(3, [0.8], 2, 130, uniforms=torch.ones(1, 2))
+    probs = probs_into(logits, st, torch.empty_like(logits), 3).view(1, 3, -1)
+    draft[1] = probs[:, :2].clone()  # q = p at every draft position
+    assert _assert_same(logits, st, draft).num_accepted.tolist() == [0]
+
+
+def test_rows_with_fewer_proposals_match_the_reference():
+    logits, st, draft = _case(4, [1.0, 0.0], 2, 100, uniforms=torch.zeros(2, 2))
+    proposed = torch.tensor([0, 1], dtype=torch.int64, device=DEV)
+    ref = _assert_same(logits, st, draft, num_proposed=proposed)
+    assert not ref.passed_mask[0].any() and not ref.passed_mask[1, 1:].any()
+
+
+def test_the_lm_heads_tile_statistics_give_the_same_bits():
+    """At T = 1 the LM head's tile statistics stand in for the statistics kernel: no launch, the same
+    probabilities and tokens."""
+    logits, st, draft = _case(5, [1.0], 2, 100)
+    logit_stats.attach(logits, logit_stats.tile_stats_reference(logits))
+    probs = probs_into(logits, st, torch.empty_like(logits), 3).view(1, 3, -1)  # the tiles' probabilities kernel
+    got_probs, got = verify_rejection.probs_and_rejection(logits, st, *draft)
+    assert torch.equal(got_probs, probs)
+    ref = rejection_sample(draft[0], draft[1], probs, *draft[2:])
+    assert got.output_token_ids.tolist() == ref.output_token_ids.tolist()
+    assert got.passed_mask.tolist() == ref.passed_mask.tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the wait is a no-op in the simulator: needs a CUDA device")
+def test_the_dependent_form_matches(monkeypatch):
+    """As a programmatic dependent: each thread's logits, q and noise loaded before its wait."""
+    from protospec.kernels import dependent_launch
+
+    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)
+    _assert_same(*_case(6, [1.0], 2, 130), dependent=True)
+
+
+def test_bad_arguments_are_named():
+    logits, st, draft = _case(7, [1.0], 2, 30)
+    with pytest.raises(KernelArgumentError, match="logits"):
+        verify_rejection.probs_and_rejection(logits[:2], st, *draft)
+    with pytest.raises(KernelArgumentError, match="draft_probs"):
+        verify_rejection.probs_and_rejection(logits, st, draft[0], draft[1].double(), *draft[2:])
+    with pytest.raises(KernelArgumentError, match="shapes"):
+        verify_rejection.probs_and_rejection(logits, st, draft[0], draft[1][:, :, :20].contiguous(), *draft[2:])
+
+
+def test_it_applies_to_the_fused_rejection_sampler_only(monkeypatch):
+    from protospec.spec.acceptance import RejectionSampling, TypicalAcceptance
+
+    st = _case(8, [1.0], 2, 50)[1]
+    monkeypatch.setattr(verify_rejection, "FUSED", True)
+    assert verify_rejection.applies(st, RejectionSampling(fused=True))
+    assert not verify_rejection.applies(st, RejectionSampling(fused=False))
+    assert not verify_rejection.applies(st, TypicalAcceptance())
+    filtered = SamplingTensors.build([SamplingParams(temperature=1.0, top_k=5)], [torch.Generator()], 50, DEV)
+    assert not verify_rejection.applies(filtered, RejectionSampling(fused=True))
+    monkeypatch.setattr(verify_rejection, "FUSED", False)
+    assert not verify_rejection.applies(st, RejectionSampling(fused=True))
