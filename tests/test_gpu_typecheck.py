@@ -35,7 +35,8 @@ def test_every_kernel_builds_for_sm90_and_each_dependent_keeps_its_loads_around_
     for name in ("attention_mma_kernel", "attention_group_kernel", "attention_combine_kernel", "gemv", "gemv_words",
                  "row_stats_kernel", "probs_and_sample_kernel", "rejection_sample_kernel", "decode_forward",
                  "qkv_kernel", "lm_kernel", "add_rms_norm_kernel", "rope_and_cache_kernel", "fill_randoms_kernel",
-                 "advance_step_kernel", "first_draft_step_kernel", "gumbel_sample_kernel"):
+                 "advance_step_kernel", "first_draft_step_kernel", "gumbel_sample_kernel",
+                 "verify_rejection_kernel"):
         assert any(b.endswith("." + name) for b in built), (name, sorted(built))
     assert [line for line in lines if " kernel signatures built for " in line][0].endswith(", 0 failed")
     # The attention kernels' key loops divide nothing at run time (a 64-bit division is a subroutine

@@ -8,6 +8,7 @@ from protospec.config import SamplingParams
 from protospec.errors import KernelArgumentError
 from protospec.kernels import logit_stats, paged_attention, verify_rejection
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.packed_argmax import EMPTY
 from protospec.kernels.sampling import probs_into
 from protospec.spec.rejection import rejection_sample
 from protospec.spec.sampler import SamplingTensors
@@ -50,8 +51,10 @@ def _assert_same(logits, st, draft, num_proposed=None, dependent=False):
     expected = torch.cat([ref.output_token_ids, ref.num_accepted[:, None], ref.passed_mask.sum(-1, keepdim=True)], 1)
     assert got.commit_columns.tolist() == expected.tolist()
     assert got.commit_flagged.tolist() == expected.flatten().tolist() + [5]
-    # the sequences' last blocks reset their arrival counters for the next call
+    # the sequences' last blocks reset their arrival counters and the rows' race slots for the next call
     assert int(paged_attention._COUNTERS[(logits.device, "verify_rejection")][-1].abs().sum()) == 0
+    keys, masses = verify_rejection._slots[str(logits.device)][-1]
+    assert (keys == EMPTY).all() and (masses == 0).all()
     return ref
 
 

@@ -7,8 +7,9 @@ log p_v = x_v / T - (M / T + log sum), one shift for the whole row, so the race'
     argmax_v  x_v / T - log E_v        (greedy rows: argmax_v x_v, torch.argmax's first index)
 
 which needs no statistics: one launch, each row's vocabulary split over the same slices as sampling.py,
-the last slice block of a row to finish combining the slices' winners (an arrival count), then the
-row's next decode inputs (sampling_advance.py) as the probabilities kernel writes them. The same token
+each slice's winner folded into the row's packed key (packed_argmax.py: one atomic max), the last slice
+block of a row to finish (an arrival count) reading the row's best from it, then writing the row's
+next decode inputs (sampling_advance.py) as the probabilities kernel writes them, in one thread. The same token
 as the race unless two candidates tie to float32 rounding. The draft's probabilities (the rejection
 sampler's q) still come from sampling.py's kernels, later and off the draft loop's chain of kernels,
 from the copy of the logits this kernel leaves in their buffer (spec/probs_branch.py).
@@ -20,17 +21,19 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-from numba import float32, int32, int64
+from numba import float32, int64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels import dependent_launch, interop
+from protospec.kernels.advance_step import advance_stores
 from protospec.kernels.dependent_launch import allow_dependent_launch, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
+from protospec.kernels.packed_argmax import EMPTY, argmax_key, key_index
 from protospec.kernels.paged_attention import arrival_counters
-from protospec.kernels.reductions import better
-from protospec.kernels.sampling_advance import finish_row, loads_for_advance
+from protospec.kernels.reductions import better, block_argmax_or
+from protospec.kernels.sampling_advance import loads_for_advance
 from protospec.kernels.sampling_buffers import mirror_span, no_advance, placeholder
-from protospec.kernels.sampling_slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, slice_winner
+from protospec.kernels.sampling_slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK
 
 if TYPE_CHECKING:
     from protospec.kernels.advance_step import AdvanceStepLauncher
@@ -43,18 +46,19 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
     noise (written kernels before it) and the advance's inputs are loaded before the wait."""
 
     @cuda.jit
-    def gumbel_sample_kernel(logits, temperature, is_greedy, noise, out_step, logits_out, keep, win_value, win_index,
-                             counters, ids_out, mirror, use_mirror, advance, num_queries, block_size, input_ids,
+    def gumbel_sample_kernel(logits, temperature, is_greedy, noise, out_step, logits_out, keep, win_key, counters,
+                             ids_out, mirror, use_mirror, advance, num_queries, block_size, input_ids,
                              positions, seq_lens, slot_mapping, block_tables, error_row):
         """
         logits [R, V] f32; temperature [R] f32; is_greedy [R] bool; noise [R, S, V] f32 Exp(1), read at
         [r, out_step] on rows that are not greedy. keep = 1: the logits also go to logits_out [R, S, V] f32
-        at [r, out_step] (the probabilities' pass reads them there later). win_value [R, slices] f32,
-        win_index [R, slices] int64: the slices' winners; counters [>= R] int32, zero between calls. Out: ids_out [R, S] int64 at
+        at [r, out_step] (the probabilities' pass reads them there later). win_key [R] int64: the row's
+        best so far (packed_argmax.py), EMPTY between calls; counters [>= R] int32, zero between calls.
+        Out: ids_out [R, S] int64 at
         [r, out_step], mirror [r * use_mirror] where use_mirror > 0. advance and what follows: as
         sampling.py's probabilities kernel.
         """
-        slices = win_value.shape[1]
+        slices = (logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK
         row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
         tid = cuda.threadIdx.x
         vocab = logits.shape[1]
@@ -84,26 +88,36 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)
         no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots (it writes them), unused here
-        last = cuda.shared.array(1, int32)
-        if slice_winner(row, piece, value, index, win_value, win_index, counters, best_value, best_index, no_flags,
-                        last, tid):  # the row's last block: the slices' best, then the next step's inputs
-            finish_row(row, vocab, False, int64(0), win_value, win_index, ids_out, out_step, mirror, use_mirror,
-                       best_value, best_index, no_flags, tid, advance, loaded, block_size, input_ids, positions,
-                       seq_lens, slot_mapping, error_row)
+        value, index, _ = block_argmax_or(value, index, int64(0), best_value, best_index, no_flags, tid, THREADS)
+        if tid == 0:  # the slice's winner into the row's key; the row's last block reads the best
+            cuda.atomic.max(win_key, row, argmax_key(value, index))
+            cuda.threadfence()
+            if cuda.atomic.add(counters, row, 1) == slices - 1:
+                counters[row] = 0
+                cuda.threadfence()
+                chosen = key_index(cuda.atomic.exch(win_key, row, int64(EMPTY)))
+                ids_out[row, out_step] = chosen
+                if use_mirror > 0:
+                    mirror[row * use_mirror] = chosen
+                if advance:
+                    real, pos, block = loaded
+                    advance_stores(row, chosen, real, pos, block, block_size, input_ids, positions, seq_lens,
+                                   slot_mapping, error_row)
 
     return gumbel_sample_kernel
 
 
-_winners: dict[tuple, tuple] = {}
+_keys: dict[str, list] = {}  # device -> [int64 buffers], EMPTY between calls; the last the largest
 
 
-def _winner_buffers(rows: int, slices: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The slices' winners, written and read within a call: one pair per shape, this kernel's own."""
-    key = (rows, slices, str(device))
-    if key not in _winners:
-        _winners[key] = (torch.empty(rows, slices, dtype=torch.float32, device=device),
-                         torch.empty(rows, slices, dtype=torch.int64, device=device))
-    return _winners[key]
+def _key_buffer(rows: int, device: torch.device) -> torch.Tensor:
+    """[>= rows] int64 of the rows' packed winners, EMPTY between calls (each row's last block resets its
+    slot): one buffer serves every call and replay; a larger need makes a larger one (the old ones stay
+    alive: captured graphs point at them)."""
+    kept = _keys.setdefault(str(device), [])
+    if not kept or kept[-1].numel() < rows:
+        kept.append(torch.full((max(rows, 64),), EMPTY, dtype=torch.int64, device=device))
+    return kept[-1]
 
 
 def gumbel_sample_into(logits: torch.Tensor, st: "SamplingTensors", step: int, draft_ids: torch.Tensor,
@@ -138,10 +152,9 @@ def gumbel_sample_into(logits: torch.Tensor, st: "SamplingTensors", step: int, d
     mirror_arg, mirror_stride = mirror_span(one_mirror, rows, device)
     advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(device))
     slices = -(-vocab // VOCAB_PER_BLOCK)
-    win_value, win_index = _winner_buffers(rows, slices, device)
     dependent = bool(dependent) and dependent_launch.STEP_KERNELS
     interop.launch_tensors(_kernel(dependent), rows * slices, THREADS,
-                           [logits, st.temperature, st.is_greedy, noise, int(step), logits_out, keep, win_value, win_index,
+                           [logits, st.temperature, st.is_greedy, noise, int(step), logits_out, keep, _key_buffer(rows, device),
                             arrival_counters(device, rows, "gumbel"), draft_ids, mirror_arg, mirror_stride]
                            + advance_args, dependent=dependent)
 

@@ -194,8 +194,8 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
         "rejection_sample_fused", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, target_probs.shape[-1])
     if target_probs.shape != (batch, k + 1, target_probs.shape[-1]):
-        raise interop.KernelArgumentError(f"rejection_sample_fused: target_probs {tuple(target_probs.shape)} "
-                                          f"does not fit B={batch}, k={k}")
+        raise interop.KernelArgumentError(f"rejection_sample_fused: shapes do not fit B={batch}, k={k}: target_probs "
+                                          f"{tuple(target_probs.shape)}")
     out = RejectionBuffers.empty(batch, k, draft_token_ids.device)
     slices = -(-target_probs.shape[-1] // VOCAB_PER_BLOCK)
     key = (batch, slices, draft_token_ids.device)

@@ -11,10 +11,11 @@ slices as the probabilities kernel: 2 entries a thread on a GPU, 63 blocks a 320
               of a rejection at i); slice 0's thread 0 also tests i: u_i q_i(d_i) < p_i(d_i) and
               i < the proposed count, into passed_mask
     i == k    the slice's winner of p / bonus noise (the race after k accepted)
-    the last of the sequence's (k + 1) S blocks to finish (an arrival count) finds n, the first test
-    that failed, and combines row n's slice winners into the token after the n kept ones (where the
-    residual is zero over the whole row, the race over p_n itself, read back from probs_out); then
-    the output layout of rejection.py, the commit's row and the error flag.
+    each slice's winner goes into its row's packed key (packed_argmax.py: one atomic max); the last of
+    the sequence's (k + 1) S blocks to finish (an arrival count), in one thread, finds n, the first
+    test that failed, and reads row n's key: the token after the n kept ones (where the residual is
+    zero over the whole row, the race over p_n itself, read back from probs_out); then the output
+    layout of rejection.py, the commit's row and the error flag.
 Every race is rejection.py's (the same float32 values, ties to the lowest index), so both give the
 same tokens; tests check that in the simulator and on the GPU. Each block races its own row whether
 or not that row turns out to be n: k + 1 races where the sampler ran one, each over one slice in a
@@ -29,11 +30,11 @@ import torch
 from numba import float32, int32, int64
 
 from protospec.kernels import dependent_launch, interop
-from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
-from protospec.kernels.reductions import better, block_argmax_or, block_min_and_sum
+from protospec.kernels.packed_argmax import EMPTY, argmax_key, key_index
+from protospec.kernels.reductions import block_argmax_or
 from protospec.kernels.rejection import RejectionBuffers, checked_inputs
 from protospec.kernels.sampling_slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats
 from protospec.kernels.sampling_stats import slice_statistics
@@ -41,8 +42,9 @@ from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 # In a spec step graph whose rejection sampler is the fused kernel (fused sampling, no top-k / top-p),
 # the verify's probabilities kernel and the rejection kernel as this one launch. The same bits. Set
-# before any graph is captured (bench and kernel_census: --verify-rejection). Not yet timed: off.
-FUSED = False
+# before any graph is captured (bench and kernel_census: --verify-rejection). On: timed faster
+# (data/results/README.md).
+FUSED = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,8 +57,8 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
     @cuda.jit
     def verify_rejection_kernel(logits, temperature, is_greedy, stat_max, stat_index, stat_sum, probs_out,
                                 draft_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-                                out_ids, num_accepted, accepted_mask, passed_mask, commit,
-                                win_value, win_index, win_mass, counters, error_flag):
+                                out_ids, num_accepted, accepted_mask, passed_mask, commit, win_key, win_mass,
+                                counters, error_flag):
         """
         logits, probs_out [B (k + 1), V] f32: row b (k + 1) + i is sequence b's verify position i (out: p)
         temperature [B] f32 (1.0 on greedy rows), is_greedy [B] bool
@@ -65,13 +67,14 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
         f32, bonus_noise [B, V] f32 (Exp(1), > 0), num_proposed [B] int64: as rejection.py's
         out_ids [B, k + 1] int64, num_accepted [B] int64, accepted_mask / passed_mask [B, k] bool,
         commit [B + 1, k + 3] int64: out, as rejection.py's
-        win_value [B (k + 1), S] f32, win_index [.., S] int64, win_mass [.., S] int32: each slice's race
+        win_key [>= B (k + 1)] int64, win_mass [..] int32: each verify row's race so far (its slices'
+        best as a packed_argmax key; whether any slice had residual mass), EMPTY / 0 between calls
         counters [>= B] int32, zero between calls; error_flag [1] int32
         """
         if DEPENDENT and not PREFETCH:
             grid_dependency_wait()
             allow_dependent_launch()
-        slices = win_mass.shape[1]
+        slices = (logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK
         k = draft_ids.shape[1]
         vocab = logits.shape[1]
         row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
@@ -105,7 +108,6 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)
         flags = cuda.shared.array(THREADS, int64)
-        last = cuda.shared.array(1, int32)
         t = temperature[seq]
         top, chosen, total = combine_stats(row, vocab, t, stat_max, stat_index, stat_sum, best_value, best_index,
                                            flags, tid)
@@ -126,54 +128,68 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
                 if w / ns[j] > value:
                     value, index = w / ns[j], v
         value, index, mass = block_argmax_or(value, index, mass, best_value, best_index, flags, tid, THREADS)
-        if tid == 0:
-            win_value[row, piece], win_index[row, piece], win_mass[row, piece] = value, index, mass
-        if arrived_last(counters, seq, (k + 1) * slices, last, tid):
-            _finish(seq, k, vocab, draft_ids, recovered_noise, probs_out, out_ids, num_accepted, accepted_mask,
-                    passed_mask, commit, win_value, win_index, win_mass, error_flag, best_value, best_index, flags,
-                    tid)
+        if tid == 0:  # the slice's race into the row's key and mass; the sequence's last block reads them
+            cuda.atomic.max(win_key, row, argmax_key(value, index))
+            if mass != 0:
+                cuda.atomic.or_(win_mass, row, 1)
+            cuda.threadfence()
+            if cuda.atomic.add(counters, seq, 1) == (k + 1) * slices - 1:
+                counters[seq] = 0
+                cuda.threadfence()
+                _finish(seq, k, vocab, draft_ids, recovered_noise, probs_out, out_ids, num_accepted, accepted_mask,
+                        passed_mask, commit, win_key, win_mass, error_flag)
 
     return verify_rejection_kernel
 
 
 @cuda.jit(device=True)
 def _finish(seq, k, vocab, draft_ids, recovered_noise, probs_out, out_ids, num_accepted, accepted_mask, passed_mask,
-            commit, win_value, win_index, win_mass, error_flag, best_value, best_index, flags, tid):
-    """The sequence's last block: n, the masks, the token after the kept ones, the output rows."""
-    failed, passes = int64(k), int64(0)
-    for i in range(tid, k, THREADS):
+            commit, win_key, win_mass, error_flag):
+    """The sequence's last block, one thread: n, the masks, the token after the kept ones (every row's
+    key and mass slot reset on the way), the output rows."""
+    n, passes = int64(k), int64(0)
+    for i in range(k):
         if passed_mask[seq, i]:
             passes += 1
-        elif failed == k:
-            failed = i
-    n, passes = block_min_and_sum(failed, passes, best_index, flags, tid, THREADS)
-    for i in range(tid, k, THREADS):
-        accepted_mask[seq, i] = i < n
-    row = seq * (k + 1) + n  # the verify row whose race decides: the residual at n < k, the bonus at k
-    value, index, mass = float32(-1.0), int64(vocab), int64(0)
-    for s in range(tid, win_mass.shape[1], THREADS):
-        mass = mass | win_mass[row, s]
-        if better(win_value[row, s], win_index[row, s], value, index):
-            value, index = win_value[row, s], win_index[row, s]
-    value, index, mass = block_argmax_or(value, index, mass, best_value, best_index, flags, tid, THREADS)
-    if n < k and mass == 0:  # the residual was zero everywhere: race over p_n itself
-        value, index = float32(-1.0), int64(vocab)
-        for v in range(tid, vocab, THREADS):
+        elif n == k:
+            n = i
+    key, mass = int64(EMPTY), int32(0)
+    for i in range(k + 1):  # the verify row whose race decides: the residual at n < k, the bonus at k
+        row_key = cuda.atomic.exch(win_key, seq * (k + 1) + i, int64(EMPTY))
+        row_mass = cuda.atomic.exch(win_mass, seq * (k + 1) + i, int32(0))
+        if i == n:
+            key, mass = row_key, row_mass
+    index = key_index(key)
+    if n < k and mass == 0:  # the residual was zero everywhere: race over p_n itself (p == q: rare)
+        row, value = seq * (k + 1) + n, float32(-1.0)
+        for v in range(vocab):
             score = probs_out[row, v] / recovered_noise[seq, n, v]
             if score > value:
                 value, index = score, v
-        index = block_argmax_or(value, index, int64(0), best_value, best_index, flags, tid, THREADS)[1]
-    for i in range(tid, k + 1, THREADS):
+    for i in range(k + 1):
         token = draft_ids[seq, i] if i < n else (index if i == n else PLACEHOLDER_TOKEN_ID)
         out_ids[seq, i], commit[seq, i] = token, token
-    if tid == 0:
-        num_accepted[seq] = n
-        commit[seq, k + 1], commit[seq, k + 2] = n, passes
-        if seq == 0:
-            commit[draft_ids.shape[0], 0] = error_flag[0]
+        if i < k:
+            accepted_mask[seq, i] = i < n
+    num_accepted[seq] = n
+    commit[seq, k + 1], commit[seq, k + 2] = n, passes
+    if seq == 0:
+        commit[draft_ids.shape[0], 0] = error_flag[0]
 
 
-_winners: dict[tuple, tuple] = {}  # (rows, slices, device) -> the slices' races (win_value, win_index, win_mass)
+_slots: dict[str, list] = {}  # device -> [(win_key, win_mass)], EMPTY / 0 between calls; the last the largest
+
+
+def _row_slots(rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[>= rows] int64 keys and int32 masses of the verify rows' races, reset by each sequence's last
+    block: one pair serves every call and replay; a larger need makes a larger pair (the old ones stay
+    alive: captured graphs point at them)."""
+    kept = _slots.setdefault(str(device), [])
+    if not kept or kept[-1][0].numel() < rows:
+        size = max(rows, 64)
+        kept.append((torch.full((size,), EMPTY, dtype=torch.int64, device=device),
+                     torch.zeros(size, dtype=torch.int32, device=device)))
+    return kept[-1]
 
 
 def applies(st, acceptance) -> bool:
@@ -202,13 +218,8 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     probs = torch.empty_like(logits)  # [B (k + 1), V]
     out = RejectionBuffers.empty(batch, k, device)
     rows, slices = batch * (k + 1), -(-vocab // VOCAB_PER_BLOCK)
-    key = (rows, slices, device)
-    if key not in _winners:  # written and read inside one launch: one set serves every call
-        _winners[key] = (torch.empty(rows, slices, dtype=torch.float32, device=device),
-                         torch.empty(rows, slices, dtype=torch.int64, device=device),
-                         torch.empty(rows, slices, dtype=torch.int32, device=device))
     args = [logits, st.temperature, st.is_greedy, *stats, probs, draft_token_ids, draft_probs, uniforms,
-            recovered_noise, bonus_noise, num_proposed, *out.kernel_args, *_winners[key],
+            recovered_noise, bonus_noise, num_proposed, *out.kernel_args, *_row_slots(rows, device),
             arrival_counters(device, batch, "verify_rejection"), flag]
     interop.launch_tensors(_kernel(dependent, launched), rows * slices, THREADS, args, dependent=dependent)
     return probs.view(batch, k + 1, vocab), out.result(error_flag is not None)
