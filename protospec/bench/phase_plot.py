@@ -47,7 +47,7 @@ def plot_phases(censuses: dict[str, dict], mode: str = registry.GRAPH) -> Figure
     for i, (label, census) in enumerate(censuses.items()):
         rows = phase_rows(census, mode)
         xs = [j + i * width for j in range(len(rows))]
-        ax.bar(xs, [r["busy_ms"] for r in rows.values()], width, label=f"{label} ({census.get('git_commit', '?')})")
+        ax.bar(xs, [r["busy_ms"] for r in rows.values()], width, label=f"{label} ({census.get('git_commit', '?')[:7]})")
         for x, r in zip(xs, rows.values()):
             if r["floor_ms"] is not None:
                 ax.hlines(r["floor_ms"], x - width / 2, x + width / 2, colors="black")
@@ -56,7 +56,8 @@ def plot_phases(censuses: dict[str, dict], mode: str = registry.GRAPH) -> Figure
     first = next(iter(censuses.values()))
     ax.set_title(f"{first.get('device', '?')}, {mode} mode, k = {first['config']['num_speculative_tokens']}, "
                  f"batch {first['config'].get('batch_size', 1)}", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_ylim(top=ax.get_ylim()[1] * (1.0 + 0.08 * len(censuses)))  # headroom: the legend over no bar
+    ax.legend(fontsize=8, loc="upper center")
     fig.tight_layout()
     return fig
 
