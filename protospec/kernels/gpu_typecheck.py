@@ -12,10 +12,11 @@ chosen to reach each kernel's compile-time variants (tensor-core and register at
 GQA, float16 and float32, GEMV widths, the sliced samplers, advance_step, first_draft_step, verify_inputs, the
 persistent and per-phase forwards).
 
-Prints one line per (kernel, signature) and exits 1 if any failed to compile. With --divisions,
-each line also counts the 64-bit divisions and remainders by runtime values left after LLVM's -O3
-(on the host's target): on a GPU each is a call to a division routine (~25-100 instructions), the
-costliest thing Numba's integer arithmetic emits and a proxy for instruction count that needs no GPU.
+Prints one line per (kernel, signature) and exits 1 if any failed to compile. With --divisions (or
+--divisions-of NAME[,NAME..]: the kernels whose name holds one of them), each line also counts the
+64-bit divisions and remainders by runtime values left after LLVM's -O3 (on the host's target): on a
+GPU each is a call to a division routine (~25-100 instructions), the costliest thing Numba's integer
+arithmetic emits and a proxy for instruction count that needs no GPU.
 """
 from __future__ import annotations
 
@@ -227,7 +228,9 @@ def runtime_divisions(compiled) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    divisions = "--divisions" in (sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    counted = argv[argv.index("--divisions-of") + 1].split(",") if "--divisions-of" in argv else []
+    divisions = "--divisions" in argv
     global _building
     install()
     for part in (_attention, _layers_and_gemv, _sampling_and_rejection, _draft_inputs, _forwards):
@@ -236,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for key, error in results.items():
         name, signature, _ = key
-        extra = f"  [{runtime_divisions(built[key])} runtime 64-bit divisions]" if divisions and not error else ""
+        count = divisions or any(part in name for part in counted)  # (an -O3 pass over each counted kernel)
+        extra = f"  [{runtime_divisions(built[key])} runtime 64-bit divisions]" if count and not error else ""
         print(f"{'FAILED' if error else 'built '} {name}{tuple(str(t) for t in signature)}" + (f": {error}" if error else extra))
         failed += error is not None
     print(f"{len(results) - failed} kernel signatures built for sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}, {failed} failed")

@@ -3,8 +3,8 @@
 sampler.py's torch path runs, per draft step: logits / temperature, softmax, probs / noise, argmax, then two
 copies into the spec step's buffers (six launches); per verify, the first two. Here two launches do it all, into
 those buffers, a row split over blocks of VOCAB_PER_BLOCK entries (one block a row: slower than torch at batch 1):
-  stats   each slice's max logit, its first index (torch.argmax's tie rule) and its sum of
-          exp(x/T - slice max/T); the last slice block of a row to finish (an arrival count) combines
+  stats   (sampling_stats.py) each slice's max logit, its first index (torch.argmax's tie rule) and its
+          sum of exp(x/T - slice max/T); the last slice block of a row to finish (an arrival count) combines
           them, a slice per thread and two tree reductions: the row's max M, its index, and
           sum = sum_s sum_s' e^(m_s/T - M/T)
   probs   greedy: one-hot at the max's index, which is also the sample; else p = exp(x/T - M/T) / sum,
