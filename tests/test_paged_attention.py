@@ -1,6 +1,8 @@
 """The paged-attention kernel against the torch path (attention.py): ragged contexts, GQA, block and
 tile boundaries, 1 and k + 1 queries, padding rows, fp16 and fp32, every split of the keys (the
 simulator on CPU, the GPU where there is one)."""
+import contextlib
+
 import pytest
 import torch
 
@@ -187,3 +189,43 @@ def test_paged_attention_refuses_what_it_cannot_hold():
         kernel.paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int32, device=DEV), positions, 1, 0.25, path="bogus")
     with pytest.raises(KernelArgumentError, match="splits"):
         kernel.paged_attention(q, cache, torch.zeros(1, 2, dtype=torch.int32, device=DEV), positions, 1, 0.25, splits=0)
+
+
+def test_a_counter_space_counts_in_buffers_of_its_own():
+    """Work that can run beside the same kernels on another stream (the draft's prefill) counts its
+    blocks' arrivals elsewhere; outside the space the shared buffer comes back."""
+    from protospec.kernels.paged_attention import arrival_counters, counter_space
+
+    shared = arrival_counters(torch.device("cpu"), 8)
+    with counter_space(":side"):
+        own = arrival_counters(torch.device("cpu"), 8)
+        assert own.data_ptr() != shared.data_ptr() and int(own.abs().sum()) == 0
+        assert arrival_counters(torch.device("cpu"), 8, "rejection").data_ptr() != own.data_ptr()
+    assert arrival_counters(torch.device("cpu"), 8).data_ptr() == shared.data_ptr()
+
+
+def test_the_draft_prefill_beside_the_target_launches_in_its_own_counter_space(tiny_target, tiny_draft, monkeypatch):
+    """On a CUDA device the draft's forward runs on a side stream inside paged_attention.counter_space;
+    checked here by the space each forward sees (the streams themselves need a GPU)."""
+    from tiny import tiny_llm
+
+    from protospec.kernels import paged_attention
+
+    llm = tiny_llm(tiny_target, tiny_draft, k=3)
+    prefill = llm.engine.prefill
+    seen = []
+    for runner, name in ((prefill.target, "target"), (prefill.draft, "draft")):
+        monkeypatch.setattr(runner, "execute", lambda inputs, name=name: seen.append((name, paged_attention._SPACE[0]))
+                            or torch.zeros(1, 4))
+    monkeypatch.setattr(prefill, "side", True)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _NoStream())
+    prefill._stream = _NoStream()
+    prefill([[5, 6, 7]], [[1]])
+    assert seen == [("target", ""), ("draft", ":draft_prefill")] and paged_attention._SPACE[0] == ""
+
+
+class _NoStream:
+    def wait_stream(self, other):
+        pass

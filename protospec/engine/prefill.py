@@ -6,12 +6,15 @@ draft_prefill_side) on a CUDA device the draft's runs on a stream of its own, be
 at batch 1 a prefill's kernels are small and the two forwards' kernels fit the GPU together. The
 current stream waits for the draft's before anything after the prefill (draft step 1 reads its KV).
 The side stream waits for the current one before the target's forward, so the draft's forward sees
-every input copy queued so far; the target's logits come from the current stream as before.
+every input copy queued so far; the target's logits come from the current stream as before. The
+draft's kernels count their blocks' arrivals (split-K attention) in counters of their own
+(paged_attention.counter_space): shared, the two forwards' blocks would count in the same slots.
 """
 from __future__ import annotations
 
 import torch
 
+from protospec.kernels.paged_attention import counter_space
 from protospec.model.runner import ModelRunner
 
 
@@ -40,7 +43,7 @@ class Prefill:
             self._stream = torch.cuda.Stream(target_inputs.input_ids.device)
         self._stream.wait_stream(torch.cuda.current_stream())
         logits = self.target.execute(target_inputs)
-        with torch.cuda.stream(self._stream):
+        with torch.cuda.stream(self._stream), counter_space(":draft_prefill"):  # its own arrival counters
             self.draft.execute(draft_inputs)
         # The draft's inputs were allocated on the current stream and are freed once this returns:
         # the wait also keeps their memory from being reused before the draft's forward read them.
