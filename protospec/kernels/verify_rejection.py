@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 from numba import float32, int32, int64
@@ -46,7 +47,8 @@ from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 # test models gave other tokens with it on and the draft's probabilities on their branch
 # (probs_branch.SAMPLE_FIRST), once other engines had run in the process; not yet explained. Set
 # before any graph is captured (bench and kernel_census: --verify-rejection).
-FUSED = False
+FUSED = os.environ.get('PROTOSPEC_VR_FUSED', '0') == '1'
+_EXP = os.environ.get('PROTOSPEC_VR_EXP', '')
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,6 +57,8 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
     kernel, which lets it launch only after its own wait, so each thread loads its slice's logits, q
     and noise (written by kernels finished by then) before its wait. Without (the LM head wrote the
     statistics: its dependent) it waits first."""
+
+    Q_LATE = 'A' in _EXP  # noqa: N806
 
     @cuda.jit
     def verify_rejection_kernel(logits, temperature, is_greedy, stat_max, stat_index, stat_sum, probs_out,
@@ -96,17 +100,25 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
             v = lo + tid + j * THREADS
             inside = v < hi
             xs[j] = logits[row, v] if inside and not greedy else float32(0.0)
-            qs[j] = draft_probs[seq, ii, v] if inside and residual else float32(0.0)
+            if not Q_LATE:
+                qs[j] = draft_probs[seq, ii, v] if inside and residual else float32(0.0)
             ns[j] = float32(1.0)
             if inside:
                 ns[j] = recovered_noise[seq, ii, v] if residual else bonus_noise[seq, v]
         tests = residual and piece == 0 and tid == 0
         d = min(max(draft_ids[seq, ii], int64(0)), int64(vocab - 1)) if tests else int64(0)
-        uq = uniforms[seq, ii] * draft_probs[seq, ii, d] if tests else float32(0.0)
+        uq = float32(0.0)
+        if not Q_LATE:
+            uq = uniforms[seq, ii] * draft_probs[seq, ii, d] if tests else float32(0.0)
         x_d = logits[row, d] if tests and not greedy else float32(0.0)
         if DEPENDENT and PREFETCH:
             wait_after_issued_loads(slices)  # kept below the loads above in the machine code
             allow_dependent_launch()
+        if Q_LATE:
+            for j in range(PER_THREAD):
+                v = lo + tid + j * THREADS
+                qs[j] = draft_probs[seq, ii, v] if v < hi and residual else float32(0.0)
+            uq = uniforms[seq, ii] * draft_probs[seq, ii, d] if tests else float32(0.0)
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)
         flags = cuda.shared.array(THREADS, int64)
@@ -215,7 +227,7 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
         "probs_and_rejection", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, vocab)
     dependent = bool(dependent) and dependent_launch.STEP_KERNELS
-    *stats, launched = slice_statistics(logits, st, k + 1, dependent)
+    *stats, launched = slice_statistics(logits, st, k + 1, dependent and 'B' not in _EXP)
     device = logits.device
     probs = torch.empty_like(logits)  # [B (k + 1), V]
     out = RejectionBuffers.empty(batch, k, device)
