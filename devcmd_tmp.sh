@@ -2,13 +2,13 @@ source scripts/device/env.sh
 mkdir -p $OUT/rep
 run_variant() {  # name fused exp
   for p in 0 1 2; do
-    PROTOSPEC_VR_FUSED=$2 PROTOSPEC_VR_EXP=$3 timeout 520 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    PROTOSPEC_VR_FUSED=$2 PROTOSPEC_VR_EXP=$3 timeout 520 python3 -m pytest -vv -q -p no:cacheprovider -m gpu \
       tests/test_step_graph.py tests/test_prefill_graphs.py > $OUT/rep/$1_$p.log 2>&1 &
   done
 }
 run_variant base 1 "" 
-run_variant A 1 A
-run_variant B 1 B
-run_variant D 1 D
+run_variant F 1 F
+run_variant E 1 E
+run_variant G 1 G
 wait
 for f in $OUT/rep/*.log; do echo "$f: $(tail -1 $f)"; done

@@ -226,7 +226,11 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
         "probs_and_rejection", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, vocab)
-    dependent = bool(dependent) and dependent_launch.STEP_KERNELS
+    dependent = bool(dependent) and dependent_launch.STEP_KERNELS and 'F' not in _EXP
+    if 'E' in _EXP:
+        from protospec.kernels import logit_stats
+        if logit_stats.attached(logits) is not None:
+            delattr(logits, logit_stats._ATTRIBUTE)
     *stats, launched = slice_statistics(logits, st, k + 1, dependent and 'B' not in _EXP)
     device = logits.device
     probs = torch.empty_like(logits)  # [B (k + 1), V]
@@ -235,5 +239,8 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     args = [logits, st.temperature, st.is_greedy, *stats, probs, draft_token_ids, draft_probs, uniforms,
             recovered_noise, bonus_noise, num_proposed, *out.kernel_args, *_row_slots(rows, device),
             arrival_counters(device, batch, "verify_rejection"), flag]
+    if 'G' in _EXP:
+        args[-4:-1] = [torch.full((rows,), EMPTY, dtype=torch.int64, device=device),
+                       torch.zeros(rows, dtype=torch.int32, device=device), torch.zeros(batch, dtype=torch.int32, device=device)]
     interop.launch_tensors(_kernel(dependent, launched), rows * slices, THREADS, args, dependent=dependent)
     return probs.view(batch, k + 1, vocab), out.result(error_flag is not None)
