@@ -8,7 +8,7 @@ run_variant() {  # name fused exp
 }
 run_variant base 1 "" 
 run_variant F 1 F
-run_variant E 1 E
+run_variant T 1 T
 run_variant G 1 G
 wait
 for f in $OUT/rep/*.log; do echo "$f: $(tail -1 $f)"; done

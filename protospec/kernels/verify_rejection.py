@@ -59,6 +59,7 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
     statistics: its dependent) it waits first."""
 
     Q_LATE = 'A' in _EXP  # noqa: N806
+    TRIGGER = 'T' not in _EXP  # noqa: N806
 
     @cuda.jit
     def verify_rejection_kernel(logits, temperature, is_greedy, stat_max, stat_index, stat_sum, probs_out,
@@ -79,7 +80,8 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
         """
         if DEPENDENT and not PREFETCH:
             grid_dependency_wait()
-            allow_dependent_launch()
+            if TRIGGER:
+                allow_dependent_launch()
         slices = (logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK
         k = draft_ids.shape[1]
         vocab = logits.shape[1]
@@ -113,7 +115,8 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
         x_d = logits[row, d] if tests and not greedy else float32(0.0)
         if DEPENDENT and PREFETCH:
             wait_after_issued_loads(slices)  # kept below the loads above in the machine code
-            allow_dependent_launch()
+            if TRIGGER:
+                allow_dependent_launch()
         if Q_LATE:
             for j in range(PER_THREAD):
                 v = lo + tid + j * THREADS
