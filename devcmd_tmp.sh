@@ -1,16 +1,16 @@
 source scripts/device/env.sh
-mkdir -p $OUT/rep
-run_variant() {  # name fused exp
-  for p in 0 1 2; do
-    PROTOSPEC_VR_FUSED=$2 PROTOSPEC_VR_EXP=$3 timeout 400 python3 -m pytest -vv -q -p no:cacheprovider -m gpu \
-      tests/test_step_graph.py tests/test_prefill_graphs.py > $OUT/rep/$1_$p.log 2>&1 &
-  done
-}
-run_variant off 0 ""
-run_variant base 1 ""
-run_variant F 1 F
-run_variant T 1 T
-run_variant G 1 G
+mkdir -p $OUT/dbg
+for p in 0 1 2 3; do PRE=1 TAG=pre$p timeout 300 python3 dbg_tmp.py > $OUT/dbg/pre$p.log 2>&1 & done
+for p in 0 1 2 3; do PRE=0 TAG=alone$p timeout 300 python3 dbg_tmp.py > $OUT/dbg/alone$p.log 2>&1 & done
 wait
-for f in $OUT/rep/*.log; do echo "$f: $(tail -1 $f)"; done
-grep -h "^FAILED" $OUT/rep/*.log | sort | uniq -c
+python3 - <<'PY'
+import json, glob, os
+out = {os.path.basename(f)[:-5]: json.load(open(f)) for f in glob.glob(os.environ["OUT"] + "/dbg/*.json")}
+json.dump(out, open(os.environ["OUT"] + "/all.json", "w"))
+for tag, res in sorted(out.items()):
+    for key, gens in res.items():
+        ref = res[key.split("_")[0] + "_pg0_side0"][0]
+        print(tag, key, ["ok" if g == ref else "DIFF" for g in gens])
+PY
+for f in $OUT/dbg/*.log; do echo "$f: $(tail -1 $f)"; done
+rm -f $OUT/dbg/*.json
