@@ -43,8 +43,14 @@ class Prefill:
             self._stream = torch.cuda.Stream(target_inputs.input_ids.device)
         self._stream.wait_stream(torch.cuda.current_stream())
         logits = self.target.execute(target_inputs)
-        with torch.cuda.stream(self._stream), counter_space(":draft_prefill"):  # its own arrival counters
+        import contextlib, os
+        dbg = os.environ.get("PROTOSPEC_DBG", "")
+        if "before" in dbg:
+            torch.cuda.synchronize()
+        with torch.cuda.stream(self._stream), (contextlib.nullcontext() if "nospace" in dbg else counter_space(":draft_prefill")):
             self.draft.execute(draft_inputs)
+        if "after" in dbg:
+            torch.cuda.synchronize()
         # The draft's inputs were allocated on the current stream and are freed once this returns:
         # the wait also keeps their memory from being reused before the draft's forward read them.
         torch.cuda.current_stream().wait_stream(self._stream)
