@@ -42,13 +42,19 @@ class Prefill:
         if self._stream is None:
             self._stream = torch.cuda.Stream(target_inputs.input_ids.device)
         self._stream.wait_stream(torch.cuda.current_stream())
-        logits = self.target.execute(target_inputs)
         import contextlib, os
         dbg = os.environ.get("PROTOSPEC_DBG", "")
+        if "teager" in dbg:
+            logits = self.target.model(target_inputs.input_ids, target_inputs.positions, self.target.kv_caches, target_inputs.meta)
+        else:
+            logits = self.target.execute(target_inputs)
         if "before" in dbg:
             torch.cuda.synchronize()
         with torch.cuda.stream(self._stream), (contextlib.nullcontext() if "nospace" in dbg else counter_space(":draft_prefill")):
-            self.draft.execute(draft_inputs)
+            if "deager" in dbg:
+                self.draft.model(draft_inputs.input_ids, draft_inputs.positions, self.draft.kv_caches, draft_inputs.meta)
+            else:
+                self.draft.execute(draft_inputs)
         if "after" in dbg:
             torch.cuda.synchronize()
         # The draft's inputs were allocated on the current stream and are freed once this returns:
