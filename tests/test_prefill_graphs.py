@@ -42,7 +42,7 @@ def test_prefill_graphs_give_the_eager_tokens(tiny_target, tiny_draft, temperatu
     outs, counters = {}, {}
     for on in (False, True):
         llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph", prefill_graphs=on)
-        outs[on] = [[o.token_ids for o in llm.generate(prompts, params)] for _ in range(3)]
+        outs[on] = [[o.token_ids for o in llm.generate(prompts, params)] for _ in range(5)]
         counters[on] = llm.counters
     assert outs[True] == outs[False]
     assert counters[True]["target"]["forward:graph_prefill"] == 2 == counters[True]["draft"]["forward:graph_prefill"]
@@ -60,9 +60,26 @@ def test_the_draft_prefill_beside_the_target_gives_the_same_tokens(tiny_target, 
     outs = {}
     for side in (False, True):
         llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph", draft_prefill_side=side)
-        outs[side] = [[o.token_ids for o in llm.generate(prompts, params)] for _ in range(3)]
+        outs[side] = [[o.token_ids for o in llm.generate(prompts, params)] for _ in range(5)]
         assert (llm.engine.prefill._stream is not None) is side
     assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_draft_prefill_graphs_are_captured_on_its_own_stream(tiny_target, tiny_draft):
+    """Replayed beside the target's, the draft's prefill graphs must not share the stream the target's
+    were captured on (cuBLAS's workspace goes by stream: graphs.CapturedForward). Its side stream is
+    high priority, apart from the low-priority streams torch captures on; the draft's graphs are
+    captured there. (The tokens test above shows a shared workspace only now and then.)"""
+    prompts = random_prompts(2, lengths=(24,), seed=5)
+    llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph", draft_prefill_side=True)
+    for _ in range(2):  # the second captures both prefill graphs
+        llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
+    side, draft, target = llm.engine.prefill._stream, llm.engine.draft, llm.engine.target
+    assert draft.counters["forward:graph_prefill"] == 1 == target.counters["forward:graph_prefill"]
+    assert draft.graphs.capture_stream is side and side.priority < 0
+    assert target.graphs.capture_stream is None and torch.cuda.Stream().priority == 0
 
 
 def test_the_draft_prefill_stays_on_the_current_stream_off_a_gpu(tiny_target, tiny_draft):

@@ -96,7 +96,7 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                    help="in the spec step graph the rejection kernel launches as a programmatic dependent of the "
                         "verify's probabilities kernel, its draft-side loads before its wait (sm_90; same bits; "
                         "default: %(default)s)")
-    p.add_argument("--verify-rejection", default="off", choices=ON_OFF_CHOICES,
+    p.add_argument("--verify-rejection", default="on", choices=ON_OFF_CHOICES,
                    help="in the spec step graph the verify's probabilities and the fused rejection sampler run as one "
                         "launch after the statistics kernel (same bits; default: %(default)s)")
     p.add_argument("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],

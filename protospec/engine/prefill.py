@@ -9,6 +9,8 @@ The side stream waits for the current one before the target's forward, so the dr
 every input copy queued so far; the target's logits come from the current stream as before. The
 draft's kernels count their blocks' arrivals (split-K attention) in counters of their own
 (paged_attention.counter_space): shared, the two forwards' blocks would count in the same slots.
+Likewise its prefill graphs are captured on the side stream (side_stream), not on torch's capture
+stream: replayed side by side, two graphs captured on one stream share cuBLAS's workspace.
 """
 from __future__ import annotations
 
@@ -16,6 +18,14 @@ import torch
 
 from protospec.kernels.paged_attention import counter_space
 from protospec.model.runner import ModelRunner
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The draft's prefill stream: high priority, so never one of the low-priority streams torch
+    captures graphs on (its own capture stream, a fresh torch.cuda.Stream()). The draft's prefill
+    graphs are captured on it too: cuBLAS's workspace goes by stream (graphs.CapturedForward), and
+    those graphs replay at the same time as the target's, captured on torch's stream."""
+    return torch.cuda.Stream(device, priority=-1)
 
 
 class Prefill:
@@ -40,23 +50,13 @@ class Prefill:
         # The target's first: the host's launches of the draft's forward then overlap the target's
         # kernels instead of running ahead of them (the draft's forward alone on the GPU again).
         if self._stream is None:
-            self._stream = torch.cuda.Stream(target_inputs.input_ids.device)
+            self._stream = side_stream(target_inputs.input_ids.device)
+            if self.draft.graphs is not None:  # its prefill graphs replay beside the target's
+                self.draft.graphs.capture_stream = self._stream
         self._stream.wait_stream(torch.cuda.current_stream())
-        import contextlib, os
-        dbg = os.environ.get("PROTOSPEC_DBG", "")
-        if "teager" in dbg:
-            logits = self.target.model(target_inputs.input_ids, target_inputs.positions, self.target.kv_caches, target_inputs.meta)
-        else:
-            logits = self.target.execute(target_inputs)
-        if "before" in dbg:
-            torch.cuda.synchronize()
-        with torch.cuda.stream(self._stream), (contextlib.nullcontext() if "nospace" in dbg else counter_space(":draft_prefill")):
-            if "deager" in dbg:
-                self.draft.model(draft_inputs.input_ids, draft_inputs.positions, self.draft.kv_caches, draft_inputs.meta)
-            else:
-                self.draft.execute(draft_inputs)
-        if "after" in dbg:
-            torch.cuda.synchronize()
+        logits = self.target.execute(target_inputs)
+        with torch.cuda.stream(self._stream), counter_space(":draft_prefill"):  # its own arrival counters
+            self.draft.execute(draft_inputs)
         # The draft's inputs were allocated on the current stream and are freed once this returns:
         # the wait also keeps their memory from being reused before the draft's forward read them.
         torch.cuda.current_stream().wait_stream(self._stream)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 from numba import float32, int32, int64
@@ -43,12 +42,9 @@ from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 # In a spec step graph whose rejection sampler is the fused kernel (fused sampling, no top-k / top-p),
 # the verify's probabilities kernel and the rejection kernel as this one launch. The same bits in the
-# kernel tests and timed faster (data/results/README.md), but off: on the GPU, engines of the tiny
-# test models gave other tokens with it on and the draft's probabilities on their branch
-# (probs_branch.SAMPLE_FIRST), once other engines had run in the process; not yet explained. Set
-# before any graph is captured (bench and kernel_census: --verify-rejection).
-FUSED = os.environ.get('PROTOSPEC_VR_FUSED', '0') == '1'
-_EXP = os.environ.get('PROTOSPEC_VR_EXP', '')
+# kernel tests; on: timed faster (data/results/README.md). Set before any graph is captured (bench and
+# kernel_census: --verify-rejection).
+FUSED = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,9 +53,6 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
     kernel, which lets it launch only after its own wait, so each thread loads its slice's logits, q
     and noise (written by kernels finished by then) before its wait. Without (the LM head wrote the
     statistics: its dependent) it waits first."""
-
-    Q_LATE = 'A' in _EXP  # noqa: N806
-    TRIGGER = 'T' not in _EXP  # noqa: N806
 
     @cuda.jit
     def verify_rejection_kernel(logits, temperature, is_greedy, stat_max, stat_index, stat_sum, probs_out,
@@ -80,8 +73,7 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
         """
         if DEPENDENT and not PREFETCH:
             grid_dependency_wait()
-            if TRIGGER:
-                allow_dependent_launch()
+            allow_dependent_launch()
         slices = (logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK
         k = draft_ids.shape[1]
         vocab = logits.shape[1]
@@ -102,26 +94,17 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
             v = lo + tid + j * THREADS
             inside = v < hi
             xs[j] = logits[row, v] if inside and not greedy else float32(0.0)
-            if not Q_LATE:
-                qs[j] = draft_probs[seq, ii, v] if inside and residual else float32(0.0)
+            qs[j] = draft_probs[seq, ii, v] if inside and residual else float32(0.0)
             ns[j] = float32(1.0)
             if inside:
                 ns[j] = recovered_noise[seq, ii, v] if residual else bonus_noise[seq, v]
         tests = residual and piece == 0 and tid == 0
         d = min(max(draft_ids[seq, ii], int64(0)), int64(vocab - 1)) if tests else int64(0)
-        uq = float32(0.0)
-        if not Q_LATE:
-            uq = uniforms[seq, ii] * draft_probs[seq, ii, d] if tests else float32(0.0)
+        uq = uniforms[seq, ii] * draft_probs[seq, ii, d] if tests else float32(0.0)
         x_d = logits[row, d] if tests and not greedy else float32(0.0)
         if DEPENDENT and PREFETCH:
             wait_after_issued_loads(slices)  # kept below the loads above in the machine code
-            if TRIGGER:
-                allow_dependent_launch()
-        if Q_LATE:
-            for j in range(PER_THREAD):
-                v = lo + tid + j * THREADS
-                qs[j] = draft_probs[seq, ii, v] if v < hi and residual else float32(0.0)
-            uq = uniforms[seq, ii] * draft_probs[seq, ii, d] if tests else float32(0.0)
+            allow_dependent_launch()
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)
         flags = cuda.shared.array(THREADS, int64)
@@ -229,12 +212,8 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
         "probs_and_rejection", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, vocab)
-    dependent = bool(dependent) and dependent_launch.STEP_KERNELS and 'F' not in _EXP
-    if 'E' in _EXP:
-        from protospec.kernels import logit_stats
-        if logit_stats.attached(logits) is not None:
-            delattr(logits, logit_stats._ATTRIBUTE)
-    *stats, launched = slice_statistics(logits, st, k + 1, dependent and 'B' not in _EXP)
+    dependent = bool(dependent) and dependent_launch.STEP_KERNELS
+    *stats, launched = slice_statistics(logits, st, k + 1, dependent)
     device = logits.device
     probs = torch.empty_like(logits)  # [B (k + 1), V]
     out = RejectionBuffers.empty(batch, k, device)
@@ -242,8 +221,5 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     args = [logits, st.temperature, st.is_greedy, *stats, probs, draft_token_ids, draft_probs, uniforms,
             recovered_noise, bonus_noise, num_proposed, *out.kernel_args, *_row_slots(rows, device),
             arrival_counters(device, batch, "verify_rejection"), flag]
-    if 'G' in _EXP:
-        args[-4:-1] = [torch.full((rows,), EMPTY, dtype=torch.int64, device=device),
-                       torch.zeros(rows, dtype=torch.int32, device=device), torch.zeros(batch, dtype=torch.int32, device=device)]
     interop.launch_tensors(_kernel(dependent, launched), rows * slices, THREADS, args, dependent=dependent)
     return probs.view(batch, k + 1, vocab), out.result(error_flag is not None)

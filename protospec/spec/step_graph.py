@@ -150,8 +150,6 @@ class SpecStepGraph:
             build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row,
                                 allow_dependents=self.target.launches_dependents)
         v = self.verify.view(rows, self.width)
-        if 'D' in verify_rejection._EXP and d.branch is not None:
-            d.branch.join()
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
         if self.greedy:
             randoms = SpecStepRandoms(self.uniforms, *self.greedy_noise, noise_block=None)
