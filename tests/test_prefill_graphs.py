@@ -67,19 +67,41 @@ def test_the_draft_prefill_beside_the_target_gives_the_same_tokens(tiny_target, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_draft_prefill_graphs_are_captured_on_its_own_stream(tiny_target, tiny_draft):
-    """Replayed beside the target's, the draft's prefill graphs must not share the stream the target's
-    were captured on (cuBLAS's workspace goes by stream: graphs.CapturedForward). Its side stream is
-    high priority, apart from the low-priority streams torch captures on; the draft's graphs are
-    captured there. (The tokens test above shows a shared workspace only now and then.)"""
+def test_the_draft_prefill_graphs_are_captured_on_a_stream_of_their_own(tiny_target, tiny_draft):
+    """Replayed beside the target's, the draft's prefill graphs must not be captured on the stream the
+    target's were (cuBLAS's workspace goes by stream: graphs.CapturedForward): they get a
+    high-priority stream, apart from the low-priority ones torch captures on; decode graphs do not.
+    (The tokens tests above show a shared workspace only now and then.)"""
     prompts = random_prompts(2, lengths=(24,), seed=5)
     llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph", draft_prefill_side=True)
     for _ in range(2):  # the second captures both prefill graphs
         llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
-    side, draft, target = llm.engine.prefill._stream, llm.engine.draft, llm.engine.target
+    draft, target = llm.engine.draft, llm.engine.target
     assert draft.counters["forward:graph_prefill"] == 1 == target.counters["forward:graph_prefill"]
-    assert draft.graphs.capture_stream is side and side.priority < 0
-    assert target.graphs.capture_stream is None and torch.cuda.Stream().priority == 0
+    capture = draft.graphs.prefill_capture_stream
+    assert capture is not None and capture.priority < 0 and torch.cuda.Stream().priority == 0
+    assert capture != llm.engine.prefill._stream and target.graphs.prefill_capture_stream is None
+
+
+def test_only_prefill_graphs_take_the_prefill_capture_stream(monkeypatch):
+    """GraphCache.run captures a prefill layout on prefill_capture_stream and any other on torch's."""
+    captured = []
+
+    class Recorded:  # CapturedForward's stand-in: notes the stream, replays nothing
+        def __init__(self, model, kv_caches, inputs, stream=None):
+            captured.append(stream)
+
+        def replay(self):
+            return torch.zeros(4, 8)
+
+    monkeypatch.setattr(graphs, "CapturedForward", Recorded)
+    cache = GraphCache(None, [], 4, max_rows=4, max_blocks=64)
+    cache.prefill_capture_stream = stream = object()  # any stream: only passed along
+    prefill = _prefill([32])
+    cache.prefill_keys.add(cache._key(prefill))
+    cache.run(prefill)
+    cache.run(_prefill([3]))  # another layout (not a prefill graph's): torch's capture stream
+    assert captured == [stream, None]
 
 
 def test_the_draft_prefill_stays_on_the_current_stream_off_a_gpu(tiny_target, tiny_draft):

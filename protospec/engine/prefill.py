@@ -9,8 +9,9 @@ The side stream waits for the current one before the target's forward, so the dr
 every input copy queued so far; the target's logits come from the current stream as before. The
 draft's kernels count their blocks' arrivals (split-K attention) in counters of their own
 (paged_attention.counter_space): shared, the two forwards' blocks would count in the same slots.
-Likewise its prefill graphs are captured on the side stream (side_stream), not on torch's capture
-stream: replayed side by side, two graphs captured on one stream share cuBLAS's workspace.
+Likewise its prefill graphs are captured on a stream of their own (prefill_capture_stream), not on
+torch's capture stream: replayed side by side, two graphs captured on one stream share cuBLAS's
+workspace.
 """
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from protospec.kernels.paged_attention import counter_space
 from protospec.model.runner import ModelRunner
 
 
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The draft's prefill stream: high priority, so never one of the low-priority streams torch
-    captures graphs on (its own capture stream, a fresh torch.cuda.Stream()). The draft's prefill
-    graphs are captured on it too: cuBLAS's workspace goes by stream (graphs.CapturedForward), and
-    those graphs replay at the same time as the target's, captured on torch's stream."""
+def prefill_capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """Where the draft's prefill graphs are captured: high priority, so never one of the
+    low-priority streams torch hands out (its own capture stream, where the target's graphs are
+    captured, and every plain torch.cuda.Stream()). cuBLAS's workspace goes by the capture stream
+    (graphs.CapturedForward), and the two models' prefill graphs replay at the same time."""
     return torch.cuda.Stream(device, priority=-1)
 
 
@@ -50,9 +51,9 @@ class Prefill:
         # The target's first: the host's launches of the draft's forward then overlap the target's
         # kernels instead of running ahead of them (the draft's forward alone on the GPU again).
         if self._stream is None:
-            self._stream = side_stream(target_inputs.input_ids.device)
+            self._stream = torch.cuda.Stream(target_inputs.input_ids.device)
             if self.draft.graphs is not None:  # its prefill graphs replay beside the target's
-                self.draft.graphs.capture_stream = self._stream
+                self.draft.graphs.prefill_capture_stream = prefill_capture_stream(target_inputs.input_ids.device)
         self._stream.wait_stream(torch.cuda.current_stream())
         logits = self.target.execute(target_inputs)
         with torch.cuda.stream(self._stream), counter_space(":draft_prefill"):  # its own arrival counters

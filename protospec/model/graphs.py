@@ -88,7 +88,8 @@ class GraphCache:
         self.graphs: dict[tuple, CapturedForward] = {}
         self.prefills_seen: Counter[tuple] = Counter()  # uniform prefill layouts -> times run
         self.prefill_keys: set[tuple] = set()           # those captured
-        self.capture_stream: torch.cuda.Stream | None = None  # CapturedForward's stream (None: torch's)
+        # The stream its prefill graphs are captured on (None: torch's own); decode graphs always use torch's.
+        self.prefill_capture_stream: torch.cuda.Stream | None = None
 
     def _key(self, inputs: ForwardInputs) -> tuple:
         seqs, width = inputs.meta.block_tables.shape
@@ -130,5 +131,6 @@ class GraphCache:
         seqs = inputs.meta.block_tables.shape[0]
         key, static_inputs = self.static_inputs(inputs)
         if key not in self.graphs:
-            self.graphs[key] = CapturedForward(self.model, self.kv_caches, static_inputs, self.capture_stream)
+            stream = self.prefill_capture_stream if key in self.prefill_keys else None
+            self.graphs[key] = CapturedForward(self.model, self.kv_caches, static_inputs, stream)
         return self.graphs[key].replay()[: seqs * inputs.logits_per_seq]
