@@ -18,7 +18,8 @@ import torch
 
 from protospec.config import SamplingParams
 
-FORMS = {  # setting -> (module, attribute, the two values, a kernel name only the second launches)
+FORMS = {  # setting -> (module, attribute, the two values, a kernel name only the second launches[, other forms'
+    # values to run beside it, where its effect depends on them: every other form is at its first value)
     "head_norm": ("protospec.model.layer_kernels", "HEAD_NORM", ("fused", "separate"), "head_norm_"),
     "head_norm_squares": ("protospec.model.layer_kernels", "HEAD_NORM", ("tail", "squares"),
                           "gemv_mma_k768_dep_squares"),
@@ -36,6 +37,9 @@ FORMS = {  # setting -> (module, attribute, the two values, a kernel name only t
     "draft_sample_first": ("protospec.spec.probs_branch", "SAMPLE_FIRST", (False, True), "gumbel_sample_kernel"),
     "rejection_dependent": ("protospec.kernels.rejection", "DEPENDENT", (False, True), None),  # one kernel name
     "verify_rejection": ("protospec.kernels.verify_rejection", "FUSED", (False, True), "verify_rejection_kernel"),
+    # beside the draft's probabilities on their branch (as by default): the fused launch reads them
+    "verify_rejection_sample_first": ("protospec.kernels.verify_rejection", "FUSED", (False, True),
+                                      "verify_rejection_kernel", {"draft_sample_first": True}),
 }
 
 
@@ -48,13 +52,15 @@ def test_a_same_bits_form_keeps_the_engines_tokens(mma_pair, form, temperature, 
 
     from tiny import random_prompts, tiny_llm
 
-    module, attribute, values, marker = FORMS[form]
+    module, attribute, values, marker, *beside = FORMS[form]
     names = launched_kernels
     params = SamplingParams(temperature=temperature, max_tokens=24, ignore_eos=True, seed=4)
     prompts = random_prompts(3, seed=3)
     tokens = {}
     for other in FORMS.values():  # every other form at its first value, so only this one's marker can show
         monkeypatch.setattr(importlib.import_module(other[0]), other[1], other[2][0])
+    for name, value in (beside[0] if beside else {}).items():
+        monkeypatch.setattr(importlib.import_module(FORMS[name][0]), FORMS[name][1], value)
     for value in values:
         monkeypatch.setattr(importlib.import_module(module), attribute, value)
         names.clear()
