@@ -2,6 +2,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -449,3 +450,28 @@ def test_the_unfused_peer_times_the_fastest_mode_with_the_fusion_off(tiny_target
     monkeypatch.setattr(BenchSetup, "llm", lambda self, *a, **kw: built.append(self.linear_kernel) or real(self, *a, **kw))
     entry = run_peer("unfused", setup, llm, fastest="gpu")
     assert built == ["cublas"] and entry["mode"] == "gpu" and len(entry["latencies_s"]) == 2 and entry["p50_s"] > 0
+
+
+def test_with_rounds_the_unfused_peer_runs_in_each_round_on_one_engine(tiny_target, tiny_draft, monkeypatch):
+    """repeats > 1: the unfused engine is built once (after the first round, for that round's fastest
+    mode) and timed at the end of every round, so its p50 pools as many rounds as the modes'; the
+    report divides it by the mode it timed, and prints that ratio per round."""
+    from protospec.bench import ablation
+    from protospec.bench.ablation import BenchSetup, run_ablation
+
+    setup = BenchSetup(tiny_target, tiny_draft, 2, 8, 6, 1, 0, 2, load_format="dummy")
+    built, real = [], BenchSetup.llm
+    monkeypatch.setattr(BenchSetup, "llm", lambda self, *a, **kw: built.append(self.linear_kernel) or real(self, *a, **kw))
+    monkeypatch.setattr(ablation, "runs_fused_linears", lambda engine: True)  # as a float16 engine on a GPU
+    logged = []
+    report = run_ablation(setup, modes=("main", "gpu"), peers=("unfused",), repeats=2, log=logged.append)
+    unfused, modes = report["modes"]["unfused"], report["modes"]
+    assert built == [None, "cublas"]
+    first_round_p50 = {m: float(np.percentile(modes[m]["latencies_s"][:2], 50)) for m in ("main", "gpu")}
+    assert unfused["mode"] == min(first_round_p50, key=first_round_p50.get)
+    assert len(unfused["latencies_s"]) == 4 == len(modes["main"]["latencies_s"])
+    assert sum("peer unfused" in line for line in logged) == 2 and "round 2/2" in logged[-1]
+    assert len(unfused["ratio_to_mode_per_round"]) == 2 and all(r > 0 for r in unfused["ratio_to_mode_per_round"])
+    text = report_mod.markdown_table(report | {"device": "cpu", "date": "d", "git_commit": "c", "command": "x"})
+    assert f"p50(unfused) / p50({unfused['mode']}) in each round: " in text
+    assert f"p50(unfused) / p50({unfused['mode']}) = {unfused['p50_s'] / modes[unfused['mode']]['p50_s']:.2f}" in text

@@ -168,17 +168,32 @@ def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None, fastest
 def _run_unfused(setup: BenchSetup, spec_llm: LLM, fastest: str | None, progress) -> dict:
     """The fastest mode on an engine with the fusion switched off (its own engine: the forwards and
     their CUDA graphs are built per linear kernel)."""
-    engine = spec_llm.engine
-    fused = engine.linear_kernel
-    runners = [r for r in (engine.target, engine.draft) if r is not None]
-    if not any(getattr(getattr(r.model, "layer_kernels", None), "fuses", False) for r in runners) or fastest is None:
-        return {"skipped": f"nothing to switch off: no model runs fused linears (linear_kernel {fused!r}, "
-                           f"{engine.dtype})" if fastest else "no mode was timed"}
-    llm = replace(setup, linear_kernel="cublas").llm()
-    entry = run_mode(llm, setup, fastest, breakdown=False, progress=progress)
+    llm, skipped = _unfused_llm(setup, spec_llm, fastest)
+    if llm is None:
+        return skipped
+    entry = _time_unfused(llm, setup, fastest, spec_llm.engine.linear_kernel, progress)
     del llm
     _release_memory()
-    return entry | {"mode": fastest, "fused_linear_kernel": fused}
+    return entry
+
+
+def _unfused_llm(setup: BenchSetup, spec_llm: LLM, fastest: str | None) -> tuple[LLM | None, dict]:
+    """The engine with the fusion off (linear_kernel="cublas"), or None and why it is skipped."""
+    engine = spec_llm.engine
+    if not runs_fused_linears(engine) or fastest is None:
+        return None, {"skipped": f"nothing to switch off: no model runs fused linears (linear_kernel "
+                                 f"{engine.linear_kernel!r}, {engine.dtype})" if fastest else "no mode was timed"}
+    return replace(setup, linear_kernel="cublas").llm(), {}
+
+
+def runs_fused_linears(engine) -> bool:
+    runners = [r for r in (engine.target, engine.draft) if r is not None]
+    return any(getattr(getattr(r.model, "layer_kernels", None), "fuses", False) for r in runners)
+
+
+def _time_unfused(llm: LLM, setup: BenchSetup, mode: str, fused_linear_kernel: str, progress) -> dict:
+    return run_mode(llm, setup, mode, breakdown=False, progress=progress) | {
+        "mode": mode, "fused_linear_kernel": fused_linear_kernel}
 
 
 def pool_rounds(rounds: list[dict]) -> dict:
@@ -203,18 +218,39 @@ def pool_rounds(rounds: list[dict]) -> dict:
 def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = False, progress=None, log=print,
                  repeats: int = 1) -> dict:
     """repeats > 1 runs the modes round-robin R times (main, sampler, gpu, graph, main, ...), so a
-    drifting host weighs on every mode alike, and pools the rounds (peers run once)."""
+    drifting host weighs on every mode alike, and pools the rounds (peers run once, but unfused, which
+    runs in every round after the modes)."""
     llm = setup.llm()
     rounds = []
+    # With several rounds the unfused peer runs in each, after the modes, like one more mode: a slow
+    # spell of the machine then weighs on both sides of p50(unfused) / p50(fastest). Its engine is built
+    # once, for the mode that was fastest in the first round.
+    interleave_unfused = repeats > 1 and "unfused" in peers
+    unfused_llm, unfused_mode, unfused_skipped = None, None, None
     for round_ in range(repeats):
         results = {}
         for mode in modes:
             log(f"  mode {mode} (round {round_ + 1}/{repeats}) ...")
             results[mode] = run_mode(llm, setup, mode, breakdown and round_ == 0, progress)
+        if interleave_unfused:
+            if round_ == 0:
+                unfused_mode = fastest_mode(results)
+                unfused_llm, unfused_skipped = _unfused_llm(setup, llm, unfused_mode)
+            if unfused_llm is None:
+                results["unfused"] = unfused_skipped
+            else:
+                log(f"  peer unfused, mode {unfused_mode} (round {round_ + 1}/{repeats}) ...")
+                results["unfused"] = _time_unfused(unfused_llm, setup, unfused_mode, llm.engine.linear_kernel, progress)
         rounds.append(results)
+    del unfused_llm
+    _release_memory()
     results = pool_rounds(rounds) if repeats > 1 else rounds[0]
+    if unfused_mode is not None and "p50_s" in results.get("unfused", {}):
+        results["unfused"]["ratio_to_mode_per_round"] = [r["unfused"]["p50_s"] / r[unfused_mode]["p50_s"] for r in rounds]
     fastest = fastest_mode(results)
     for peer in sorted(peers, key=PEER_NAMES.index):  # PEER_NAMES' order: hf_compiled last
+        if peer == "unfused" and interleave_unfused:
+            continue
         log(f"  peer {peer} ...")
         results[peer] = run_peer(peer, setup, llm, progress, fastest)
     device = llm.engine.device

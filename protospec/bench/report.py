@@ -78,11 +78,18 @@ def markdown_table(report: dict) -> str:
         lines.append("")
         lines.append("p50(main) / p50(mode) in each round: " + "; ".join(
             f"{n} " + ", ".join(f"{r:.2f}" for r in ratios) for n, ratios in per_round.items()))
+    unfused = modes.get("unfused", {})
+    if unfused.get("ratio_to_mode_per_round"):
+        lines.append(f"p50(unfused) / p50({unfused['mode']}) in each round: "
+                     + ", ".join(f"{r:.2f}" for r in unfused["ratio_to_mode_per_round"]))
     fastest = fastest_mode(modes)
     if fastest is not None:
+        def against(n: str) -> str:  # unfused times one mode: the first round's fastest where rounds ran
+            mode = modes[n].get("mode") if n == "unfused" else None
+            mode = mode if "p50_s" in modes.get(mode, {}) else fastest
+            return f"p50({n}) / p50({mode}) = {modes[n]['p50_s'] / modes[mode]['p50_s']:.2f}"
         lines += ["", f"Fastest mode: {fastest}. " + "; ".join(
-            f"p50({n}) / p50({fastest}) = {modes[n]['p50_s'] / modes[fastest]['p50_s']:.2f}"
-            for n in (BASELINE, *PEER_NAMES) if n != fastest and "p50_s" in modes.get(n, {}))]
+            against(n) for n in (BASELINE, *PEER_NAMES) if n != fastest and "p50_s" in modes.get(n, {}))]
         same = [n for n, e in modes.items() if n != fastest and e.get("token_digest") is not None
                  and e.get("token_digest") == modes[fastest].get("token_digest")]
         other = [n for n, e in modes.items() if n != fastest and e.get("token_digest") is not None and n not in same]
