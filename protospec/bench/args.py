@@ -136,8 +136,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="draft-loop modes to time")
     g.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS), help="baselines to time beside them")
     g.add_argument("--repeats", type=int, default=3,
-                   help="rounds of the modes, round-robin, pooled (a drifting host weighs on every mode alike; "
-                        "the spread of the ratio across rounds is printed beside it)")
+                   help="rounds of the modes, round-robin, pooled, the unfused peer last in each (a drifting host "
+                        "weighs on every mode alike; the spread of the ratio across rounds is printed beside it)")
     g.add_argument("--draft-equals-target", action="store_true", help="use the target as its own draft (acceptance 1.0)")
     g.add_argument("--breakdown", action="store_true", help="per-phase CPU/GPU time (extra iterations with CUDA events)")
     g.add_argument("--sweep", action="store_true", help="p50 per mode over --sweep-batch-sizes x --sweep-ks")
