@@ -2,7 +2,7 @@
 # The whole test suite on the GPU in SHARDS parallel pytest processes (default 4), one GPU shared:
 # the suite is bound by Numba compiling kernels on the CPU, which parallel processes spread over the
 # host's cores. Test files are dealt round-robin, largest first; each shard's log is under $OUT/suite.
-# Prints each shard's summary and every failure.
+# Prints each shard's summary, every failure and its assertion lines.
 #   PROTOSPEC_GIT_COMMIT=<sha> SHARDS=4 bash scripts/device/gpu_suite.sh [seconds per shard, default 420] [test files]
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -21,4 +21,5 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 for ((i = 0; i < shards; i++)); do
   echo "shard $i: $(grep -E "passed|failed|error" "$OUT/suite/shard$i.log" | tail -1)"
   grep -E "^(FAILED|ERROR)" "$OUT/suite/shard$i.log"
+  grep -E "^E " "$OUT/suite/shard$i.log" | head -20  # the failing assertions themselves, not just the names
 done
