@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from protospec.kernels.simulator import choose_numba_cuda_target
+from protospec.kernels.simulator import choose_numba_cuda_target, short_thread_switches
 
 SIMULATOR = choose_numba_cuda_target()
 
@@ -80,7 +80,8 @@ def launch(kernel, num_threads: int, tensors_and_scalars: list) -> None:
     grid, block = launch_config(num_threads)
     args = [as_numba(a) if isinstance(a, torch.Tensor) else a for a in tensors_and_scalars]
     if SIMULATOR:
-        kernel[grid, block](*args)
+        with short_thread_switches():
+            kernel[grid, block](*args)
         return
     device = next(a for a in tensors_and_scalars if isinstance(a, torch.Tensor)).device
     kernel[grid, block, torch_stream_for_numba(device)](*args)
@@ -221,7 +222,8 @@ def launch_tensors(kernel, grid: int, block: int, args: list, dependent: bool = 
     simulator through Numba's own dispatch on device-array wrappers of the tensors' memory, on a GPU through a TensorLaunch kept per
     kernel (one cuLaunchKernel on torch's current stream, so CUDA graphs capture it)."""
     if SIMULATOR:
-        kernel[grid, block](*[as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
+        with short_thread_switches():
+            kernel[grid, block](*[as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
         return
     launcher = _tensor_launchers.get(kernel)
     if launcher is None:
