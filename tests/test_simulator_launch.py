@@ -1,13 +1,16 @@
 """Launches in the CUDA simulator (kernels/simulator.py, interop.py): the block's threads switch often
-while a kernel runs, and the interpreter's own switch interval comes back after it, also when the
-kernel raises."""
+while a kernel runs, the interpreter's own switch interval comes back after it (also when the kernel
+raises), and a block's threads still share one shared array however often they switch."""
 import sys
+import time
 
+import numpy as np
 import pytest
 import torch
-from numba import cuda
+from numba import cuda, int32
 
 from protospec.kernels import interop
+from protospec.kernels import simulator
 from protospec.kernels.simulator import SIMULATOR_SWITCH_INTERVAL_S
 
 pytestmark = pytest.mark.skipif(not interop.SIMULATOR, reason="the simulator's launch path")
@@ -46,3 +49,43 @@ def test_a_kernel_that_raises_still_gives_the_interval_back():
     with pytest.raises(IndexError):
         interop.launch_tensors(_fail, 1, 1, [torch.zeros(2)])
     assert sys.getswitchinterval() == before
+
+
+THREADS = 128
+
+
+@cuda.jit
+def _read_the_next_threads_write(out):
+    ids = cuda.shared.array(THREADS, int32)  # every thread asks for it at once, on one line
+    tid = cuda.threadIdx.x
+    ids[tid] = tid + 1
+    cuda.syncthreads()
+    out[tid] = ids[(tid + 1) % THREADS]
+
+
+class _SlowAllocations:
+    """numpy whose empty() sleeps first: the thread that makes a shared array switches away right
+    there, the moment a second thread may ask for the same array."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        time.sleep(0.002)
+        return np.empty(*args, **kwargs)
+
+
+def test_a_blocks_threads_share_one_shared_array_when_they_switch_while_it_is_made(monkeypatch):
+    """numba-cuda's simulator makes a shared array on the first request from its line; without a lock,
+    two threads switching between its look-up and its store each got an array of their own and read
+    garbage for their neighbours' writes (here every allocation switches threads, as a short switch
+    interval makes happen now and then)."""
+    from numba.cuda.simulator import kernelapi
+
+    monkeypatch.setattr(kernelapi, "np", _SlowAllocations())
+    monkeypatch.setattr(simulator, "np", _SlowAllocations())
+    expected = [(tid + 1) % THREADS + 1 for tid in range(THREADS)]
+    out = torch.zeros(THREADS, dtype=torch.int32)
+    interop.launch_tensors(_read_the_next_threads_write, 1, THREADS, [out])
+    assert out.tolist() == expected

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import warnings
+
+import numpy as np
 
 
 def choose_numba_cuda_target() -> bool:
@@ -28,14 +31,50 @@ def choose_numba_cuda_target() -> bool:
 # the launch runs makes the simulated kernels several times faster (NOTES.md has the figures).
 SIMULATOR_SWITCH_INTERVAL_S = 1e-5
 
+_shared_lock = threading.Lock()
+
 
 @contextlib.contextmanager
 def short_thread_switches():
     """Within the block, CPython switches between threads every SIMULATOR_SWITCH_INTERVAL_S seconds;
     the interpreter's own interval comes back after it."""
+    lock_shared_allocations()
     before = sys.getswitchinterval()
     sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
     try:
         yield
     finally:
         sys.setswitchinterval(before)
+
+
+def lock_shared_allocations() -> None:
+    """Make the simulator's cuda.shared.array safe for threads that switch often.
+
+    numba-cuda's simulator finds a block's shared array by the source line that asks for it: it looks
+    the line up and, on a miss, makes the array and stores it. Two threads that switch between the
+    look-up and the store each make an array of their own, so the block's "shared" array is two
+    arrays and its threads stop seeing each other's writes (a whole forward came out wrong). With
+    the default switch interval a thread all but never switches there; with a short one it does.
+    Here the look-up and the store happen under one lock, keyed as the simulator keys them (the
+    caller's file and line, so arrays made on other lines never alias)."""
+    from numba.cuda.simulator import kernelapi
+
+    shared = kernelapi.FakeCUDAShared
+    if getattr(shared.array, "locked_by_protospec", False):
+        return
+    simulators_own = shared.array
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:  # dynamic shared memory (one buffer) or refused: as before
+            return simulators_own(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with _shared_lock:
+            found = self._allocations.get(key)
+            if found is None:
+                numpy_dtype = kernelapi.numpy_support.as_dtype(dtype) if isinstance(dtype, kernelapi.types.Type) else dtype
+                found = self._allocations[key] = np.empty(shape, numpy_dtype)
+        return found
+
+    array.locked_by_protospec = True
+    shared.array = array
