@@ -51,6 +51,19 @@ def test_a_kernel_that_raises_still_gives_the_interval_back():
     assert sys.getswitchinterval() == before
 
 
+def test_overlapping_launches_give_the_interval_back_when_the_last_one_ends():
+    """Two launches in progress at once (from two threads): the first to end leaves the short interval
+    to the other, the second puts the interpreter's back."""
+    before = sys.getswitchinterval()
+    first, second = simulator.short_thread_switches(), simulator.short_thread_switches()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert sys.getswitchinterval() == pytest.approx(SIMULATOR_SWITCH_INTERVAL_S)
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == before
+
+
 THREADS = 128
 
 

@@ -32,19 +32,28 @@ def choose_numba_cuda_target() -> bool:
 SIMULATOR_SWITCH_INTERVAL_S = 1e-5
 
 _shared_lock = threading.Lock()
+_switches_lock = threading.Lock()
+_switches = {"open": 0, "before": 0.0}  # launches in progress (from any thread), the interval before the first
 
 
 @contextlib.contextmanager
 def short_thread_switches():
-    """Within the block, CPython switches between threads every SIMULATOR_SWITCH_INTERVAL_S seconds;
-    the interpreter's own interval comes back after it."""
+    """Within the block, CPython switches between threads every SIMULATOR_SWITCH_INTERVAL_S seconds.
+    The interpreter's own interval comes back when the last launch in progress ends (launches from
+    several threads at once overlap: none restores the interval under another's feet)."""
     lock_shared_allocations()
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
+    with _switches_lock:
+        if _switches["open"] == 0:
+            _switches["before"] = sys.getswitchinterval()
+        _switches["open"] += 1
+        sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
     try:
         yield
     finally:
-        sys.setswitchinterval(before)
+        with _switches_lock:
+            _switches["open"] -= 1
+            if _switches["open"] == 0:
+                sys.setswitchinterval(_switches["before"])
 
 
 def lock_shared_allocations() -> None:
