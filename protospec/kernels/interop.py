@@ -80,11 +80,16 @@ def launch(kernel, num_threads: int, tensors_and_scalars: list) -> None:
     grid, block = launch_config(num_threads)
     args = [as_numba(a) if isinstance(a, torch.Tensor) else a for a in tensors_and_scalars]
     if SIMULATOR:
-        with short_thread_switches():
-            kernel[grid, block](*args)
+        _simulate(kernel, grid, block, args)
         return
     device = next(a for a in tensors_and_scalars if isinstance(a, torch.Tensor)).device
     kernel[grid, block, torch_stream_for_numba(device)](*args)
+
+
+def _simulate(kernel, grid: int, block: int, numba_args: list) -> None:
+    """Numba's simulator runs the kernel's Python, its threads switching often (simulator.py)."""
+    with short_thread_switches():
+        kernel[grid, block](*numba_args)
 
 
 class BoundLaunch:
@@ -222,8 +227,7 @@ def launch_tensors(kernel, grid: int, block: int, args: list, dependent: bool = 
     simulator through Numba's own dispatch on device-array wrappers of the tensors' memory, on a GPU through a TensorLaunch kept per
     kernel (one cuLaunchKernel on torch's current stream, so CUDA graphs capture it)."""
     if SIMULATOR:
-        with short_thread_switches():
-            kernel[grid, block](*[as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
+        _simulate(kernel, grid, block, [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
         return
     launcher = _tensor_launchers.get(kernel)
     if launcher is None:
