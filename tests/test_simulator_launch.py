@@ -9,8 +9,7 @@ import pytest
 import torch
 from numba import cuda, int32
 
-from protospec.kernels import interop
-from protospec.kernels import simulator
+from protospec.kernels import interop, simulator
 from protospec.kernels.simulator import SIMULATOR_SWITCH_INTERVAL_S
 
 pytestmark = pytest.mark.skipif(not interop.SIMULATOR, reason="the simulator's launch path")

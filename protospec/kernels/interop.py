@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from protospec.kernels.simulator import choose_numba_cuda_target, short_thread_switches
+from protospec.kernels.simulator import choose_numba_cuda_target, lock_shared_allocations, short_thread_switches
 
 SIMULATOR = choose_numba_cuda_target()
 
@@ -29,6 +29,8 @@ from protospec.kernels.driver_launch import _libcuda, cu_launch as _cu_launch  #
 
 if SIMULATOR:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimulatedDeviceArray
+
+    lock_shared_allocations()
 
 KERNEL_DEVICE_TYPE = "cpu" if SIMULATOR else "cuda"
 

@@ -41,7 +41,6 @@ def short_thread_switches():
     """Within the block, CPython switches between threads every SIMULATOR_SWITCH_INTERVAL_S seconds.
     The interpreter's own interval comes back when the last launch in progress ends (launches from
     several threads at once overlap: none restores the interval under another's feet)."""
-    lock_shared_allocations()
     with _switches_lock:
         if _switches["open"] == 0:
             _switches["before"] = sys.getswitchinterval()
@@ -65,7 +64,8 @@ def lock_shared_allocations() -> None:
     arrays and its threads stop seeing each other's writes (a whole forward came out wrong). With
     the default switch interval a thread all but never switches there; with a short one it does.
     Here the look-up and the store happen under one lock, keyed as the simulator keys them (the
-    caller's file and line, so arrays made on other lines never alias)."""
+    caller's file and line, so arrays made on other lines never alias). interop.py installs it once,
+    when it chooses the simulator."""
     from numba.cuda.simulator import kernelapi
 
     shared = kernelapi.FakeCUDAShared
