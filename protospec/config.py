@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from protospec.device_wait import DEFAULT_TIMEOUT_S
 from protospec.errors import ConfigError, SamplingParamsError
 from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
 from protospec.spec import registry
@@ -122,9 +123,6 @@ class EngineConfig:
     # the second time a layout runs), at most graphs.MAX_PREFILL_GRAPHS layouts a model; with cuda_graphs.
     # True (default): measured faster where prompts repeat a layout, as the bench's do (data/results/).
     prefill_graphs: bool = True
-    # On a CUDA device, the draft's prefill on a stream of its own beside the target's (engine/prefill.py).
-    # True (default): measured faster (data/results/README.md); elsewhere it changes nothing.
-    draft_prefill_side: bool = True
     # Which draft tokens a spec step keeps (spec/acceptance.py): "rejection" (lossless) or "typical"
     # (Medusa's typical acceptance, lossy; posterior_threshold and posterior_alpha as vLLM names them).
     acceptance: str = registry.REJECTION
@@ -140,6 +138,9 @@ class EngineConfig:
     draft_confidence_threshold: float = 0.4
     # Target-only steps while more requests than this run (vLLM's name); None = always speculate.
     speculative_disable_by_batch_size: int | None = None
+    # The longest the host waits for the device at any one point (a prefill's tokens, a step's commit)
+    # before it raises DeviceWaitError instead of hanging (device_wait.py).
+    device_wait_timeout_s: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         """Checked before anything is loaded or allocated; the upper bounds keep a typo from asking
@@ -165,7 +166,7 @@ class EngineConfig:
         kind = registry.DRAFT_LOOPS.get(self.draft_loop)
         if self.check_no_sync and kind is not None and kind.host_sync_per_step:
             raise ConfigError(f"check_no_sync cannot hold with draft_loop={self.draft_loop!r}, which syncs every draft step")
-        for name in ("overlap_commit", "first_step_at_begin", "prefill_graphs", "draft_prefill_side"):  # a switch, not a truthy string
+        for name in ("overlap_commit", "first_step_at_begin", "prefill_graphs"):  # a switch, not a truthy string
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.persistent_decode not in (False, True, "one", "per_phase"):
@@ -192,6 +193,9 @@ class EngineConfig:
         if not _is_int(lo) or not _is_int(hi) or not 1 <= lo <= hi <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"prompt_lookup_min / prompt_lookup_max must be integers with 1 <= min <= max <= "
                               f"{MAX_SPECULATIVE_TOKENS}, got {lo!r} / {hi!r}")
+        wait = self.device_wait_timeout_s
+        if not _is_real(wait) or not math.isfinite(wait) or wait <= 0:
+            raise ConfigError(f"device_wait_timeout_s must be a finite number of seconds > 0, got {wait!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
 

@@ -25,8 +25,7 @@ def test_bad_k(tiny_target, tiny_draft, k):
         tiny_llm(tiny_target, tiny_draft, k=k)
 
 
-@pytest.mark.parametrize("switch", ["overlap_commit", "first_step_at_begin", "prefill_graphs",
-                                    "draft_prefill_side"])
+@pytest.mark.parametrize("switch", ["overlap_commit", "first_step_at_begin", "prefill_graphs"])
 def test_an_on_off_setting_takes_a_bool_not_a_word(switch):
     from protospec.config import EngineConfig
 

@@ -130,11 +130,10 @@ def test_cpu_default_is_small(monkeypatch):
 def test_the_on_off_switches_reach_the_engine(tiny_target, tiny_draft, off):
     from protospec.bench.args import build_parser, resolve_args, setup_from
 
-    flags = ["--first-step-at-begin", "off", "--prefill-graphs", "off", "--draft-prefill-side", "off"] if off else []
+    flags = ["--first-step-at-begin", "off", "--prefill-graphs", "off"] if off else []
     args = resolve_args(build_parser().parse_args(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, *flags]))
     engine = setup_from(args).llm(draft_loop="gpu").engine
     assert engine.config.first_step_at_begin is engine.config.prefill_graphs is (not off)
-    assert engine.config.draft_prefill_side is (not off)
     assert engine.spec_step.commit_policy.at_begin is (not off)
 
 

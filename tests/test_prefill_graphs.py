@@ -1,5 +1,5 @@
 """Prefills replayed as CUDA graphs (EngineConfig.prefill_graphs): which layouts get one, and on a GPU
-the same tokens as the eager prefill; the draft's prefill beside the target's (draft_prefill_side)."""
+the same tokens as the eager prefill."""
 import pytest
 import torch
 from tiny import random_prompts, tiny_llm
@@ -49,68 +49,6 @@ def test_prefill_graphs_give_the_eager_tokens(tiny_target, tiny_draft, temperatu
     replays = calls - 1
     assert counters[True]["target"]["forward:graph_prefill"] == replays == counters[True]["draft"]["forward:graph_prefill"]
     assert "forward:graph_prefill" not in counters[False]["target"]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_draft_prefill_beside_the_target_gives_the_same_tokens(tiny_target, tiny_draft, temperature):
-    """Eager the first time, captured the second, replayed the third: on its own stream each time, and
-    draft step 1 must see the draft's whole cache (a missing wait shows as other draft tokens)."""
-    prompts = random_prompts(2, lengths=(24,), seed=5)
-    params = SamplingParams(temperature=temperature, max_tokens=20, ignore_eos=True, seed=6)
-    outs = {}
-    for side in (False, True):
-        llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph", draft_prefill_side=side)
-        outs[side] = [[o.token_ids for o in llm.generate(prompts, params)] for _ in range(5)]
-        assert (llm.engine.prefill._stream is not None) is side
-    assert outs[True] == outs[False]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_draft_prefill_graphs_are_captured_on_a_stream_of_their_own(tiny_target, tiny_draft):
-    """Replayed beside the target's, the draft's prefill graphs must not be captured on the stream the
-    target's were (cuBLAS's workspace goes by stream: graphs.CapturedForward): they get a
-    high-priority stream, apart from the low-priority ones torch captures on; decode graphs do not.
-    (The tokens tests above show a shared workspace only now and then.)"""
-    prompts = random_prompts(2, lengths=(24,), seed=5)
-    llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph", draft_prefill_side=True)
-    for _ in range(2):  # the second captures both prefill graphs
-        llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
-    draft, target = llm.engine.draft, llm.engine.target
-    assert draft.counters["forward:graph_prefill"] == 1 == target.counters["forward:graph_prefill"]
-    capture = draft.graphs.prefill_capture_stream
-    assert capture is not None and capture.priority < 0 and torch.cuda.Stream().priority == 0
-    assert capture != llm.engine.prefill._stream and target.graphs.prefill_capture_stream is None
-
-
-def test_only_prefill_graphs_take_the_prefill_capture_stream(monkeypatch):
-    """GraphCache.run captures a prefill layout on prefill_capture_stream and any other on torch's."""
-    captured = []
-
-    class Recorded:  # CapturedForward's stand-in: notes the stream, replays nothing
-        def __init__(self, model, kv_caches, inputs, stream=None):
-            captured.append(stream)
-
-        def replay(self):
-            return torch.zeros(4, 8)
-
-    monkeypatch.setattr(graphs, "CapturedForward", Recorded)
-    cache = GraphCache(None, [], 4, max_rows=4, max_blocks=64)
-    cache.prefill_capture_stream = stream = object()  # any stream: only passed along
-    prefill = _prefill([32])
-    cache.prefill_keys.add(cache._key(prefill))
-    cache.run(prefill)
-    cache.run(_prefill([3]))  # another layout (not a prefill graph's): torch's capture stream
-    assert captured == [stream, None]
-
-
-def test_the_draft_prefill_stays_on_the_current_stream_off_a_gpu(tiny_target, tiny_draft):
-    llm = tiny_llm(tiny_target, tiny_draft, k=3, draft_prefill_side=True)
-    assert llm.engine.config.draft_prefill_side and not llm.engine.prefill.side
-    out = llm.generate(random_prompts(1, lengths=(9,), seed=2), SamplingParams(max_tokens=4, ignore_eos=True))
-    assert len(out[0].token_ids) == 4 and llm.engine.prefill._stream is None
 
 
 @pytest.mark.parametrize("prompts", [1, 3], ids=["one_row", "padded_to_four_rows"])

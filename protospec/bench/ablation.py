@@ -71,7 +71,6 @@ class BenchSetup:
     spec_step_graph: bool | None = None    # EngineConfig.spec_step_graph (None: wherever it applies)
     first_step_at_begin: bool = True       # EngineConfig.first_step_at_begin
     prefill_graphs: bool = True            # EngineConfig.prefill_graphs
-    draft_prefill_side: bool = True        # EngineConfig.draft_prefill_side
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -93,8 +92,7 @@ class BenchSetup:
                    attention_kernel=self.attention_kernel, persistent_decode=self.persistent_decode,
                    linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling,
                    dependent_launch=self.dependent_launch, spec_step_graph=self.spec_step_graph,
-                   first_step_at_begin=self.first_step_at_begin, prefill_graphs=self.prefill_graphs,
-                   draft_prefill_side=self.draft_prefill_side)
+                   first_step_at_begin=self.first_step_at_begin, prefill_graphs=self.prefill_graphs)
 
 
 def _release_memory() -> None:

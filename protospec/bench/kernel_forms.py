@@ -105,8 +105,6 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
                         "simulator; default: %(default)s)")
     p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
                    help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
-    p.add_argument("--draft-prefill-side", default="on", choices=ON_OFF_CHOICES,
-                   help="the draft's prefill on a CUDA stream of its own beside the target's (default: %(default)s)")
     p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
                    help="where no spec step was launched ahead (the batch changed, or a request nears its end), "
                         "build draft step 1 on the device at the step's start (off: on the CPU; default: %(default)s)")
@@ -156,5 +154,4 @@ def early_allow_set(text: str) -> frozenset:
 
 def engine_switches(args: argparse.Namespace) -> dict:
     """The engine's on/off settings the flags chose, as BenchSetup (and EngineConfig) take them."""
-    return dict(first_step_at_begin=args.first_step_at_begin == "on", prefill_graphs=args.prefill_graphs == "on",
-                draft_prefill_side=args.draft_prefill_side == "on")
+    return dict(first_step_at_begin=args.first_step_at_begin == "on", prefill_graphs=args.prefill_graphs == "on")

@@ -15,6 +15,7 @@ from protospec.engine.block_manager import BlockManager, blocks_for
 from protospec.engine.kv_pool import size_kv_pool
 from protospec.engine.prefill import Prefill
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
+from protospec.device_wait import read_back
 from protospec.spec import registry
 from protospec.spec.acceptance import make_acceptance
 from protospec.spec.commit import make_commit_policy
@@ -96,13 +97,14 @@ class Engine:
                     # The widest repeated forward: the verify, or the draft's two-token first step.
                     runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.look.verify_len),
                                               config.prefill_graphs)
-        self.prefill = Prefill(self.target, self.draft, config.draft_prefill_side, self.device)
+        self.prefill = Prefill(self.target, self.draft)
         self.vocab_size = target.config.vocab_size
         self._draft_loops: dict[tuple, DraftLoop] = {}  # built once: switching keeps their buffers and graphs
         self.spec_step = self._build_spec_step() if config.proposer is not None else None
         self.eos_token_id = target.config.eos_token_id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.reserved_blocks = 0  # what the running requests' admissions reserved (_admit)
 
     def _resolve_kernel_flag(self, name: str, value: bool) -> bool:
         """True only where Numba's kernels run (CUDA, or the simulator on a CPU)."""
@@ -157,7 +159,7 @@ class Engine:
         acceptance = make_acceptance(cfg.acceptance, fused, cfg.posterior_threshold, cfg.posterior_alpha)
         dynamic_k = make_dynamic_k(cfg.dynamic_k, self.k, cfg.draft_confidence_threshold)
         return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
-                               fused_sampling=self.fused_sampling, dynamic_k=dynamic_k,
+                               fused_sampling=self.fused_sampling, dynamic_k=dynamic_k, wait_s=cfg.device_wait_timeout_s,
                                step_graph=step_graph_applies(cfg.spec_step_graph, loop.kind.name, cfg.proposer,
                                                              self.k, cfg.dynamic_k, commit.name))
 
@@ -172,7 +174,8 @@ class Engine:
                                                    self.max_model_len + self.look.extra_positions, kind.on_device)
             else:
                 self._draft_loops[key] = make_draft_loop(name, self.draft, self.look, cfg.max_num_seqs,
-                                                         self.max_blocks_per_seq, self.fused_sampling, reason)
+                                                         self.max_blocks_per_seq, self.fused_sampling, reason,
+                                                         cfg.device_wait_timeout_s)
         return self._draft_loops[key]
 
     @property
@@ -196,18 +199,22 @@ class Engine:
                 f"{self.block_manager.num_usable_blocks}; raise num_kv_blocks / kv_cache_gib or shorten the request"
             )
 
-    def _promised_blocks(self) -> int:
-        return sum(self.blocks_for_request(len(s.prompt_token_ids), s.params.max_tokens) - len(s.block_table) for s in self.running)
-
     def _admit(self) -> list[Sequence]:
+        """Admit waiting requests in order while the pool can hold every running request's whole life:
+        the blocks reserved by admissions (a running total, so admitting costs the same however many
+        requests run or wait) stay within the pool. A running request's table never outgrows its
+        reservation, so what the reservations promise is always free or already held."""
         admitted = []
+        usable = self.block_manager.num_usable_blocks
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             need = self.blocks_for_request(len(seq.prompt_token_ids), seq.params.max_tokens)
-            if need > self.block_manager.num_free_blocks - self._promised_blocks():
+            if self.reserved_blocks + need > usable:
                 break
             self.waiting.popleft()
             self.block_manager.ensure_capacity(seq.block_table, len(seq.prompt_token_ids))
+            seq.reserved_blocks = need
+            self.reserved_blocks += need
             self.running.append(seq)
             admitted.append(seq)
         return admitted
@@ -229,7 +236,7 @@ class Engine:
         if launch_first_step and len(seqs) == len(self.running) and self.speculating():  # the next batch is this one
             tokens = self.spec_step.launch_after_prefill(seqs, st, ids)
         else:
-            tokens = ids.tolist()
+            tokens = read_back(ids, "a prefill's tokens", self.config.device_wait_timeout_s)
         for seq, tok in zip(seqs, tokens):
             seq.num_cached_target = seq.num_cached_draft = len(seq.prompt_token_ids)
             seq.append_tokens([tok])
@@ -242,14 +249,18 @@ class Engine:
         starts = [s.num_cached_target for s in seqs]
         logits = self.target.execute(self.target.prepare("decode", chunks, starts, [s.block_table for s in seqs], num_logits=1))
         ids = sample_tokens(logits, self.sampling_tensors(seqs), self.fused_sampling, self.target.launches_dependents)
-        for seq, tok in zip(seqs, ids.tolist()):
+        for seq, tok in zip(seqs, read_back(ids, "a decode step's tokens", self.config.device_wait_timeout_s)):
             seq.num_cached_target = seq.num_tokens
             seq.append_tokens([tok])
 
     def retire_finished(self) -> None:
-        for seq in [s for s in self.running if s.finished]:
-            self.block_manager.free(seq.block_table)
-            self.running.remove(seq)
+        if not any(s.finished for s in self.running):
+            return
+        for seq in self.running:
+            if seq.finished:
+                self.block_manager.free(seq.block_table)
+                self.reserved_blocks -= seq.reserved_blocks
+        self.running = [s for s in self.running if not s.finished]
 
     def speculating(self) -> bool:
         """Whether the next step speculates: a proposer, and no more running requests than
@@ -290,6 +301,7 @@ class Engine:
             self.block_manager.free(seq.block_table)
         self.running.clear()
         self.waiting.clear()
+        self.reserved_blocks = 0
 
     def new_generator(self, seed: int | None, fallback: torch.Generator) -> torch.Generator:
         gen = torch.Generator(device=self.device)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from protospec.config import EngineConfig, SamplingParams
+from protospec.device_wait import synchronize
 from protospec.engine.engine import Engine
 from protospec.errors import ConcurrentUseError, PromptError, SamplingParamsError
 from protospec.model.loader import load_tokenizer
@@ -143,11 +144,10 @@ class LLM:
         try:
             while eng.waiting or eng.running:
                 eng.step()
+            synchronize(eng.device, "the call's last work", self.config.device_wait_timeout_s)
         except BaseException:
             eng.abort_all()  # return every block so the engine stays usable
             raise
-        if eng.device.type == "cuda":
-            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
 
         self.metrics = RequestMetrics()

@@ -31,6 +31,7 @@ class Sequence:
     eos_token_id: int | None = None
     output_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
+    reserved_blocks: int = 0             # the pool blocks its admission reserved for its whole life
     num_cached_target: int = 0
     num_cached_draft: int = 0
     finish_reason: FinishReason | None = None

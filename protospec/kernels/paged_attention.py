@@ -25,7 +25,6 @@ this path; token t belongs to sequence t // query_len.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
@@ -100,29 +99,16 @@ def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.devi
 
 
 _COUNTERS: dict[tuple, list[torch.Tensor]] = {}
-_SPACE = [""]  # counter_space's name, "" outside one
-
-
-@contextlib.contextmanager
-def counter_space(name: str):
-    """Kernels launched (or captured) inside count their arrivals in buffers of their own: work that can
-    run on another stream at the same time as the same kernels elsewhere (the draft's prefill beside
-    the target's) would otherwise count in the same counters, and a block of one kernel could take
-    itself for the last of the other's."""
-    previous, _SPACE[0] = _SPACE[0], name
-    try:
-        yield
-    finally:
-        _SPACE[0] = previous
 
 
 def arrival_counters(dev: torch.device, groups: int, user: str = "attention") -> torch.Tensor:
     """At least [groups] int32, zero between calls (the whole buffer: no view is made per call): the
     split blocks of a row group count their arrivals here and the last one resets its counter, so one
     buffer serves every call and every graph replay. A larger need allocates a larger buffer; the old
-    ones stay alive (captured graphs point at them). One buffer per user (a kernel family) and
-    counter_space, so two kernels that count arrivals never share a counter."""
-    kept = _COUNTERS.setdefault((dev, user + _SPACE[0]), [])
+    ones stay alive (captured graphs point at them). One buffer per user (a kernel family; a kernel
+    that may run beside its own family on another stream names a user of its own), so two kernels
+    that may run at once never count in the same counter."""
+    kept = _COUNTERS.setdefault((dev, user), [])
     if not kept or kept[-1].numel() < groups:
         kept.append(torch.zeros(max(groups, 4096, 2 * kept[-1].numel() if kept else 0), dtype=torch.int32, device=dev))
     return kept[-1]

@@ -54,23 +54,23 @@ class CapturedForward:
 
     Capture must happen while the tensors hold this step's real inputs: the warm-up forwards
     write this step's K/V (the replay then writes the same values again).
-    stream: the stream to warm up and capture on (None: a fresh one, and torch's own capture stream).
-    cuBLAS keeps a workspace per stream and a captured GEMM keeps its address, so graphs captured on
-    one stream share that workspace: two of them replayed at the same time on two streams write
-    each other's partial sums. Graphs that replay side by side need capture streams of their own."""
+    cuBLAS keeps a workspace per stream and a captured GEMM keeps its address, so every graph
+    captured on torch's capture stream shares one workspace. That is safe only because the engine
+    replays its graphs one after another on one stream; replayed side by side on two streams,
+    they would write each other's partial sums (prefill.py says what that did once)."""
 
-    def __init__(self, model, kv_caches, inputs: ForwardInputs, stream: torch.cuda.Stream | None = None):
+    def __init__(self, model, kv_caches, inputs: ForwardInputs):
         def forward():
             return model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)
 
         with sync_allowed():
-            side = stream if stream is not None else torch.cuda.Stream()
+            side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up: lazy inits (cuBLAS handles) stay out of the graph
                 forward()
             torch.cuda.current_stream().wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, stream=stream):
+            with torch.cuda.graph(self.graph):
                 self.logits = forward()  # [rows * logits_per_seq, V] float32, overwritten by each replay
 
     def replay(self) -> torch.Tensor:
@@ -88,8 +88,6 @@ class GraphCache:
         self.graphs: dict[tuple, CapturedForward] = {}
         self.prefills_seen: Counter[tuple] = Counter()  # uniform prefill layouts -> times run
         self.prefill_keys: set[tuple] = set()           # those captured
-        # The stream its prefill graphs are captured on (None: torch's own); decode graphs always use torch's.
-        self.prefill_capture_stream: torch.cuda.Stream | None = None
 
     def _key(self, inputs: ForwardInputs) -> tuple:
         seqs, width = inputs.meta.block_tables.shape
@@ -131,6 +129,5 @@ class GraphCache:
         seqs = inputs.meta.block_tables.shape[0]
         key, static_inputs = self.static_inputs(inputs)
         if key not in self.graphs:
-            stream = self.prefill_capture_stream if key in self.prefill_keys else None
-            self.graphs[key] = CapturedForward(self.model, self.kv_caches, static_inputs, stream)
+            self.graphs[key] = CapturedForward(self.model, self.kv_caches, static_inputs)
         return self.graphs[key].replay()[: seqs * inputs.logits_per_seq]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from protospec.device_wait import DEFAULT_TIMEOUT_S
 from protospec.engine.sequence import Sequence
 from protospec.kernels import dependent_launch
 from protospec.model.graphs import bucket
@@ -31,8 +32,8 @@ class DeviceAdvanceLoop(DraftLoop):
     kind = registry.DRAFT_LOOPS[registry.GPU]
 
     def __init__(self, draft: ModelRunner, look: Lookahead, max_num_seqs: int, max_blocks: int,
-                 fused_sampling: bool = False, fallback_reason: str = ""):
-        super().__init__(draft, look, fused_sampling, fallback_reason)
+                 fused_sampling: bool = False, fallback_reason: str = "", wait_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__(draft, look, fused_sampling, fallback_reason, wait_s)
         self.advances = look.k > 1  # k = 1 has no step 2 to advance
         error_row = torch.zeros(1, dtype=torch.int32, device=self.device)  # [1] shared: read at each commit
         args = (max_num_seqs, max_blocks, draft.block_size, self.device, error_row)

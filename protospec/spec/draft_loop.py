@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from protospec.device_wait import DEFAULT_TIMEOUT_S, read_back
 from protospec.model.inputs import ForwardInputs
 from protospec.model.runner import ModelRunner
 from protospec.spec import registry
@@ -38,8 +39,9 @@ class DraftLoop:
     kind: registry.DraftLoopKind
 
     def __init__(self, draft: ModelRunner, look: Lookahead, fused_sampling: bool = False,
-                 fallback_reason: str = "disabled_by_user"):
+                 fallback_reason: str = "disabled_by_user", wait_s: float = DEFAULT_TIMEOUT_S):
         self.draft, self.look = draft, look
+        self.wait_s = wait_s  # the bound on a host wait for a draft step's ids (device_wait.py)
         self.fused_sampling = fused_sampling  # kernels/sampling.py: two launches per draft sample
         self.fallback_reason = fallback_reason  # labels CPU-prepared steps 2..k in the counters
         self.device = draft.device
@@ -164,5 +166,5 @@ class CpuPrepareSyncedLoop(CpuPrepareLoop):
         return self._cpu_step_inputs(s, [[ids[-1]] for ids in s.host_draft_ids])
 
     def after_sample(self, s: StepState, ids: torch.Tensor) -> None:
-        for host, tok in zip(s.host_draft_ids, ids.tolist()):  # the host sync this way keeps
+        for host, tok in zip(s.host_draft_ids, read_back(ids, "a draft step's sample", self.wait_s)):  # its sync
             host.append(tok)

@@ -13,8 +13,8 @@ assert DRAFT_LOOP_CLASSES.keys() == registry.DRAFT_LOOPS.keys(), "every named wa
 
 
 def make_draft_loop(name: str, draft: ModelRunner, look: Lookahead, max_num_seqs: int, max_blocks: int,
-                    fused_sampling: bool, fallback_reason: str) -> DraftLoop:
+                    fused_sampling: bool, fallback_reason: str, wait_s: float) -> DraftLoop:
     cls = DRAFT_LOOP_CLASSES[name]
     if cls.kind.on_device:  # the device ways allocate their persistent buffers up front
-        return cls(draft, look, max_num_seqs, max_blocks, fused_sampling, fallback_reason)
-    return cls(draft, look, fused_sampling, fallback_reason)
+        return cls(draft, look, max_num_seqs, max_blocks, fused_sampling, fallback_reason, wait_s)
+    return cls(draft, look, fused_sampling, fallback_reason, wait_s)

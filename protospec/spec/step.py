@@ -14,6 +14,7 @@ import torch
 
 from protospec.engine.block_manager import BlockManager
 from protospec.engine.sequence import Sequence
+from protospec.device_wait import DEFAULT_TIMEOUT_S, copy_to_host, wait_for
 from protospec.errors import AdvanceStepError
 from protospec.model.runner import ModelRunner
 from protospec.spec.commit import SyncedCommit
@@ -36,7 +37,7 @@ class SpeculativeStep:
 
     def __init__(self, target: ModelRunner, draft_loop: DraftLoop, commit_policy: SyncedCommit,
                  block_manager: BlockManager, loop_guard=None, acceptance=None, fused_sampling: bool = False,
-                 dynamic_k=None, step_graph: bool = False):
+                 dynamic_k=None, step_graph: bool = False, wait_s: float = DEFAULT_TIMEOUT_S):
         self.target, self.draft_loop, self.commit_policy = target, draft_loop, commit_policy
         self.block_manager = block_manager
         self.acceptance = acceptance or RejectionSampling()  # acceptance.py: which draft tokens are kept
@@ -51,6 +52,7 @@ class SpeculativeStep:
         self.step_graph = step_graph
         self._step_graphs: dict = {}  # its DraftLoopGraph (held, so never a reused identity) -> the SpecStepGraph
         self.timer = NULL_TIMER
+        self.wait_s = wait_s  # the bound on the host's waits for the device (device_wait.py)
 
     @property
     def timer(self):
@@ -133,14 +135,7 @@ class SpeculativeStep:
             flat = s.commit_row
             if flat is None:
                 flat = commit_row(s.result, s.num_proposed, self.draft_loop.error_flag())  # [B * (k + 3) (+ 1)] int64
-            if flat.device.type != "cuda":
-                s.commit_copy = (flat, None)
-                return
-            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            host.copy_(flat, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-            s.commit_copy = (host, done)
+            s.commit_copy = copy_to_host(flat)
 
     def launch_step_graph(self, s: StepState) -> bool:
         """Run a launched step (its draft step 1's inputs built on the device) whole as one replay:
@@ -172,17 +167,11 @@ class SpeculativeStep:
         """The commit policy's chance to queue the first spec step of freshly prefilled sequences
         before the host reads their first tokens (sampled: [B] int64 on the device). Returns those
         tokens, read from a copy queued before the launch: the host waits for the prefill only."""
-        if sampled.device.type != "cuda":
-            with self.loop_guard(self.device):
-                self.commit_policy.launch_after_prefill(self, seqs, st, sampled)
-            return sampled.tolist()
-        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
-        host.copy_(sampled, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
+        host, done = copy_to_host(sampled)
         with self.loop_guard(self.device):
             self.commit_policy.launch_after_prefill(self, seqs, st, sampled)
-        done.synchronize()
+        if done is not None:
+            wait_for(done, "a prefill's tokens", self.wait_s)
         return host.tolist()
 
     def launch_next(self, s: StepState) -> None:
@@ -194,8 +183,8 @@ class SpeculativeStep:
             self.queue_commit_copy(s)
         with self.timer.phase("commit"):
             host, done = s.commit_copy
-            if done is not None:
-                done.synchronize()  # the spec step's first host sync on the no-sync paths
+            if done is not None:  # the spec step's first host sync on the no-sync paths
+                wait_for(done, "a spec step's commit row", self.wait_s)
             flat = host.tolist()
             width = self.look.commit_row_width + (s.num_proposed is not None)
             rows = [flat[i * width : (i + 1) * width] for i in range(len(s.seqs))]

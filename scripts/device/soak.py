@@ -5,6 +5,12 @@ change and its latency should not creep.
     python3 scripts/device/soak.py --minutes 10 --modes gpu graph --output-json runs/soak.json
     python3 scripts/device/soak.py --minutes 0.2 --device cpu --modes main --model protospec/tiny-target \\
         --speculative-model protospec/tiny-draft                     # a quick check on a CPU
+    python3 scripts/device/soak.py --minutes 10 --requests-per-call 1000 4000 --max-batch 256 --modes graph gpu \\
+        --model protospec/tiny-target --speculative-model protospec/tiny-draft --dtype float32   # offline batches
+
+With --requests-per-call LO HI each call is one offline batch of LO..HI requests of protospec.bench.load's
+mix (ragged prompts 1-300 tokens, max_tokens 1-64, greedy / seeded top-k-top-p / unseeded), the running
+batch (--max-batch) turning over many times inside the call; the calls alternate modes as before.
 
 Writes a JSON with provenance, per-window memory (allocated / reserved on a GPU, the process's RSS
 on a CPU) and probe latency, the probe's token check and any errors."""
@@ -17,6 +23,7 @@ import time
 import torch
 
 from protospec import LLM, SamplingParams
+from protospec.bench.load import mixed_requests
 from protospec.bench.provenance import check_writable, provenance, write_report
 
 p = argparse.ArgumentParser()
@@ -30,12 +37,16 @@ p.add_argument("--probe-every", type=int, default=10, help="calls between probes
 p.add_argument("--windows", type=int, default=10, help="summaries over the run")
 p.add_argument("--output-json", default=None)
 p.add_argument("--seed", type=int, default=0)
+p.add_argument("--requests-per-call", type=int, nargs=2, default=None, metavar=("LO", "HI"),
+               help="offline batches: each call LO..HI requests of protospec.bench.load's mix (default: 1..--max-batch "
+                    "small requests)")
+p.add_argument("--dtype", default="auto")
 p.add_argument("--warm-batches", action="store_true",
                help="run every batch size once before the clock starts, so CUDA graph captures do not read as drift")
 args = p.parse_args()
 check_writable(args.output_json)
 llm = LLM(args.model, speculative_model=args.speculative_model, num_speculative_tokens=5, load_format="dummy",
-          device=args.device, max_num_seqs=args.max_batch, seed=args.seed)
+          device=args.device, max_num_seqs=args.max_batch, seed=args.seed, dtype=args.dtype)
 dev = llm.engine.device
 vocab = llm.engine.vocab_size
 rng = random.Random(args.seed)
@@ -50,12 +61,8 @@ def memory() -> dict:
 
 
 def timed(prompts, params) -> tuple[float, list]:
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
     start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    outs = llm.generate(prompts, params)  # returns once the device is done (a bounded wait)
     return time.perf_counter() - start, outs
 
 
@@ -73,11 +80,14 @@ windows, current = [], {"probe_s": [], "calls": 0, "tokens": 0}
 while time.perf_counter() - start < args.minutes * 60:
     mode = args.modes[calls % len(args.modes)]
     llm.engine.set_draft_loop(mode)
-    batch = rng.randint(1, args.max_batch)
-    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(8, 300))] for _ in range(batch)]
-    params = [SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0]), top_k=rng.choice([0, 50]),
-                             max_tokens=rng.randint(1, 96), ignore_eos=rng.random() < 0.8, seed=rng.randrange(2**31))
-              for _ in range(batch)]
+    if args.requests_per_call:
+        prompts, params = mixed_requests(rng.randint(*args.requests_per_call), vocab, rng.randrange(2**31))
+    else:
+        batch = rng.randint(1, args.max_batch)
+        prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(8, 300))] for _ in range(batch)]
+        params = [SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0]), top_k=rng.choice([0, 50]),
+                                 max_tokens=rng.randint(1, 96), ignore_eos=rng.random() < 0.8, seed=rng.randrange(2**31))
+                  for _ in range(batch)]
     try:
         _, outs = timed(prompts, params)
         current["tokens"] += sum(len(o.token_ids) for o in outs)
