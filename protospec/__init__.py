@@ -3,8 +3,10 @@ from protospec.config import EngineConfig, SamplingParams
 from protospec.errors import (
     ConcurrentUseError,
     ConfigError,
+    DeviceWaitError,
     KernelArgumentError,
     ModelLoadError,
+    ModelOutputError,
     OutOfKVBlocksError,
     PromptError,
     ProtospecError,
@@ -27,4 +29,6 @@ __all__ = [
     "PromptError",
     "OutOfKVBlocksError",
     "KernelArgumentError",
+    "ModelOutputError",
+    "DeviceWaitError",
 ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,13 +17,40 @@ from protospec.spec import registry
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def check_device(device) -> None:
+    """None / "auto", or a CPU or CUDA device (a string or torch.device); anything else is named."""
+    if device in (None, "auto"):
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if dev.type not in DEVICE_TYPES:
+        raise ConfigError(f"device {device!r}: the engine runs on {' or '.join(DEVICE_TYPES)} devices "
+                          f"(its KV cache and weights need real memory), not {dev.type}")
+
+
 def resolve_device(device: str | None) -> torch.device:
+    check_device(device)
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA device")
     return dev
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """All the memory of the device (a GPU's, or the host's physical memory for a CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound we can trust
+        return 1 << 62
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -145,6 +173,17 @@ class EngineConfig:
     def __post_init__(self) -> None:
         """Checked before anything is loaded or allocated; the upper bounds keep a typo from asking
         for tens of GB (the KV pool's size is checked against the device once the models are known)."""
+        if not isinstance(self.model, (str, os.PathLike)) or not str(self.model):
+            raise ConfigError(f"model must be a Hugging Face hub id or a checkpoint directory (a non-empty str or "
+                              f"path), got {self.model!r}")
+        if self.speculative_model is not None and (not isinstance(self.speculative_model, (str, os.PathLike))
+                                                   or not str(self.speculative_model)):
+            raise ConfigError(f"speculative_model must be None, '[ngram]', a hub id or a checkpoint directory, got "
+                              f"{self.speculative_model!r}")
+        self.model = str(self.model)
+        if self.speculative_model is not None:
+            self.speculative_model = str(self.speculative_model)
+        check_device(self.device)
         k = self.num_speculative_tokens
         if self.speculative_model is not None and (not _is_int(k) or not 1 <= k <= MAX_SPECULATIVE_TOKENS):
             raise ConfigError(f"num_speculative_tokens (k) must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
@@ -212,11 +251,16 @@ class EngineConfig:
         return self.num_speculative_tokens if self.speculative_model else 0
 
 
+# Temperatures below this sample greedily, as vLLM's (its _SAMPLING_EPS): logits / T would overflow
+# float32 to inf (T <= ~1e-38 turned every probability into nan and every token into 0).
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy. top_k 0 = off, top_p 1.0 = off. seed: per request, None = engine rng.
-    Frozen: checked once here, a value cannot change behind the checks' back (dataclasses.replace
-    makes a checked copy)."""
+    """temperature 0 (or below GREEDY_BELOW) = greedy. top_k 0 = off, top_p 1.0 = off. seed: per
+    request, None = engine rng. Frozen: checked once here, a value cannot change behind the checks'
+    back (dataclasses.replace makes a checked copy). numpy numbers are kept as Python's."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -239,7 +283,13 @@ class SamplingParams:
             raise SamplingParamsError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.seed is not None and (not _is_int(self.seed) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
             raise SamplingParamsError(f"seed must be None or an integer in [0, 2**63 - 1], got {self.seed!r}")
+        # Python numbers from here on: torch.Generator.manual_seed refuses a numpy integer, for one.
+        for name, kind in (("temperature", float), ("top_k", int), ("top_p", float), ("max_tokens", int),
+                           ("ignore_eos", bool)):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW

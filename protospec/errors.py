@@ -41,6 +41,10 @@ class AdvanceStepError(ProtospecError):
     """The advance_step kernel met a position its block table does not cover (no K/V was written)."""
 
 
+class ModelOutputError(ProtospecError):
+    """The model computed NaN or inf logits (weights or activations out of the dtype's range)."""
+
+
 class DeviceWaitError(ProtospecError, RuntimeError):
     """The device did not finish the work the host waited for within the engine's bound
     (EngineConfig.device_wait_timeout_s): a kernel is stuck, or far slower than the bound allows."""

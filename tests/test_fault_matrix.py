@@ -243,3 +243,59 @@ def test_a_thousand_requests_leak_nothing(llm, reference):
         assert [len(o.token_ids) for o in outs] == [p.max_tokens for p in params]
         assert bm.num_free_blocks == bm.num_usable_blocks
     _still_serves(llm, reference)
+
+
+@pytest.mark.parametrize("draft", [False, True], ids=["target_only", "speculative"])
+def test_a_temperature_too_small_to_divide_by_samples_greedily(tiny_target, tiny_draft, draft):
+    """logits / 1e-45 overflow float32: every probability NaN and every token 0, once. Below
+    GREEDY_BELOW a temperature means greedy, as in vLLM."""
+    from protospec.config import GREEDY_BELOW
+
+    llm = tiny_llm(tiny_target, tiny_draft if draft else None, k=3)
+    tiny = [o.token_ids for o in llm.generate(random_prompts(2), SamplingParams(temperature=1e-45, max_tokens=10,
+                                                                                ignore_eos=True))]
+    assert tiny == [o.token_ids for o in llm.generate(random_prompts(2), GREEDY)] and set(tiny[0]) != {0}
+    assert SamplingParams(temperature=GREEDY_BELOW / 2).greedy and not SamplingParams(temperature=GREEDY_BELOW).greedy
+
+
+def test_numpy_numbers_in_sampling_params_are_python_numbers(llm):
+    params = SamplingParams(temperature=np.float32(0.7), top_k=np.int64(20), max_tokens=np.int64(10),
+                            ignore_eos=np.bool_(True), seed=np.int64(3))
+    assert type(params.seed) is int and type(params.max_tokens) is int and type(params.temperature) is float
+    plain = SamplingParams(temperature=float(np.float32(0.7)), top_k=20, max_tokens=10, ignore_eos=True, seed=3)
+    assert [o.token_ids for o in llm.generate(random_prompts(2), params)] == \
+        [o.token_ids for o in llm.generate(random_prompts(2), plain)]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(model=None), "model must be a Hugging Face hub id or a checkpoint directory"),
+    (dict(model=""), "model must be"),
+    (dict(speculative_model=3), "speculative_model must be"),
+    (dict(device="meta"), "the engine runs on cpu or cuda devices"),
+    (dict(device="gpu0"), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+], ids=lambda v: str(v)[:24])
+def test_engine_arguments_that_name_no_model_or_device_are_refused(kwargs, match):
+    from protospec.config import EngineConfig
+
+    with pytest.raises(ConfigError, match=match):
+        EngineConfig(**{"model": "m", **kwargs})
+
+
+def test_max_model_len_past_the_models_length_is_refused_not_cut(tiny_target, tiny_draft):
+    with pytest.raises(ConfigError, match=r"max_model_len=1000000000 is longer than the model's max_position_embeddings \(256"):
+        tiny_llm(tiny_target, tiny_draft, max_model_len=10**9)
+    assert tiny_llm(tiny_target, max_model_len=100).engine.max_model_len == 100
+
+
+def test_an_output_path_that_is_a_directory_is_refused_before_the_run(tiny_target, tmp_path):
+    from protospec.bench.cli import main
+
+    with pytest.raises(SystemExit, match="it is a directory; give a file path"):
+        main(["--model", tiny_target, "--load-format", "dummy", "--output-json", str(tmp_path)])
+
+
+def test_evaluate_checks_where_it_would_write_the_prompts_before_loading(tmp_path):
+    from protospec.train.evaluate import main
+
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["--prompts-json", str(tmp_path / "missing" / "p.json")])

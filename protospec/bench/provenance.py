@@ -54,6 +54,8 @@ def check_writable(path: str | None, directory: bool = False) -> None:
     from pathlib import Path
 
     target = Path(path)
+    if target.is_dir() and not directory:
+        raise SystemExit(f"cannot write {target}: it is a directory; give a file path (e.g. {target / 'results.json'})")
     folder = target if directory else target.parent
     if directory:
         try:

@@ -25,7 +25,7 @@ from protospec.spec.draft_sampling import sample_tokens
 from protospec.spec.dynamic_k import make_dynamic_k
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.ngram_loop import NgramLoop
-from protospec.errors import ConfigError, OutOfKVBlocksError, VocabMismatchError
+from protospec.errors import ConfigError, ModelOutputError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
 from protospec.model.layer_kernels import check_attention_kernel, check_linear_kernel, resolve_dependent_launch
@@ -58,7 +58,11 @@ class Engine:
                 raise VocabMismatchError(f"draft vocab_size={draft.config.vocab_size} != target vocab_size="
                                          f"{target.config.vocab_size}: draft token ids would mean different tokens to the target")
         model_limits = [m.config.max_position_embeddings for m in (target, draft) if m is not None]
-        self.max_model_len = min([config.max_model_len or min(model_limits)] + model_limits)
+        if config.max_model_len is not None and config.max_model_len > min(model_limits):
+            raise ConfigError(f"max_model_len={config.max_model_len} is longer than the model's "
+                              f"max_position_embeddings ({min(model_limits)}{', the smaller of the two models' if draft else ''}): "
+                              "positions past it have no trained RoPE meaning; leave max_model_len unset or lower it")
+        self.max_model_len = config.max_model_len or min(model_limits)
         if config.compile:
             for m in (target, draft):
                 if m is not None:
@@ -82,8 +86,12 @@ class Engine:
                                        [m for m in (target, draft) if m is not None])
         self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None
         self.block_manager = BlockManager(self.num_blocks, config.block_size)
-        self.target = ModelRunner(target, self.num_blocks, config.block_size)
-        self.draft = ModelRunner(draft, self.num_blocks, config.block_size) if draft is not None else None
+        try:  # the KV caches: within the device's memory (size_kv_pool), maybe not within what is free
+            self.target = ModelRunner(target, self.num_blocks, config.block_size)
+            self.draft = ModelRunner(draft, self.num_blocks, config.block_size) if draft is not None else None
+        except torch.OutOfMemoryError as e:
+            raise ConfigError(f"the KV pool of {self.num_blocks} blocks does not fit the device's free memory "
+                              "(torch.OutOfMemoryError); lower kv_cache_gib or num_kv_blocks") from e
         if config.persistent_decode:
             enable_persistent_decode([r for r in (self.target, self.draft) if r is not None], self.device,
                                      "per_phase" if config.persistent_decode == "per_phase" else "one")
@@ -230,13 +238,21 @@ class Engine:
         return cached[1]
 
     def _prefill(self, seqs: list[Sequence], launch_first_step: bool) -> None:
-        logits = self.prefill([s.prompt_token_ids for s in seqs], [s.block_table for s in seqs])
+        logits = self.prefill([s.prompt_token_ids for s in seqs], [s.block_table for s in seqs])  # [B, V]
         st = self.sampling_tensors(seqs)
-        ids = sample_tokens(logits, st, self.fused_sampling, self.target.launches_dependents)
+        ids = sample_tokens(logits, st, self.fused_sampling, self.target.launches_dependents)  # [B] int64
+        # Read with the tokens (no sync of its own): whether each prompt's logits are finite. NaN logits
+        # sample token 0 at every position; the prefill is where a model that makes them shows it.
+        readback = torch.cat([ids, torch.isfinite(logits).all(-1).long()])  # [2B] int64
         if launch_first_step and len(seqs) == len(self.running) and self.speculating():  # the next batch is this one
-            tokens = self.spec_step.launch_after_prefill(seqs, st, ids)
+            host = self.spec_step.launch_after_prefill(seqs, st, ids, readback)
         else:
-            tokens = read_back(ids, "a prefill's tokens", self.config.device_wait_timeout_s)
+            host = read_back(readback, "a prefill's tokens", self.config.device_wait_timeout_s)
+        tokens, finite = host[: len(seqs)], host[len(seqs) :]
+        if not all(finite):
+            bad = [s.seq_id for s, ok in zip(seqs, finite) if not ok]
+            raise ModelOutputError(f"the target's logits for the prompts of requests {bad[:5]} hold NaN or inf: the "
+                                   "weights or the activations overflow (try float32, or check the checkpoint)")
         for seq, tok in zip(seqs, tokens):
             seq.num_cached_target = seq.num_cached_draft = len(seq.prompt_token_ids)
             seq.append_tokens([tok])

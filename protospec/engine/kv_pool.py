@@ -1,24 +1,12 @@
 """How many KV blocks the engine's pool gets, checked against the device before anything is allocated."""
 from __future__ import annotations
 
-import os
-
 import torch
 
-from protospec.config import EngineConfig
+from protospec.config import EngineConfig, device_memory_bytes
 from protospec.engine.block_manager import blocks_for
 from protospec.errors import ConfigError
 from protospec.model.runner import ModelRunner
-
-
-def device_memory_bytes(device: torch.device) -> int:
-    """All the memory of the device (a GPU's, or the host's physical memory for a CPU)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound we can trust
-        return 1 << 62
 
 
 def size_kv_pool(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, max_positions: int, models: list) -> int:

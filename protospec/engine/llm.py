@@ -53,6 +53,11 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise PromptError("a text prompt needs a tokenizer, and this model has none: pass token ids")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate ("\ud800"): no UTF-8, nothing to tokenize
+                raise PromptError(f"a text prompt holds a character UTF-8 cannot encode ({e.reason} at index "
+                                  f"{e.start}: {prompt[e.start:e.end]!r}); lone surrogates are not text") from None
             return self.tokenizer(prompt)["input_ids"]
         if isinstance(prompt, (torch.Tensor, np.ndarray)):
             dtype = prompt.dtype

@@ -79,7 +79,14 @@ def arrived_last(counters, index, arrivals, flag, tid):
     """Count this block's arrival at counters[index] (every thread of the block calls; flag is a
     1-element shared int32 array): True in the block that arrives last of `arrivals`, which also
     resets the counter for the next call or graph replay. The fences publish this block's writes
-    before it counts, and order the last block's reads of the others' writes after."""
+    before it counts, and order the last block's reads of the others' writes after.
+
+    Why it cannot hang: no block waits for another. Each counts once and goes on (or returns); the
+    one that counts last does the combine with what the others have already written. The only
+    barriers are this block's own syncthreads, which every thread of the block reaches. The hazard
+    is a counter that is not zero on entry (another launch counting in it at the same time): the
+    combine then runs early or not at all, wrong outputs, never a wait. Hence one counter buffer per
+    kernel family (paged_attention.arrival_counters), and the engine's launches on one stream."""
     cuda.threadfence()
     cuda.syncthreads()
     if tid == 0:

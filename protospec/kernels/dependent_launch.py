@@ -17,6 +17,12 @@ where each kernel's wait landed), so a kernel whose loads must be in flight duri
 ptxas does not move it across (launch_dependents, which it does not move loads across either, is
 not an option there: it would let the next kernel start early). The CUDA simulator runs kernels one
 at a time: there both are no-ops. CUDA graphs keep the dependency when they capture such a launch.
+
+Why the wait ends: griddepcontrol.wait returns when the kernel before this one in the stream has
+completed, and that kernel launched this one only after every one of its blocks was resident and had
+allowed it (or had exited), so none of its blocks waits for room this kernel's blocks hold. A chain
+of dependents that each allow early therefore always has a head that runs; the wait lasts no longer
+than the kernels before it, and none of ours waits on anything else.
 """
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     y, not with GLU or ROPE) also writes each tile's softmax statistics per token (logit_stats.py).
     SPLITS (the plain form only) spreads a tile's K over that many blocks of `warps` warps each: they
     write their warps' fragments to global memory and the last to arrive sums all of them in the
-    unsplit kernel's warp order (the same bits), so a tall K loads its weights from more SMs.
+    unsplit kernel's warp order (the same bits), so a tall K loads its weights from more SMs (no block
+    waits for the others: the last to count goes on, attention_combine.arrived_last says why it ends).
     ALLOW_EARLY (with DEPENDENT) lets the next kernel launch once this one's weight loads are issued,
     before its wait: only where the next kernel reads nothing before its own wait that a kernel still
     running may write (a GEMV reads weights there; the attention's early loads read cached keys).

@@ -13,6 +13,9 @@ next decode inputs (sampling_advance.py) as the probabilities kernel writes them
 as the race unless two candidates tie to float32 rounding. The draft's probabilities (the rejection
 sampler's q) still come from sampling.py's kernels, later and off the draft loop's chain of kernels,
 from the copy of the logits this kernel leaves in their buffer (spec/probs_branch.py).
+
+Waits: no block waits for another (the last of a row's blocks is found by a count each passes once:
+attention_combine.arrived_last); as a dependent, its wait ends with the kernel before it.
 """
 from __future__ import annotations
 

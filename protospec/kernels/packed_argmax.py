@@ -11,6 +11,10 @@ The key orders as reductions.better does (the larger value; of equal values the 
                   bits flipped), -0.0 counted as +0.0 (they compare equal)
     low 32 bits   0xFFFFFFFF - index (indices < 2^32), so the lower index is the larger key
 EMPTY (the smallest int64) is below every key: a slot holds it between calls.
+
+Waits: none. The atomic max and exchange never wait on another block's progress; the last block is
+found by an arrival count that every block passes once (attention_combine.arrived_last says why that
+ends).
 """
 from __future__ import annotations
 

@@ -14,6 +14,10 @@ kernels/phase_kernels.py runs the same phases as one ordinary kernel each, for c
 TIMELINE builds a variant whose block 0 stamps the GPU clock after every phase (bench.persistent_phases
 reads it). The CUDA simulator runs a cooperative grid of one block of one warp (its grid sync is a
 block barrier, its shuffles block barriers too): every loop is then uniform.
+
+Why its grid syncs end: the launch is cooperative (driver_launch), which the driver refuses unless
+every block of the grid can be resident at once, and every block runs the same phases in the same
+order, so every block reaches every sync; no block spins on a counter or flag of its own making.
 """
 from __future__ import annotations
 

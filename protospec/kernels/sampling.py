@@ -17,6 +17,8 @@ with its tiles' statistics (logit_stats.py; rows at T = 1 or greedy) skip the st
 kernel combines them in every block, then the probabilities as above. EngineConfig.fused_sampling
 chooses these kernels over torch's; LAUNCHES chooses the two launches or one cooperative launch of
 the same arithmetic (sampling_slices.py holds it for both).
+Waits: no block waits for another; the last slice block is found by a count each block passes once
+(attention_combine.arrived_last says why that ends).
 """
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ sampling_slices.py's, the two-launch form's, so both give the same bits; the tes
 
 A grid of at most one block per SM (all resident at once, as a cooperative launch requires) walks
 the (row, slice) items in turn: batch 1's 63 slices take one pass, a verify of 6 rows three.
+Why the grid sync ends: every block is resident (the driver refuses a cooperative grid that would not
+be) and reaches the one sync; the last-block count after it waits on nothing (arrived_last).
 """
 from __future__ import annotations
 

@@ -20,6 +20,10 @@ Every race is rejection.py's (the same float32 values, ties to the lowest index)
 same tokens; tests check that in the simulator and on the GPU. Each block races its own row whether
 or not that row turns out to be n: k + 1 races where the sampler ran one, each over one slice in a
 block that was running anyway.
+
+Waits: no block waits for another; the last block to arrive is found by a count each block passes
+once (attention_combine.arrived_last says why that ends). Launched as a dependent, its
+grid_dependency_wait ends when the kernel before it does (dependent_launch.py).
 """
 from __future__ import annotations
 

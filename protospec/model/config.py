@@ -18,6 +18,11 @@ ARCH_INT_BOUNDS = (
 )
 
 
+def _check_int(name: str, value, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ModelLoadError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+
+
 @dataclass(frozen=True)
 class LlamaArchConfig:
     hidden_size: int
@@ -40,9 +45,7 @@ class LlamaArchConfig:
         """Every number the forward reads, checked here: a config that passes cannot fail later with a
         ZeroDivisionError or generate zeros."""
         for name, low, high in ARCH_INT_BOUNDS:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise ModelLoadError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+            _check_int(name, getattr(self, name), low, high)
         for name in ("rms_norm_eps", "rope_theta"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
@@ -60,6 +63,14 @@ class LlamaArchConfig:
         model_type = cfg.get("model_type", "llama")
         if model_type != "llama":
             raise ModelLoadError(f"protospec runs Llama models only, got model_type={model_type!r}")
+        # The fields other fields are derived from, checked before they are used: "64" or 0 heads would
+        # otherwise surface as a TypeError or ZeroDivisionError that names no field.
+        for name, low, high in ARCH_INT_BOUNDS:
+            if name in cfg and cfg[name] is not None:
+                _check_int(name, cfg[name], low, high)
+        tie = cfg.get("tie_word_embeddings", False)
+        if not isinstance(tie, bool):  # a string "false" is truthy: it would tie the weights
+            raise ModelLoadError(f"tie_word_embeddings must be true or false (a JSON boolean), got {tie!r}")
         heads = cfg["num_attention_heads"]
         # transformers 5.x moved rope_theta into rope_parameters; 4.x keeps it at the top level.
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -81,7 +92,7 @@ class LlamaArchConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=tie,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos,
             pad_token_id=cfg.get("pad_token_id"),

@@ -10,10 +10,12 @@ load_format="dummy" builds seeded random weights from the config alone, as vLLM'
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
+from protospec.config import device_memory_bytes
 from protospec.errors import ModelLoadError
 from protospec.model.llama import LlamaForCausalLM
 from protospec.model.config import LlamaArchConfig
@@ -92,6 +94,32 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     raise ModelLoadError(f"no *.safetensors or pytorch_model*.bin weights in {directory}")
 
 
+def check_fits_memory(name: str, cfg: LlamaArchConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, before any allocation, a model whose weights cannot fit: they are made in float32 in the
+    host's memory first, then placed on the device in `dtype`. Only the impossible is refused (all of
+    the host's or the device's memory): a config inside the per-field caps can still ask for terabytes."""
+    params = cfg.num_parameters
+    needs = [(params * 4, torch.device("cpu"), "float32 weights in the host's memory while loading")]
+    if device.type != "cpu":
+        needs.append((params * torch.empty((), dtype=dtype).element_size(), device, f"{dtype} weights on {device}"))
+    for need, where, what in needs:
+        have = device_memory_bytes(where)
+        if need > have:
+            raise ModelLoadError(f"{name}: {params / 1e9:.2f}B parameters need {need / 2**30:.1f} GiB for the "
+                                 f"{what}, more than the {have / 2**30:.1f} GiB there (hidden_size "
+                                 f"{cfg.hidden_size}, intermediate_size {cfg.intermediate_size}, "
+                                 f"{cfg.num_hidden_layers} layers, vocab {cfg.vocab_size})")
+
+
+def check_finite(directory: Path, state: dict[str, torch.Tensor]) -> None:
+    """NaN or inf in a checkpoint's weights would come out as every logit NaN and token 0 everywhere:
+    refused by the tensor's name."""
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ModelLoadError(f"checkpoint {directory}: the weight {key!r} holds NaN or inf values; the "
+                                 "checkpoint is corrupt or was saved after training diverged")
+
+
 def init_dummy_weights(model: LlamaForCausalLM, seed: int) -> None:
     """Seeded random weights: normal(0, initializer_range) for matrices, ones for norms (as HF inits)."""
     gen = torch.Generator().manual_seed(seed)
@@ -114,12 +142,26 @@ def load_model(
 ) -> LlamaForCausalLM:
     """extra_positions: RoPE table entries past max_position_embeddings (speculative lookahead)."""
     cfg, directory = resolve_checkpoint(name, load_format)
+    check_fits_memory(name, cfg, dtype, torch.device(device))
+    try:
+        model = _build(name, cfg, directory, load_format, dtype, device, seed, extra_positions)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:  # fits all the memory, not what is free
+        if isinstance(e, RuntimeError) and "allocate memory" not in str(e) and "out of memory" not in str(e):
+            raise
+        raise ModelLoadError(f"{name}: out of memory while building {cfg.num_parameters / 1e9:.2f}B parameters "
+                             f"for {device} in {dtype} ({type(e).__name__}); free memory or choose a smaller "
+                             "model or dtype") from e
+    return model
+
+
+def _build(name, cfg, directory, load_format, dtype, device, seed, extra_positions) -> LlamaForCausalLM:
     model = LlamaForCausalLM(cfg, max_positions=cfg.max_position_embeddings + extra_positions)
     model.checkpoint_dir = directory
     if directory is None or load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
         state = read_state_dict(directory)
+        check_finite(directory, state)
         if cfg.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         try:
@@ -137,7 +179,17 @@ def load_tokenizer(checkpoint_dir: Path | None):
     """A transformers tokenizer when the checkpoint has one on disk; None otherwise (ids in, ids out)."""
     if checkpoint_dir is None or not any((checkpoint_dir / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
         return None
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):  # the JSON files, by name
+        path = checkpoint_dir / f
+        if path.is_file():
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ModelLoadError(f"{path}: not valid JSON ({e}); fix or remove the file") from e
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(checkpoint_dir))
+    try:
+        return AutoTokenizer.from_pretrained(str(checkpoint_dir))
+    except Exception as e:  # a tokenizer file transformers cannot read: the checkpoint's fault, named
+        raise ModelLoadError(f"{checkpoint_dir}: cannot load its tokenizer ({type(e).__name__}: {e})") from e
 

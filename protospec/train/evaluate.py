@@ -105,6 +105,8 @@ def main(argv=None) -> dict:
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
     check_writable(args.output_json)
+    if args.prompts_json and not Path(args.prompts_json).exists():
+        check_writable(args.prompts_json)  # it will be drawn and written: its folder must take it
     for name in ("protospec-target", "protospec-draft"):
         if not (Path(args.models) / name / "config.json").is_file():
             raise SystemExit(f"--models {args.models}: no {name}/config.json there (python -m protospec.train writes both)")
