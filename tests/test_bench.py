@@ -474,3 +474,32 @@ def test_with_rounds_the_unfused_peer_runs_in_each_round_on_one_engine(tiny_targ
     text = report_mod.markdown_table(report | {"device": "cpu", "date": "d", "git_commit": "c", "command": "x"})
     assert f"p50(unfused) / p50({unfused['mode']}) in each round: " in text
     assert f"p50(unfused) / p50({unfused['mode']}) = {unfused['p50_s'] / modes[unfused['mode']]['p50_s']:.2f}" in text
+
+
+def test_a_record_names_protospecs_own_commit_or_none(tmp_path):
+    """Run from a copy of the package inside another repository, a record must not take that
+    repository's commit: it says "unknown" and gives the package's source hash instead, the same hash
+    as the original's for the same files."""
+    import shutil
+    import subprocess
+    import sys
+
+    from protospec.bench import provenance
+
+    other = tmp_path / "other_repo"
+    other.mkdir()
+    git = ["git", "-C", str(other), "-c", "user.email=a@b", "-c", "user.name=n"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    (other / "file.txt").write_text("x")
+    subprocess.run(git + ["add", "file.txt"], check=True)
+    subprocess.run(git + ["commit", "-qm", "other"], check=True)
+    copy = other / "vendored"
+    shutil.copytree(provenance.CHECKOUT / "protospec", copy / "protospec",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import json; from protospec.bench.provenance import source_identity; print(json.dumps(source_identity()))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(copy)})
+    seen = json.loads(out.stdout)
+    assert seen["git_commit"] == "unknown" and seen["source_sha256"] == provenance.source_hash()
+    here = provenance.source_identity()  # the original: its own repository's top level (or the env's commit)
+    assert here["git_commit"] != "unknown" or "source_sha256" in here

@@ -166,3 +166,30 @@ def test_the_readmes_first_example_runs_and_drafts_something(capsys, monkeypatch
     out = capsys.readouterr().out
     rate = float(re.search(r"^acceptance ([0-9.]+)", out, re.M).group(1))
     assert rate > 0.3 and "num_spec_steps" in out
+
+
+@pytest.mark.parametrize("fail, status, line", [
+    (lambda: (_ for _ in ()).throw(__import__("protospec").ConfigError("k must be >= 1")), 2,
+     "error: ConfigError: k must be >= 1"),
+    (lambda: (_ for _ in ()).throw(SystemExit("--batch-size must be >= 1, got 0")), 2,
+     "error: --batch-size must be >= 1, got 0"),
+    (lambda: 0, 0, None),
+], ids=["named_error", "own_check", "success"])
+def test_a_command_ends_with_one_line_and_status_2_on_bad_input(capsys, fail, status, line):
+    from protospec.command_line import run_command
+
+    with pytest.raises(SystemExit) as info:
+        run_command(fail)
+    assert info.value.code == status
+    err = capsys.readouterr().err.strip()
+    assert (err == line) if line else err == ""
+
+
+def test_the_bench_refuses_a_bad_argument_without_a_traceback():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "protospec.bench", "--model", "/nonexistent/model"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: ModelLoadError: no such directory: /nonexistent/model")

@@ -1,3 +1,4 @@
 from protospec.bench.cli import main
+from protospec.command_line import run_command
 
-main()
+run_command(main)

@@ -172,4 +172,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from protospec.command_line import run_command
+
+    run_command(main)

@@ -168,4 +168,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from protospec.command_line import run_command
+
+    run_command(main)

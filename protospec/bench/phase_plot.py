@@ -79,4 +79,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from protospec.command_line import run_command
+
+    run_command(main)

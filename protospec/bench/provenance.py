@@ -2,24 +2,64 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
+import importlib.metadata
 import json
 import os
 import platform
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 
-def git_commit() -> str:
-    """HEAD, or PROTOSPEC_GIT_COMMIT where the tree was copied without .git (the device machine)."""
-    if os.environ.get("PROTOSPEC_GIT_COMMIT"):
-        return os.environ["PROTOSPEC_GIT_COMMIT"]
+# The directory holding the package: a checkout's top level when protospec runs from its repository.
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str | None:
     try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
+        return subprocess.check_output(["git", "-C", str(CHECKOUT), *args], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:  # no git, or not a repository
+        return None
+
+
+def source_hash() -> str:
+    """sha256 over the package's Python files (relative path and bytes, in path order)."""
+    digest = hashlib.sha256()
+    package = CHECKOUT / "protospec"
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def source_identity() -> dict:
+    """Which code made a record. git_commit: HEAD of protospec's own repository, only where the
+    package's directory is that repository's top level (a copy of the tree inside another checkout
+    would otherwise name that checkout's commit); tree_dirty: whether tracked files differed from it.
+    PROTOSPEC_GIT_COMMIT names the commit of a copy made without .git (the device machine). Otherwise
+    git_commit is "unknown" and the package's version and source_sha256 (source_hash) say which code ran."""
+    if os.environ.get("PROTOSPEC_GIT_COMMIT"):
+        return {"git_commit": os.environ["PROTOSPEC_GIT_COMMIT"], "tree_dirty": None}
+    top = _git("rev-parse", "--show-toplevel")
+    if top is not None and Path(top).resolve() == CHECKOUT:
+        commit = _git("rev-parse", "HEAD")
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        if commit:
+            return {"git_commit": commit, "tree_dirty": bool(status)}
+    try:
+        version = importlib.metadata.version("protospec")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return {"git_commit": "unknown", "tree_dirty": None, "package_version": version, "source_sha256": source_hash()}
+
+
+def git_commit() -> str:
+    """The commit source_identity names ("unknown" outside protospec's own repository)."""
+    return source_identity()["git_commit"]
 
 
 def describe_device(device: torch.device) -> str:
@@ -33,7 +73,7 @@ def provenance(device: torch.device, argv: list[str] | None = None, module: str 
     return {
         "device": describe_device(device),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
+        **source_identity(),
         "command": shlex.join(["python", "-m", module, *args]),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
     }
@@ -51,8 +91,6 @@ def check_writable(path: str | None, directory: bool = False) -> None:
     the end). A directory is created if missing; a file's directory must exist."""
     if not path:
         return
-    from pathlib import Path
-
     target = Path(path)
     if target.is_dir() and not directory:
         raise SystemExit(f"cannot write {target}: it is a directory; give a file path (e.g. {target / 'results.json'})")

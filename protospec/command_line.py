@@ -1,0 +1,29 @@
+"""How every `python -m protospec...` command ends: a bad argument or input is one line on stderr
+naming the problem and exit status 2 (argparse's own convention), never a traceback; other failures
+keep theirs, since they are bugs to report."""
+from __future__ import annotations
+
+import sys
+from typing import Callable, NoReturn
+
+from protospec.errors import ProtospecError
+
+BAD_INPUT = 2
+
+
+def run_command(main: Callable[[], int | None]) -> NoReturn:
+    """Call a command's main() and exit with its status; a ProtospecError (a named bad input or
+    setting) or a SystemExit with a message becomes `error: ...` and status 2."""
+    try:
+        status = main()
+    except ProtospecError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(BAD_INPUT)
+    except SystemExit as e:
+        if isinstance(e.code, str):  # raise SystemExit("message"): the commands' own checks
+            print(f"error: {e.code}", file=sys.stderr)
+            sys.exit(BAD_INPUT)
+        raise
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(status or 0)
