@@ -125,12 +125,6 @@ class EngineConfig:
     # (kernels/dependent_launch.py). None: on wherever the tensor-core linears run on sm_90 or later
     # (measured faster: data/results/README.md); False: ordinary launches; True: on, or an error.
     dependent_launch: bool | None = None
-    # The draft's decode forwards (one token per sequence: draft steps 2..k), or the target's when it
-    # decodes alone, as one persistent cooperative kernel each (kernels/persistent_decode.py) instead of
-    # ~10 kernels per layer. True or "one": that kernel; "per_phase": the same phases as one ordinary
-    # kernel each (kernels/phase_kernels.py). Off by default: the persistent kernel measured slower than
-    # the layer kernels' forward (figures in data/results/README.md).
-    persistent_decode: bool | str = False
     # The commit policy of the device draft loops (spec/commit.py): True = overlapped (the next
     # spec step's draft step 1 is built on the device and queued before the commit's host sync, so
     # the device works while the host commits), False = synced. The CPU-prepared loops are synced.
@@ -208,8 +202,6 @@ class EngineConfig:
         for name in ("overlap_commit", "first_step_at_begin", "prefill_graphs"):  # a switch, not a truthy string
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.persistent_decode not in (False, True, "one", "per_phase"):
-            raise ConfigError(f"persistent_decode must be False, True / 'one' or 'per_phase', got {self.persistent_decode!r}")
         if self.linear_kernel is not None and self.linear_kernel not in LINEAR_KERNELS:
             raise ConfigError(f"linear_kernel must be None or one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
         if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_PATHS:

@@ -146,7 +146,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
     from protospec.model import layer_kernels
     from protospec.spec import step_graph
 
-    switches = [(sampling, "LAUNCHES"), (dependent_launch, "STEP_KERNELS"), (gemv_mma, "PREFETCH_NORM"),
+    switches = [(dependent_launch, "STEP_KERNELS"), (gemv_mma, "PREFETCH_NORM"),
                 (attention_mma, "EARLY_LOADS"), (verify_inputs, "ALLOW_DEPENDENTS"), (gemv_mma, "LM_HEAD_MAX_REGISTERS"),
                 (gemv_mma, "LM_HEAD_PREFETCH_NORM"), (gemv_mma, "LOGIT_STATS"), (gemv_mma, "PIN_WEIGHT_LOADS"),
                 (gemv_mma, "EARLY_ALLOW"), (attention_mma, "PIPELINE"), (attention_mma, "TILES_PER_SPLIT"),
@@ -156,7 +156,7 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
     long_chunks = layer_kernels.LONG_CHUNKS  # by machine (on a GPU, not in the simulator): "auto" keeps it
-    flags = ["--sampling-launches", "one", "--step-kernels-dependent", "off", "--prefetch-norm", "off",
+    flags = ["--step-kernels-dependent", "off", "--prefetch-norm", "off",
              "--attention-early-loads", "off", "--verify-inputs-allow", "on", "--lm-head-max-registers", "128",
              "--lm-head-prefetch-norm", "off", "--logit-stats", "on", "--pin-weight-loads", "off",
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
@@ -167,9 +167,9 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
-    assert got == (["one", False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False,
+    assert got == ([False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False,
                     "last_block", False, 3, not long_chunks]
-                   if flipped else ["two", True, True, True, False, 0, True, False, True, early, True, 8, True, True, True,
+                   if flipped else [True, True, True, False, 0, True, False, True, early, True, 8, True, True, True,
                                     "every_block", True, 1, long_chunks])
 
 

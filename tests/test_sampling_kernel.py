@@ -1,6 +1,5 @@
 """The fused sampling kernels against the torch sampler (simulator on CPU, the GPU where there is
-one): probabilities to float32 rounding, the same ids, greedy rows one-hot, the verify's layout; in
-the one-launch form (one cooperative kernel) bit for bit against the two launches."""
+one): probabilities to float32 rounding, the same ids, greedy rows one-hot, the verify's layout."""
 import pytest
 import torch
 
@@ -117,10 +116,10 @@ def test_ties_across_slices_go_to_the_lowest_index_and_masked_rows_to_zero(vocab
 
 def _narrow_slices(monkeypatch):
     """The simulator reads the block and slice widths at run time: narrow ones keep its tests small."""
-    from protospec.kernels import interop, sampling, sampling_one_launch, sampling_slices
+    from protospec.kernels import interop, sampling, sampling_slices
 
     if interop.SIMULATOR:
-        for module in (sampling, sampling_one_launch, sampling_slices):
+        for module in (sampling, sampling_slices):
             monkeypatch.setattr(module, "THREADS", 8)
             monkeypatch.setattr(module, "VOCAB_PER_BLOCK", 16, raising=False)
     return sampling_slices.VOCAB_PER_BLOCK
@@ -150,26 +149,6 @@ def sample_layout(logits, st, step, noise, rows_per_seq, dependent=False):
     else:
         probs = probs_into(logits, st, torch.zeros(rows, vocab, device=DEV), rows_per_seq, dependent)
     return ids.cpu(), probs.cpu()
-
-
-@pytest.mark.parametrize("batch,rows_per_seq", [(3, 1), (2, 3)])
-def test_one_launch_gives_the_two_launches_bits(monkeypatch, batch, rows_per_seq):
-    """The cooperative form against the two kernels on the same inputs: probabilities equal bit for
-    bit, the same ids, across sampled and greedy rows, a masked stretch, a greedy row of -inf, three
-    slices per row and more items than the simulator's one-block grid (it walks them in turn); the
-    one launch twice, so its arrival counters are back at zero between calls."""
-    from protospec.kernels import sampling
-
-    st, logits, noise = mixed_case(batch, rows_per_seq, _narrow_slices(monkeypatch), seed=11)
-    step, out = 1, {}
-    for form, calls in (("two", 1), ("one", 2)):
-        monkeypatch.setattr(sampling, "LAUNCHES", form)
-        for _ in range(calls):
-            out[form] = sample_layout(logits, st, step, noise, rows_per_seq)
-    assert torch.equal(out["one"][0], out["two"][0])
-    assert torch.equal(out["one"][1], out["two"][1])
-    if rows_per_seq == 1:
-        assert (out["one"][0][:, step] >= 0).all() and out["one"][0][1, step] == 0
 
 
 @pytest.mark.parametrize("batch,rows_per_seq", [(3, 1), (2, 3)])

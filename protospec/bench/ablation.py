@@ -64,7 +64,6 @@ class BenchSetup:
     draft_confidence_threshold: float = 0.4
     speculative_disable_by_batch_size: int | None = None
     attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
-    persistent_decode: bool | str = False  # EngineConfig.persistent_decode ("per_phase": its phases' kernels)
     linear_kernel: str | None = None       # EngineConfig.linear_kernel (None: mma_fused with the layer kernels)
     fused_sampling: bool | None = None     # EngineConfig.fused_sampling (None: on a GPU with the layer kernels)
     dependent_launch: bool | None = None   # EngineConfig.dependent_launch (None: wherever it applies)
@@ -89,7 +88,7 @@ class BenchSetup:
                    prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
                    dynamic_k=self.dynamic_k, draft_confidence_threshold=self.draft_confidence_threshold,
                    speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
-                   attention_kernel=self.attention_kernel, persistent_decode=self.persistent_decode,
+                   attention_kernel=self.attention_kernel,
                    linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling,
                    dependent_launch=self.dependent_launch, spec_step_graph=self.spec_step_graph,
                    first_step_at_begin=self.first_step_at_begin, prefill_graphs=self.prefill_graphs)

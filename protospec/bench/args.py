@@ -105,9 +105,6 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
                         "auto = on CUDA for float16/float32 unless --compile")
-    p.add_argument("--persistent-decode", nargs="?", const="one", default=False, choices=["one", "per_phase"],
-                   help="decode forwards (one token per sequence) as one persistent cooperative kernel each "
-                        "(one, the default when given alone) or as its phases' kernels, one launch each (per_phase)")
     p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
                    help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
                         "mma for fp16 in whole 16-key tiles; default: %(default)s)")
@@ -232,7 +229,7 @@ def setup_from(args) -> BenchSetup:
                       args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
                       args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
                       args.speculative_disable_by_batch_size, auto_as_none(args.attention_kernel),
-                      args.persistent_decode, auto_as_none(args.linear_kernel), ON_OFF[args.fused_sampling],
+                      auto_as_none(args.linear_kernel), ON_OFF[args.fused_sampling],
                       ON_OFF[args.dependent_launch], ON_OFF[args.spec_step_graph], **engine_switches(args))
 
 

@@ -137,7 +137,6 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
     tag = ("ablation" if args.ablation else "sweep") + ("_draft-equals-target" if args.draft_equals_target else "")
     tag += "_compile" if args.compile else ""
     tag += "_torch-layers" if args.layer_kernels == "off" else ""
-    tag += {"one": "_persistent", "per_phase": "_persistent_per_phase"}.get(args.persistent_decode, "")
     caveat = cpu_caveat(device)
     if caveat:
         report["note"] = caveat

@@ -1,17 +1,17 @@
-"""Device time of one decode-shaped linear layer against its bytes floor: the Numba GEMV
-(kernels/gemv.py, each rows-per-warp x unroll variant asked for, 2-byte and 8-byte weight loads;
-kernels/gemv_mma.py on tensor cores, key "mma") beside torch's (cuBLAS).
+"""Device time of one decode-shaped linear layer against its bytes floor: the tensor-core GEMV
+(kernels/gemv_mma.py, key "mma") beside torch's (cuBLAS). A CUDA-core Numba GEMV was timed here too
+and lost at every shape; it was retired (NOTES.md names the commit it lived in).
 
     python -m protospec.bench.gemv_cost [--shapes 768x2304 768x6144 3072x768 768x768 768x32000]
-                                        [--tokens 1 6] [--rows 1 2 4] [--unrolls 4 8] [--word-unrolls 2 3 6]
-                                        [--norm] [--output-json PATH]
+                                        [--tokens 1 6] [--norm] [--output-json PATH]
 
 A shape KxN is nn.Linear(K, N): weight [N, K] float16, x [tokens, K] float16. Floor = (weight + x + y
 bytes) / the copy bandwidth of the same run. Each case is 20 calls captured in one CUDA graph and
 replayed; the calls cycle through enough weight copies to exceed the L2 cache 4x, so each call reads
 its weight from memory as a forward does (a layer's weight is not in L2 when its turn comes).
---norm also times the RMSNorm folded into the GEMV (one kernel) against layer_ops.add_rms_norm
-followed by cuBLAS (two), the pair a decoder layer runs before its QKV and gate/up projections.
+--norm also times the RMSNorm folded into the tensor-core GEMV (one kernel) against
+layer_ops.add_rms_norm followed by cuBLAS (two), the pair a decoder layer runs before its QKV and
+gate/up projections.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import torch
 
 from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, cuda_and_copy_bandwidth, time_calls
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.kernels import gemv as kernel
 from protospec.kernels import gemv_mma, layer_ops
 
 SHAPES = ("768x2304", "768x6144", "3072x768", "768x768", "768x32000")  # llama-160m: qkv, gate_up, down, o, lm_head
@@ -38,10 +37,6 @@ def main(argv=None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="KxN (in x out features)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6], help="token rows (1 = decode, k + 1 = verify)")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4], help="output rows per warp")
-    p.add_argument("--unrolls", type=int, nargs="+", default=[4, 8], help="columns per lane per step")
-    p.add_argument("--word-unrolls", type=int, nargs="+", default=[2, 3, 6],
-                   help="8-byte words per lane per step, for the word-load variant (keys ending in w)")
     p.add_argument("--norm", action="store_true", help="also time RMSNorm folded in against norm + cuBLAS")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
@@ -49,7 +44,7 @@ def main(argv=None) -> dict:
     dev, bandwidth = cuda_and_copy_bandwidth("gemv_cost")
     report = provenance(dev, argv, "protospec.bench.gemv_cost") | {
         "config": vars(args), "copy_bandwidth_gbs": bandwidth, "cases": []}
-    print(f"{'shape':>10} {'tokens':>6} {'floor us':>8} {'torch us':>8} {'x floor':>7} | numba rows x unroll: us (x floor)")
+    print(f"{'shape':>10} {'tokens':>6} {'floor us':>8} {'torch us':>8} {'x floor':>7} | numba: us (x floor)")
     for shape, tokens in itertools.product(args.shapes, args.tokens):
         k, n = (int(v) for v in shape.split("x"))
         weights = weight_copies(k, n, dev)
@@ -58,23 +53,15 @@ def main(argv=None) -> dict:
         torch_us = time_calls([lambda w=w: torch.nn.functional.linear(x, w) for w in weights])
         row = {"shape": shape, "tokens": tokens, "floor_us": floor_us, "torch_us": torch_us, "numba": {}}
         expected = torch.nn.functional.linear(x.float(), weights[0].float())
-        variants = [(r, u, False) for r, u in itertools.product(args.rows, args.unrolls)]
-        variants += [(r, u, True) for r, u in itertools.product(args.rows, args.word_unrolls)]
-        for rows, unroll, words in variants:
-            if k % kernel.columns_per_step(unroll, words):
-                continue
-            got = kernel.gemv(x, weights[0], rows, unroll, words=words).float()
-            err = float((got - expected).abs().max())
-            us = time_calls([lambda w=w: kernel.gemv(x, w, rows, unroll, words=words) for w in weights])
-            row["numba"][f"{rows}x{unroll}{'w' if words else ''}"] = {"us": us, "x_floor": us / floor_us, "max_abs_err": err}
-        if gemv_mma.supports(k) and tokens <= gemv_mma.MAX_TOKENS:  # tensor cores (key "mma")
+        applies = gemv_mma.supports(k) and tokens <= gemv_mma.MAX_TOKENS
+        if applies:  # tensor cores (key "mma")
             err = float((gemv_mma.gemv_mma(x, weights[0]).float() - expected).abs().max())
             us = time_calls([lambda w=w: gemv_mma.gemv_mma(x, w) for w in weights])
             row["numba"]["mma"] = {"us": us, "x_floor": us / floor_us, "max_abs_err": err}
-        if args.norm and k % kernel.columns_per_step(8) == 0:
+        if args.norm and applies:
             g = torch.ones(k, device=dev, dtype=torch.float16)
             rows_idx = torch.arange(tokens, device=dev)
-            row["norm_fused_us"] = time_calls([lambda w=w: kernel.gemv(x, w, norm_weight=g) for w in weights])
+            row["norm_fused_us"] = time_calls([lambda w=w: gemv_mma.gemv_mma(x, w, norm_weight=g) for w in weights])
             row["norm_then_cublas_us"] = time_calls([lambda w=w: torch.nn.functional.linear(
                 layer_ops.add_rms_norm(x, None, g, 1e-6, rows_idx)[0], w) for w in weights])
         report["cases"].append(row)

@@ -14,9 +14,6 @@ ON_OFF_CHOICES = ["on", "off"]
 
 
 def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sampling-launches", default="two", choices=["two", "one"],
-                   help="the sampling kernels as two launches or one cooperative launch with a grid sync "
-                        "(same bits; default: %(default)s)")
     p.add_argument("--step-kernels-dependent", default="on", choices=ON_OFF_CHOICES,
                    help="the draft step's sampling kernels and advance_step launched as programmatic dependents "
                         "where the forward before them is (sm_90; default: %(default)s)")
@@ -112,7 +109,6 @@ def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
 
 def apply_kernel_forms(args: argparse.Namespace) -> None:
     """Set the process-wide kernel forms the flags chose (before any engine captures a graph)."""
-    sampling.LAUNCHES = args.sampling_launches
     dependent_launch.STEP_KERNELS = args.step_kernels_dependent == "on"
     gemv_mma.PREFETCH_NORM = args.prefetch_norm == "on"
     attention_mma.EARLY_LOADS = args.attention_early_loads == "on"

@@ -3,8 +3,7 @@
     python -m protospec.bench.layer_kernel_cost [--model JackFram/llama-160m] [--output-json PATH]
 
 Shapes: the model's (dummy weights, float16), batch 1, a context of --context keys, T = 1 (a draft
-decode step) and T = k + 1 = 6 (a verify). At T = 1 the row forward_persistent times the whole
-forward as one persistent kernel, its "torch" column the layer kernels' forward; forward_mma the layer
+decode step) and T = k + 1 = 6 (a verify). forward_mma is the layer
 kernels' forward with the tensor-core GEMV for its linear layers (forward_mma_fused: with the norms and
 SiLU folded into it), its "torch" column the same forward on cuBLAS. Each case is captured 20 times in one CUDA graph and the
 graph replayed; time per case = replay time / 20 (CUDA events): kernels plus the gaps between them,
@@ -65,7 +64,6 @@ def cases(model, tokens: int, context: int, block_size: int = 16) -> dict[str, t
         "attention_mask_plan": (None, lambda: plan_attention(pos, meta, dtype)),
         "silu_and_mul": (lambda: silu_and_mul(gate_up), lambda: F.silu(gate_up[:, : cfg.intermediate_size]) * gate_up[:, cfg.intermediate_size:]),
         "forward": _forward_case(model, inputs),
-        **({"forward_persistent": _persistent_case(model, inputs)} if tokens == 1 else {}),
         "forward_mma": _mma_linear_case(model, inputs, "mma"),
         "forward_mma_fused": _mma_linear_case(model, inputs, "mma_fused"),
         **_sampling_cases(cfg.vocab_size, tokens, dev),
@@ -131,19 +129,6 @@ def _mma_linear_case(model, inputs, linear: str):
         model(inputs.input_ids, inputs.positions, caches, inputs.meta)
         model.layer_kernels = kernels
     return fn, on_cublas
-
-
-def _persistent_case(model, inputs):
-    """The whole decode forward as one cooperative kernel (model/persistent_forward.py), beside the
-    layer kernels' forward (the "torch" column of this row)."""
-    from protospec.model.persistent_forward import PersistentDecodeForward
-
-    meta, cfg = inputs.meta, model.config
-    kv = torch.zeros(cfg.num_hidden_layers, 2, meta.block_tables.shape[1] + 1, meta.block_size, cfg.num_key_value_heads,
-                     cfg.head_dim, device="cuda", dtype=model.model.embed_tokens.weight.dtype)
-    forward, tables = PersistentDecodeForward(model), meta.block_tables.contiguous()
-    return (lambda: forward.forward(inputs.input_ids, inputs.positions, meta.slot_mapping, tables, kv),
-            _forward_case(model, inputs)[0])
 
 
 def main(argv=None) -> dict:

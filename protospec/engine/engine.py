@@ -30,7 +30,6 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
 from protospec.model.layer_kernels import check_attention_kernel, check_linear_kernel, resolve_dependent_launch
 from protospec.model.loader import load_model
-from protospec.model.persistent_forward import enable_for_runners as enable_persistent_decode
 from protospec.model.runner import ModelRunner
 from protospec.spec.sampler import SamplingTensors
 from protospec.engine.sequence import Sequence
@@ -92,9 +91,6 @@ class Engine:
         except torch.OutOfMemoryError as e:
             raise ConfigError(f"the KV pool of {self.num_blocks} blocks does not fit the device's free memory "
                               "(torch.OutOfMemoryError); lower kv_cache_gib or num_kv_blocks") from e
-        if config.persistent_decode:
-            enable_persistent_decode([r for r in (self.target, self.draft) if r is not None], self.device,
-                                     "per_phase" if config.persistent_decode == "per_phase" else "one")
         self.max_blocks_per_seq = blocks_for(self.max_model_len + self.look.extra_positions, config.block_size)
         self.use_cuda_graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
         if self.use_cuda_graphs:

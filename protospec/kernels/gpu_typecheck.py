@@ -9,8 +9,7 @@ Here the kernels' wrappers are called with small CPU tensors while the launchers
 launching, run Numba's CUDA pipeline (typing, then lowering to LLVM IR for sm_90; only the last step
 to PTX needs NVVM) on the kernel with the argument types the launch would have had. The shapes are
 chosen to reach each kernel's compile-time variants (tensor-core and register attention, split-K,
-GQA, float16 and float32, GEMV widths, the sliced samplers, advance_step, first_draft_step, verify_inputs, the
-persistent and per-phase forwards).
+GQA, float16 and float32, GEMV widths, the sliced samplers, advance_step, first_draft_step, verify_inputs).
 
 Prints one line per (kernel, signature) and exits 1 if any failed to compile. With --divisions (or
 --divisions-of NAME[,NAME..]: the kernels whose name holds one of them), each line also counts the
@@ -91,7 +90,6 @@ def install() -> None:
     interop.launch_tensors = lambda kernel, grid, block, args, dependent=False: build(kernel, args)
     interop.launch = lambda kernel, num_threads, args: build(kernel, args)
     interop.BoundLaunch = _BuildOnly
-    interop.max_cooperative_blocks = lambda kernel, threads, args: SM_COUNT
     paged_attention._sm_count = lambda device: SM_COUNT
     paged_attention._has_tensor_cores = lambda device: True
     from protospec.kernels import gemv_mma
@@ -127,7 +125,6 @@ def _attention() -> None:
 
 
 def _layers_and_gemv() -> None:
-    from protospec.kernels.gemv import gemv
     from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
 
     for dtype in (torch.float16, torch.float32):
@@ -138,11 +135,6 @@ def _layers_and_gemv() -> None:
         rope_and_cache(torch.zeros(3, (4 + 2 * 2) * 16, dtype=dtype), torch.arange(3), torch.zeros(32, 16, dtype=dtype),
                        torch.zeros(32, 16, dtype=dtype), kv, torch.arange(3), 4)
         silu_and_mul(torch.zeros(3, 128, dtype=dtype))
-        for tokens in (1, 6):
-            w = torch.zeros(96, 256, dtype=torch.float16)
-            gemv(torch.zeros(tokens, 256, dtype=dtype), w)
-            gemv(torch.zeros(tokens, 256, dtype=dtype), w, norm_weight=torch.ones(256, dtype=dtype))
-            gemv(torch.zeros(tokens, 256, dtype=dtype), w, unroll=2, words=True)
     from protospec.kernels.gpu_typecheck_gemv_mma import tensor_core_gemv_forms
     tensor_core_gemv_forms()
 
@@ -187,8 +179,7 @@ def _draft_inputs() -> None:
 
 
 def _forwards() -> None:
-    """A tiny GQA model's forwards through the layer kernels and through the persistent decode (one
-    kernel, and one kernel per phase), for decode and verify batches."""
+    """A tiny GQA model's forwards through the layer kernels, for decode and verify batches."""
     from protospec.model.config import LlamaArchConfig
     from protospec.model.inputs import prepare_inputs
     from protospec.model.llama import LlamaForCausalLM
@@ -204,10 +195,6 @@ def _forwards() -> None:
         model.enable_layer_kernels()
         for tokens in ([[5], [6]], [[5] * 6, [6] * 6]):
             inputs = prepare_inputs(tokens, [20, 30], [[1, 2, 3], [4, 5, 6]], block_size, len(tokens[0]), torch.device("cpu"))
-            model(inputs.input_ids, inputs.positions, list(kv.unbind(0)), inputs.meta)
-        for launches in ("one", "per_phase"):
-            model.enable_persistent_decode(kv, launches=launches)
-            inputs = prepare_inputs([[5], [6]], [20, 30], [[1, 2, 3], [4, 5, 6]], block_size, 1, torch.device("cpu"))
             model(inputs.input_ids, inputs.positions, list(kv.unbind(0)), inputs.meta)
 
 

@@ -1,5 +1,5 @@
 """The sampling and rejection kernels' forms for gpu_typecheck (and the tools built on it): the sliced
-samplers in every launch form, the one-launch Gumbel sample, the rejection kernel alone and fused with
+samplers in every form, the one-launch Gumbel sample, the rejection kernel alone and fused with
 the verify's probabilities, the counter-based random fill and the n-gram matcher, on CPU tensors of
 shapes that reach each compile-time variant."""
 from __future__ import annotations
@@ -18,13 +18,11 @@ def sampling_and_rejection_forms() -> None:
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
                                [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
     logits = torch.zeros(batch, vocab)
-    chosen = (sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE,
-              rejection.DEPENDENT)
+    chosen = (dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE, rejection.DEPENDENT)
     try:  # every form's kernels (the dependents' with the probabilities' loads after and before the wait)
-        for sampling.LAUNCHES, dependent, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE in (
-                ("two", False, False, "last_block"), ("two", True, False, "last_block"),
-                ("two", True, True, "last_block"), ("one", False, False, "last_block"),
-                ("two", True, False, "every_block"), ("two", True, True, "every_block")):
+        for dependent, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE in (
+                (False, False, "last_block"), (True, False, "last_block"), (True, True, "last_block"),
+                (True, False, "every_block"), (True, True, "every_block")):
             dependent_launch.STEP_KERNELS = dependent
             sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
                                  torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
@@ -51,8 +49,7 @@ def sampling_and_rejection_forms() -> None:
             for verify_logits in (torch.zeros(batch * (k + 1), vocab), tiled):  # after the statistics kernel, the head
                 verify_rejection.probs_and_rejection(verify_logits, st, *draft, dependent=True)
     finally:
-        (sampling.LAUNCHES, dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE,
-         rejection.DEPENDENT) = chosen
+        dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE, rejection.DEPENDENT = chosen
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))
     ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,

@@ -237,16 +237,6 @@ def launch_tensors(kernel, grid: int, block: int, args: list, dependent: bool = 
     launcher(grid, block, args, dependent)
 
 
-def max_cooperative_blocks(kernel, threads_per_block: int, args: list) -> int:
-    """The most blocks of `threads_per_block` a grid-syncing kernel can launch with these arguments'
-    types (all resident at once: occupancy x SMs); 1 in the simulator, which runs a cooperative grid
-    of one block only (its grid sync is a block barrier)."""
-    if SIMULATOR:
-        return 1
-    compiled, _ = _specialize(kernel, [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
-    return compiled.max_cooperative_grid_blocks(threads_per_block)
-
-
 def compiled_resources(kernel, threads_per_block: int) -> list[dict]:
     """For each signature a GPU launch compiled `kernel` for: registers and local (spill) memory per
     thread, static shared memory per block, and how many blocks of `threads_per_block` fit on one SM

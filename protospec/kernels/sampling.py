@@ -15,8 +15,8 @@ slice differ, so probabilities agree to a few ulps (tests bound it) and ids agre
 to that precision. Rows with top-k / top-p filtering keep the torch path. Logits the LM head wrote
 with its tiles' statistics (logit_stats.py; rows at T = 1 or greedy) skip the statistics launch: one
 kernel combines them in every block, then the probabilities as above. EngineConfig.fused_sampling
-chooses these kernels over torch's; LAUNCHES chooses the two launches or one cooperative launch of
-the same arithmetic (sampling_slices.py holds it for both).
+chooses these kernels over torch's (sampling_slices.py holds the arithmetic; one cooperative launch of it
+with a grid sync between the two halves measured slower and was retired: NOTES.md).
 Waits: no block waits for another; the last slice block is found by a count each block passes once
 (attention_combine.arrived_last says why that ends).
 """
@@ -43,11 +43,6 @@ from protospec.kernels.sampling_stats import launch_stats, stats_kernel
 if TYPE_CHECKING:
     from protospec.kernels.advance_step import AdvanceStepLauncher
     from protospec.spec.sampler import SamplingTensors
-
-# "two": the statistics and the probabilities as two launches; "one": one cooperative launch with a grid
-# sync between them (sampling_one_launch.py), same bits, measured slower (its grid sync costs more than
-# the launch it saves). Set before any graph is captured (bench and kernel_census: --sampling-launches).
-LAUNCHES = "two"
 
 # The probabilities kernel, as a dependent, loads its slice's logits and noise before its wait: the
 # statistics kernel before it lets it launch only after its own wait, when the LM head that wrote the
@@ -210,7 +205,7 @@ def sample_into(logits: torch.Tensor, st: SamplingTensors, step: int, draft_prob
     if advance is not None and logits.shape[0] > advance.num_rows:
         raise KernelArgumentError(f"sample_into: {logits.shape[0]} rows to sample, but the inputs to advance "
                                   f"hold {advance.num_rows}")
-    folded = advance is not None and ADVANCE_IN_SAMPLER and LAUNCHES == "two"
+    folded = advance is not None and ADVANCE_IN_SAMPLER
     mirror_free = tokens_to is not None and (advance is None or folded)
     _launch(logits, st, 1, draft_probs, step, noise, draft_ids, tokens_to if mirror_free else mirror, dependent,
             advance if folded else None)
@@ -241,14 +236,6 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
     slices = -(-logits.shape[1] // VOCAB_PER_BLOCK)
     part_max, part_index, part_sum, row_max, row_index, row_sum = scratch(rows, slices, logits.device, "stats" + space)
     counters = arrival_counters(logits.device, rows, "sampling" + space)  # the two launches count in turn
-    if LAUNCHES == "one":  # a cooperative launch: never a dependent
-        from protospec.kernels.sampling_one_launch import launch_one
-
-        win_value, win_index = scratch(rows, slices, logits.device, "winners")
-        launch_one([logits, st.temperature, st.is_greedy, int(rows_per_seq), probs_out, int(step), int(do_sample),
-                    noise, ids_out, mirror_arg, mirror_stride, part_max, part_index, part_sum, win_value,
-                    win_index, counters], rows, slices, logits.device)
-        return
     dependent = bool(dependent) and dependent_launch.STEP_KERNELS  # callers: ModelRunner.launches_dependents
     every_block = STATS_COMBINE == "every_block"
     row_stats_kernel, probs_and_sample_kernel, probs_from_tiles_kernel = _kernels(dependent, dependent and PROBS_PREFETCH,

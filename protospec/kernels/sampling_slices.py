@@ -1,7 +1,6 @@
-"""The arithmetic of the sampling kernels over vocabulary slices, as device functions that both
-launch forms share (sampling.py: two kernels, the row's statistics then its probabilities; and
-sampling_one_launch.py: one cooperative kernel with a grid sync between the two), so both give the
-same bits. Every thread of the block calls each function; shared arrays are [THREADS] scratch.
+"""The arithmetic of the sampling kernels over vocabulary slices, as device functions (sampling.py: two
+kernels, the row's statistics then its probabilities; verify_rejection.py and gumbel_sample.py reuse
+them, so every form gives the same bits). Every thread of the block calls each function; shared arrays are [THREADS] scratch.
 """
 from __future__ import annotations
 

@@ -183,8 +183,6 @@ class LlamaForCausalLM(nn.Module):
         self.blocks = (pre_attention, post_attention)
         self.head = lm_head_logits
         self.layer_kernels = None  # a LayerKernelForward once enable_layer_kernels() ran
-        self.persistent_decode = None  # a PersistentDecodeForward once enable_persistent_decode() ran
-        self._kv_stack = None          # the [layers, ...] cache it serves (its per-layer views reach forward)
 
     def place(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaForCausalLM":
         """Move weights to device/dtype (the RoPE tables stay float32, as HF computes them), then fuse
@@ -218,14 +216,6 @@ class LlamaForCausalLM(nn.Module):
 
         self.layer_kernels = LayerKernelForward(self, attention_path, linear, dependent_launch)
 
-    def enable_persistent_decode(self, kv_stack: torch.Tensor, launches: str = "one") -> None:
-        """Run forwards of one token per sequence whose caches are kv_stack's views as one persistent
-        kernel, or its phases as one kernel each (launches="per_phase"; model/persistent_forward.py).
-        Call after place()."""
-        from protospec.model.persistent_forward import PersistentDecodeForward
-
-        self.persistent_decode, self._kv_stack = PersistentDecodeForward(self, launches=launches), kv_stack
-
     @torch.inference_mode()
     def forward(
         self,
@@ -234,11 +224,6 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],    # per layer [2, num_blocks, block_size, kvh, d]
         meta: AttentionMetadata,
     ) -> torch.Tensor:                    # [num_logits, vocab] float32
-        if (self.persistent_decode is not None and meta.uniform_query_len == 1
-                and kv_caches[0].data_ptr() == self._kv_stack.data_ptr()):  # host-side checks only
-            tables = meta.block_tables if meta.block_tables.is_contiguous() else meta.block_tables.contiguous()
-            logits = self.persistent_decode.forward(input_ids, positions, meta.slot_mapping, tables, self._kv_stack)
-            return logits if logits.shape[0] == meta.logits_indices.shape[0] else logits[meta.logits_indices]
         if self.layer_kernels is not None and self.layer_kernels.applies(meta):
             return self.layer_kernels.forward(self, input_ids, positions, kv_caches, meta)
         x = self.model.embed_tokens(input_ids)  # [T, hidden]

@@ -10,7 +10,7 @@ source "$(dirname "$0")/env.sh"
 mkdir -p "$OUT/res"
 timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_gemv_mma.py tests/test_layer_kernels.py \
   tests/test_fused_linears_tokens.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -8
-[ "${GEMV:-1}" = 0 ] || timeout 60 python3 -m protospec.bench.gemv_cost --rows 1 --unrolls 8 --word-unrolls 2 \
+[ "${GEMV:-1}" = 0 ] || timeout 60 python3 -m protospec.bench.gemv_cost \
   --output-json "$OUT/res/gemv_cost.json" 2>&1 | quiet | tail -11
 for model in llama-160m llama-68m; do
   timeout 60 python3 -m protospec.bench.layer_kernel_cost --model JackFram/$model \
