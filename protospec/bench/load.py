@@ -106,16 +106,29 @@ def run_mode(llm: LLM, sizes: list[int], vocab: int, seed: int, warmup: int, sam
     return result
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench.load", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int) -> None:
+    """The engine settings the load tools share (the bundled tiny pair, float32: see the docstring)."""
     p.add_argument("--model", default="protospec/tiny-target")
     p.add_argument("--speculative-model", default="protospec/tiny-draft")
     p.add_argument("--num-speculative-tokens", type=int, default=3)
     p.add_argument("--load-format", default="dummy", choices=["auto", "dummy"])
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-json", default=None)
+
+
+def engine_kwargs(args: argparse.Namespace, **more) -> dict:
+    """LLM keyword arguments from add_engine_args' flags (the models aside)."""
+    return dict(num_speculative_tokens=args.num_speculative_tokens, load_format=args.load_format, dtype=args.dtype,
+                device=args.device, max_num_seqs=args.max_num_seqs, seed=args.seed, **more)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m protospec.bench.load", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(p, max_num_seqs=256)
     p.add_argument("--requests", type=int, nargs="+", default=[2000, 20000], help="one generate() call of each size")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--warmup", type=int, default=512, help="requests in the untimed first call of each mode")
@@ -123,8 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deterministic requests of the largest call rerun 8 at a time and compared (0: none)")
     p.add_argument("--max-prompt-len", type=int, default=300)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-json", default=None)
     return p
 
 
@@ -133,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     check_writable(args.output_json)
     if any(n < 1 for n in args.requests) or args.max_num_seqs < 1:
         raise SystemExit("--requests and --max-num-seqs must be >= 1")
-    common = dict(num_speculative_tokens=args.num_speculative_tokens, load_format=args.load_format,
-                  dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, seed=args.seed)
+    common = engine_kwargs(args)
     try:
         spec = LLM(args.model, speculative_model=args.speculative_model, **common) \
             if any(m != TARGET_ONLY for m in args.modes) else None

@@ -20,6 +20,7 @@ import sys
 import time
 
 from protospec import LLM, SamplingParams
+from protospec.bench.load import add_engine_args, engine_kwargs
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.engine.sequence import Sequence
 from protospec.errors import ProtospecError
@@ -90,27 +91,17 @@ def check_run(run: dict, llm: LLM, plain: LLM) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m protospec.bench.turnover", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="protospec/tiny-target")
-    p.add_argument("--speculative-model", default="protospec/tiny-draft")
-    p.add_argument("--num-speculative-tokens", type=int, default=3)
+    add_engine_args(p, max_num_seqs=32)
     p.add_argument("--draft-loop", default=registry.GRAPH, choices=registry.DRAFT_LOOP_NAMES)
-    p.add_argument("--load-format", default="dummy", choices=["auto", "dummy"])
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default=None)
-    p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--steps", type=int, default=10000, help="engine steps with arrivals, split over the setups")
     p.add_argument("--device-wait-timeout-s", type=float, default=60.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-json", default=None)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_writable(args.output_json)
-    common = dict(num_speculative_tokens=args.num_speculative_tokens, load_format=args.load_format, dtype=args.dtype,
-                  device=args.device, max_num_seqs=args.max_num_seqs, seed=args.seed,
-                  device_wait_timeout_s=args.device_wait_timeout_s)
+    common = engine_kwargs(args, device_wait_timeout_s=args.device_wait_timeout_s)
     try:
         plain = LLM(args.model, **common)
     except ProtospecError as e:
