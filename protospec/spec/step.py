@@ -164,12 +164,12 @@ class SpeculativeStep:
         return True
 
     def launch_after_prefill(self, seqs: list[Sequence], st: SamplingTensors, sampled: torch.Tensor,
-                             readback: torch.Tensor | None = None) -> list[int]:
+                             readback: torch.Tensor) -> list:
         """The commit policy's chance to queue the first spec step of freshly prefilled sequences
-        before the host reads their first tokens (sampled: [B] int64 on the device). Returns those
-        tokens (or `readback`, a 1-D int64 tensor holding them and more), read from a copy queued
-        before the launch: the host waits for the prefill only."""
-        host, done = copy_to_host(sampled if readback is None else readback)
+        before the host reads their first tokens (sampled: [B] int64 on the device). Returns
+        `readback` (a 1-D tensor holding those tokens and whatever else the caller reads with them),
+        from a copy queued before the launch: the host waits for the prefill only."""
+        host, done = copy_to_host(readback)
         with self.loop_guard(self.device):
             self.commit_policy.launch_after_prefill(self, seqs, st, sampled)
         if done is not None:
