@@ -11,9 +11,11 @@ from protospec.errors import ProtospecError
 BAD_INPUT = 2
 
 
-def run_command(main: Callable[[], int | None]) -> NoReturn:
+def run_command(main: Callable[[], object]) -> NoReturn:
     """Call a command's main() and exit with its status; a ProtospecError (a named bad input or
-    setting) or a SystemExit with a message becomes `error: ...` and status 2."""
+    setting) or a SystemExit with a message becomes `error: ...` and status 2. A main() that returns
+    something other than an int (the bench returns its report, for Python callers) succeeded: status 0,
+    since sys.exit(report) would print the report to stderr and exit 1."""
     try:
         status = main()
     except ProtospecError as e:
@@ -26,4 +28,4 @@ def run_command(main: Callable[[], int | None]) -> NoReturn:
         raise
     except KeyboardInterrupt:
         sys.exit(130)
-    sys.exit(status or 0)
+    sys.exit(status if isinstance(status, int) else 0)

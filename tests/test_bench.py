@@ -503,3 +503,17 @@ def test_a_record_names_protospecs_own_commit_or_none(tmp_path):
     assert seen["git_commit"] == "unknown" and seen["source_sha256"] == provenance.source_hash()
     here = provenance.source_identity()  # the original: its own repository's top level (or the env's commit)
     assert here["git_commit"] != "unknown" or "source_sha256" in here
+
+
+def test_the_bench_command_ends_with_status_0_after_writing_its_report(tiny_target, tiny_draft, tmp_path):
+    """The README's first command as a process: a finished run exits 0 (main() returns the report to
+    Python callers; the command must not hand it to sys.exit, which would print it and exit 1)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "protospec.bench", "--model", tiny_target, "--speculative-model", tiny_draft,
+                          *TINY, "--ablation", "--modes", "main", "--repeats", "1", "--output-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "'modes'" not in out.stderr  # the report is in its files, not dumped on stderr
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["modes"]["main"]["p50_s"] > 0

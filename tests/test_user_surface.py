@@ -174,7 +174,8 @@ def test_the_readmes_first_example_runs_and_drafts_something(capsys, monkeypatch
     (lambda: (_ for _ in ()).throw(SystemExit("--batch-size must be >= 1, got 0")), 2,
      "error: --batch-size must be >= 1, got 0"),
     (lambda: 0, 0, None),
-], ids=["named_error", "own_check", "success"])
+    (lambda: {"modes": {}}, 0, None),
+], ids=["named_error", "own_check", "success", "returns_a_report"])
 def test_a_command_ends_with_one_line_and_status_2_on_bad_input(capsys, fail, status, line):
     from protospec.command_line import run_command
 
