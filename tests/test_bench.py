@@ -31,7 +31,8 @@ def test_latency_run_prints_the_benchmark_latency_lines(tiny_target, tiny_draft,
 
 # On CUDA hf_compiled compiles with CUDA graphs, after which this process's own graph captures fail
 # (hf_peer.HFGenerate says why): there it runs in a process of its own (the test below).
-IN_PROCESS_PEERS = ["target_only", "hf_assisted", "hf_target_only", "unfused"] + ([] if torch.cuda.is_available() else ["hf_compiled"])
+IN_PROCESS_PEERS = ["target_only", "hf_assisted", "hf_target_only", "unfused"] + (
+    [] if torch.cuda.is_available() else ["hf_static_loop", "hf_compiled"])
 
 
 def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_path, capsys):
@@ -75,6 +76,11 @@ def test_ablation_writes_json_markdown_and_plots(tiny_target, tiny_draft, tmp_pa
     assert {"main", "sampler", "gpu_sync_commit", "gpu"} - {fastest} <= set(same)
     if not torch.cuda.is_available():  # generate() compiles only on CUDA: the report says so
         assert report["modes"]["hf_compiled"]["torch_compiled_graphs"] == 0 and "none: a static cache only" in table
+    # the honest baseline against the fastest mode, round by round
+    target_only = report["modes"]["target_only"]
+    assert target_only["fastest_mode"] == fastest and len(target_only["ratio_to_fastest_per_round"]) == 1
+    assert target_only["ratio_to_fastest_per_round"][0] == pytest.approx(target_only["p50_s"] / report["modes"][fastest]["p50_s"])
+    assert f"p50(target_only) / p50({fastest}) in each round: " in table
     if not torch.cuda.is_available():  # a CPU run says what its numbers are not
         assert "say nothing about a GPU" in table and "say nothing about a GPU" in capsys.readouterr().out
 
@@ -399,6 +405,28 @@ def test_the_static_cache_peer_decodes_what_transformers_and_protospec_decode(ti
     assert HFGenerate(hf, prompts, 12, 0.0, static_cache=True).kwargs["cache_implementation"] == "static"
 
 
+def test_the_static_loop_peer_decodes_what_generate_decodes(tiny_target):
+    """hf_static_loop's hand-written loop over a StaticCache gives generate()'s greedy tokens, and its
+    seeded sampling repeats: the peer times the same work as the target-only decoders."""
+    from protospec import LLM
+    from protospec.bench.hf_peer import HFGenerate, HFStaticLoop, to_hf
+
+    llm = LLM(tiny_target, load_format="dummy", dtype="float32", seed=0)
+    prompts = [[3, 9, 4, 11, 7, 2], [5, 5, 8, 1, 6, 10]]
+    hf = to_hf(llm.engine.target.model)
+    loop = HFStaticLoop(hf, prompts, 12, 0.0, compile=False)()
+    assert loop.shape == (2, 6 + 12)
+    theirs = HFGenerate(hf, prompts, 12, 0.0, static_cache=True, compile=False)()
+    eos = hf.config.eos_token_id
+    for mine, row in zip(loop[:, 6:].tolist(), theirs[:, 6:].tolist()):
+        # generate() bans EOS until min_new_tokens; the loop, like ignore_eos, may emit it and go on
+        upto = mine.index(eos) if eos in mine else len(mine)
+        assert mine[:upto] == row[:upto] and upto >= 4
+    sampled = HFStaticLoop(hf, prompts, 12, 1.0, seed=3, compile=False)
+    first = sampled()
+    assert sampled().tolist() == first.tolist() and first.tolist() != loop.tolist()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="generate() compiles only on CUDA")
 def test_the_compiled_peer_compiles_on_cuda(tiny_target, tiny_draft, tmp_path):
@@ -407,12 +435,15 @@ def test_the_compiled_peer_compiles_on_cuda(tiny_target, tiny_draft, tmp_path):
     import sys
 
     out = subprocess.run([sys.executable, "-m", "protospec.bench", "--model", tiny_target, "--speculative-model", tiny_draft,
-                          *TINY, "--ablation", "--modes", "graph", "--peers", "hf_compiled", "--output-dir", str(tmp_path)],
+                          *TINY, "--ablation", "--modes", "graph", "--peers", "hf_static_loop", "hf_compiled",
+                          "--output-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert report["modes"]["hf_compiled"]["torch_compiled_graphs"] > 0
-    assert "p50(hf_compiled) / p50(graph) = " in next(tmp_path.glob("*.md")).read_text()
+    assert report["modes"]["hf_static_loop"]["torch_compiled_graphs"] > 0
+    table = next(tmp_path.glob("*.md")).read_text()
+    assert "p50(hf_compiled) / p50(graph) = " in table and "p50(hf_static_loop) / p50(graph) = " in table
 
 
 def test_a_forward_reads_the_weights_the_design_notes_count():

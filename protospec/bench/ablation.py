@@ -5,7 +5,11 @@ modes   the arms of spec/registry.ARMS (a draft loop and a commit policy each; g
         Engine.set_draft_loop. gpu_sync_commit is vLLM's change as it was (draft step 1 CPU-prepared
         after the commit's host sync); gpu and graph also build draft step 1 on the device and overlap
         the commit (spec/commit.py)
-peers   target_only     protospec without a draft
+peers   target_only     protospec without a draft (several decode steps per CUDA graph replay on a GPU);
+                        with several rounds it runs in each, after the modes, and the report gives
+                        p50(target_only) / p50(fastest mode) per round
+        hf_static_loop  transformers' Llama with a StaticCache, its forward compiled (reduce-overhead:
+                        CUDA graphs), a hand-written decode loop sampling on the device (gpt-fast's form)
         hf_assisted     transformers generate(assistant_model=draft), constant k, same weights
         hf_target_only  transformers generate() of the target alone
         hf_compiled     the same with a static KV cache, which makes generate() compile the forward with
@@ -21,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 
-from protospec.bench.hf_peer import HFGenerate, compiled_graph_count, to_hf
+from protospec.bench.hf_peer import HFGenerate, HFStaticLoop, compiled_graph_count, to_hf
 from protospec.bench.latency import LatencyResult, random_prompts, time_calls, time_generate
 from protospec.bench.report import BASELINE, PEER_NAMES, fastest_mode
 from protospec.config import SamplingParams
@@ -139,8 +143,19 @@ def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None, fastest
         return _run_unfused(setup, spec_llm, fastest, progress)
     if peer == "target_only":
         llm = setup.llm(speculative=False)
-        entry = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup, setup.num_iters, progress).summary()
+        entry = _time_target_only(llm, setup, progress)
         del llm
+        _release_memory()
+        return entry
+    if peer == "hf_static_loop":
+        target = to_hf(spec_llm.engine.target.model)
+        fn = HFStaticLoop(target, setup.prompts(spec_llm.engine.vocab_size), setup.output_len, setup.temperature,
+                          setup.seed, compile=on_cuda)
+        graphs_before = compiled_graph_count()
+        entry = time_calls(fn, max(1, setup.num_iters_warmup), setup.num_iters, on_cuda, progress).summary()
+        entry["torch_compiled_graphs"] = compiled_graph_count() - graphs_before
+        torch._dynamo.reset()
+        del target, fn
         _release_memory()
         return entry
     if peer == "hf_assisted" and setup.batch_size != 1:
@@ -159,6 +174,14 @@ def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None, fastest
         torch._dynamo.reset()  # drop the compiled graphs; the peers run last, after every captured mode
     del target, assistant, fn
     _release_memory()
+    return entry
+
+
+def _time_target_only(llm: LLM, setup: BenchSetup, progress) -> dict:
+    llm.engine.target.counters.clear()
+    entry = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup,
+                          setup.num_iters, progress).summary()
+    entry["counters"] = llm.counters
     return entry
 
 
@@ -224,11 +247,16 @@ def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = 
     # once, for the mode that was fastest in the first round.
     interleave_unfused = repeats > 1 and "unfused" in peers
     unfused_llm, unfused_mode, unfused_skipped = None, None, None
+    # The honest baseline runs in every round too, on an engine of its own built once.
+    target_only_llm = setup.llm(speculative=False) if "target_only" in peers else None
     for round_ in range(repeats):
         results = {}
         for mode in modes:
             log(f"  mode {mode} (round {round_ + 1}/{repeats}) ...")
             results[mode] = run_mode(llm, setup, mode, breakdown and round_ == 0, progress)
+        if target_only_llm is not None:
+            log(f"  peer target_only (round {round_ + 1}/{repeats}) ...")
+            results["target_only"] = _time_target_only(target_only_llm, setup, progress)
         if interleave_unfused:
             if round_ == 0:
                 unfused_mode = fastest_mode(results)
@@ -239,14 +267,18 @@ def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = 
                 log(f"  peer unfused, mode {unfused_mode} (round {round_ + 1}/{repeats}) ...")
                 results["unfused"] = _time_unfused(unfused_llm, setup, unfused_mode, llm.engine.linear_kernel, progress)
         rounds.append(results)
-    del unfused_llm
+    del unfused_llm, target_only_llm
     _release_memory()
     results = pool_rounds(rounds) if repeats > 1 else rounds[0]
+    fastest = fastest_mode(results)
+    if fastest is not None and "p50_s" in results.get("target_only", {}):
+        results["target_only"]["ratio_to_fastest_per_round"] = [r["target_only"]["p50_s"] / r[fastest]["p50_s"]
+                                                                for r in rounds]
+        results["target_only"]["fastest_mode"] = fastest
     if unfused_mode is not None and "p50_s" in results.get("unfused", {}):
         results["unfused"]["ratio_to_mode_per_round"] = [r["unfused"]["p50_s"] / r[unfused_mode]["p50_s"] for r in rounds]
-    fastest = fastest_mode(results)
     for peer in sorted(peers, key=PEER_NAMES.index):  # PEER_NAMES' order: hf_compiled last
-        if peer == "unfused" and interleave_unfused:
+        if (peer == "unfused" and interleave_unfused) or peer == "target_only":
             continue
         log(f"  peer {peer} ...")
         results[peer] = run_peer(peer, setup, llm, progress, fastest)

@@ -75,3 +75,52 @@ def compiled_graph_count() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+class HFStaticLoop:
+    """Fast target-only decoding as a PyTorch user writes it (gpt-fast's pattern on transformers' Llama):
+    a StaticCache, the one-token forward compiled with torch.compile(mode="reduce-overhead") (CUDA graphs),
+    and a hand-written loop that samples on the device (argmax, or the exponential race at temperature T)
+    and never reads a token back until the end. The prefill runs eagerly. compile=False (a CPU) keeps the
+    loop without compilation."""
+
+    def __init__(self, target, prompts: list[list[int]], output_len: int, temperature: float, seed: int = 0,
+                 compile: bool = True):
+        from transformers import StaticCache
+
+        self.target, self.output_len, self.temperature, self.seed = target, output_len, temperature, seed
+        self.device = next(target.parameters()).device
+        self.input_ids = torch.tensor(prompts, device=self.device)                # [B, P]
+        batch, prompt_len = self.input_ids.shape
+        self.cache = StaticCache(config=target.config, max_cache_len=prompt_len + output_len)
+        self.prompt_positions = torch.arange(prompt_len, device=self.device)     # [P]
+        self.decode_one = torch.compile(self._forward, mode="reduce-overhead", fullgraph=True) if compile else self._forward
+        self.compiled = compile
+
+    def _forward(self, ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        """ids [B, T] -> the last position's logits [B, V] float32."""
+        out = self.target(input_ids=ids, cache_position=cache_position, past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+    def _sample(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """[B, V] -> [B, 1] int64 on the device, no host sync."""
+        if self.temperature <= 0:
+            return logits.argmax(-1, keepdim=True)
+        probs = torch.softmax(logits / self.temperature, -1)
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+        return (probs / noise).argmax(-1, keepdim=True)
+
+    @torch.inference_mode()
+    def __call__(self) -> torch.Tensor:
+        generator = torch.Generator(self.device).manual_seed(self.seed)
+        self.cache.reset()
+        token = self._sample(self._forward(self.input_ids, self.prompt_positions), generator)  # [B, 1]
+        tokens = [token]
+        position = torch.tensor([self.input_ids.shape[1]], device=self.device)                # [1]
+        for _ in range(self.output_len - 1):
+            if self.compiled:
+                torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read already
+            token = self._sample(self.decode_one(token, position), generator)
+            tokens.append(token)
+            position = position + 1
+        return torch.cat([self.input_ids, *tokens], 1)  # [B, P + output_len], as generate() returns

@@ -141,15 +141,18 @@ def spec_step_floor(llm, k: int, bandwidth_gbs: float) -> dict:
             "copy_bandwidth_gbs": bandwidth_gbs, "floor_ms_per_spec_step": total / bandwidth_gbs / 1e6}
 
 
-def census(llm, setup: BenchSetup, mode: str) -> dict:
+def census(llm, setup: BenchSetup, mode: str | None) -> dict:
+    """mode None: an engine without a proposer (target-only decoding; no spec-step phases)."""
     from torch.profiler import ProfilerActivity, profile
 
-    apply_mode(llm.engine, mode)
+    if mode is not None:
+        apply_mode(llm.engine, mode)
     prompts, params = setup.prompts(llm.engine.vocab_size), setup.params()
     for _ in range(3):  # warm-up: graphs captured, kernels loaded
         llm.generate(prompts, params)
     torch.cuda.synchronize()
-    llm.engine.spec_step.timer = ProfilerPhases()
+    if mode is not None:
+        llm.engine.spec_step.timer = ProfilerPhases()
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             start = time.perf_counter()
@@ -157,7 +160,8 @@ def census(llm, setup: BenchSetup, mode: str) -> dict:
             torch.cuda.synchronize()
             wall_us = (time.perf_counter() - start) * 1e6
     finally:
-        llm.engine.spec_step.timer = NULL_TIMER
+        if mode is not None:
+            llm.engine.spec_step.timer = NULL_TIMER
     events = prof.events()
     # Device work: kernels, copies, memsets; a record_function range also shows up on the device
     # side under its own name, and is not work.
@@ -218,6 +222,9 @@ def main(argv=None) -> dict:
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (auto: wherever it applies; off: each "
                         "phase's kernels attributed apart)")
+    p.add_argument("--target-only", action="store_true",
+                   help="also target-only decoding (the engine without a draft): GPU busy and wall per token "
+                        "against the target's weights floor")
     add_kernel_form_args(p)
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
@@ -253,8 +260,30 @@ def main(argv=None) -> dict:
         for name, t in list(r["top_kernels_by_time"].items())[:6]:
             print(f"         {t['ms']:8.2f} ms  {t['calls']:6d} x {t['us_per_call']:7.2f} us "
                   f"({t['uncovered_us_per_call']:6.2f} us not overlapped)  {name[:70]}")
+    if args.target_only:
+        del llm
+        report["target_only"] = target_only_census(setup, floor)
     write_report(args.output_json, report)
     return report
+
+
+def target_only_census(setup: BenchSetup, floor: dict) -> dict:
+    """Target-only decoding's kernels, per output token (the prefill's included): GPU busy against
+    the target's weights at the copy rate (each decode step reads them once), and wall against busy."""
+    llm = setup.llm(speculative=False)
+    r = census(llm, setup, None)
+    tokens = setup.output_len  # a batch's decode step reads the weights once for all its requests
+    floor_ms = floor["target_weight_mb"] / floor["copy_bandwidth_gbs"] / 1e3
+    r.update(tokens_per_request=tokens, floor_ms_per_token=floor_ms, busy_ms_per_token=r["gpu_busy_ms"] / tokens,
+             wall_ms_per_token=r["wall_ms"] / tokens, counters=llm.counters)
+    r["busy_over_floor"] = r["busy_ms_per_token"] / floor_ms
+    r["wall_over_busy"] = r["wall_ms"] / r["gpu_busy_ms"]
+    print(f"target_only: wall {r['wall_ms']:.2f} ms, GPU busy {r['gpu_busy_ms']:.2f} ms for {tokens} tokens a request: "
+          f"busy {r['busy_ms_per_token'] * 1e3:.1f} us a token = {r['busy_over_floor']:.2f}x its weights floor "
+          f"({floor_ms * 1e3:.1f} us), wall / busy {r['wall_over_busy']:.2f}")
+    for name, t in list(r["top_kernels_by_time"].items())[:8]:
+        print(f"         {t['ms']:8.2f} ms  {t['calls']:6d} x {t['us_per_call']:7.2f} us  {name[:70]}")
+    return r
 
 
 if __name__ == "__main__":

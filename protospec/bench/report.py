@@ -9,14 +9,14 @@ from matplotlib.figure import Figure
 
 from protospec.spec import registry
 
-# In the order they run: hf_compiled last, as torch.compile's CUDA graphs break later captures in the process.
-PEER_NAMES = ("target_only", "unfused", "hf_assisted", "hf_target_only", "hf_compiled")
+# In the order they run: the compiled ones last, as torch.compile's CUDA graphs break later captures in the process.
+PEER_NAMES = ("target_only", "unfused", "hf_assisted", "hf_target_only", "hf_static_loop", "hf_compiled")
 PLOT_ORDER = (*registry.ARMS, *PEER_NAMES)
 BASELINE = registry.MAIN
 # One colour per mode in every plot: the baseline red, the device paths blues/greens (in the arms'
 # order), peers greys.
 MODE_COLORS = {**dict(zip(registry.ARMS, ("#d62728", "#ff7f0e", "#9ecae1", "#1f77b4", "#2ca02c"))),
-               **dict(zip(PEER_NAMES, ("#7f7f7f", "#74c476", "#b0b0b0", "#d9d9d9", "#525252")))}
+               **dict(zip(PEER_NAMES, ("#7f7f7f", "#74c476", "#b0b0b0", "#d9d9d9", "#969696", "#525252")))}
 
 
 def mode_color(name: str) -> str:
@@ -78,6 +78,10 @@ def markdown_table(report: dict) -> str:
         lines.append("")
         lines.append("p50(main) / p50(mode) in each round: " + "; ".join(
             f"{n} " + ", ".join(f"{r:.2f}" for r in ratios) for n, ratios in per_round.items()))
+    target_only = modes.get("target_only", {})
+    if target_only.get("ratio_to_fastest_per_round"):
+        lines.append(f"p50(target_only) / p50({target_only['fastest_mode']}) in each round: "
+                     + ", ".join(f"{r:.2f}" for r in target_only["ratio_to_fastest_per_round"]))
     unfused = modes.get("unfused", {})
     if unfused.get("ratio_to_mode_per_round"):
         lines.append(f"p50(unfused) / p50({unfused['mode']}) in each round: "
@@ -96,10 +100,11 @@ def markdown_table(report: dict) -> str:
         if same or other:
             lines.append(f"Output tokens (sha256 of every timed call's ids): the same as {fastest}'s in "
                          f"{', '.join(same) or 'no other run'}; other tokens in {', '.join(other) or 'none'}")
-        compiled = modes.get("hf_compiled", {}).get("torch_compiled_graphs")
-        if compiled is not None:
-            lines.append(f"hf_compiled: {compiled} graph(s) compiled by torch.compile"
-                         + ("" if compiled else " (none: a static cache only, as on a CPU)"))
+        for peer in ("hf_static_loop", "hf_compiled"):
+            compiled = modes.get(peer, {}).get("torch_compiled_graphs")
+            if compiled is not None:
+                lines.append(f"{peer}: {compiled} graph(s) compiled by torch.compile"
+                             + ("" if compiled else " (none: a static cache only, as on a CPU)"))
     return "\n".join(lines) + "\n"
 
 

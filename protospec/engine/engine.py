@@ -12,6 +12,7 @@ from collections import deque
 import torch
 
 from protospec.engine.block_manager import BlockManager, blocks_for
+from protospec.engine.decode_graph import MultiStepDecode
 from protospec.engine.kv_pool import size_kv_pool
 from protospec.engine.prefill import Prefill
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
@@ -106,9 +107,18 @@ class Engine:
         self._draft_loops: dict[tuple, DraftLoop] = {}  # built once: switching keeps their buffers and graphs
         self.spec_step = self._build_spec_step() if config.proposer is not None else None
         self.eos_token_id = target.config.eos_token_id
+        # Target-only steps (no proposer, or speculation off at this batch size): several tokens per
+        # CUDA graph replay where graphs run (decode_graph.py); one forward and host read per token else.
+        self.decoder = self.multi_step_decode(graphs=True) if self.use_cuda_graphs and not config.compile else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.reserved_blocks = 0  # what the running requests' admissions reserved (_admit)
+
+    def multi_step_decode(self, graphs: bool) -> MultiStepDecode:
+        """The multi-step decoder over this engine's target and pool (graphs=False: its steps eagerly,
+        as the CPU simulator runs them)."""
+        return MultiStepDecode(self.target, self.block_manager, self.config.max_num_seqs, self.max_blocks_per_seq,
+                               self.fused_sampling, self.eos_token_id, graphs, self.config.device_wait_timeout_s)
 
     def _resolve_kernel_flag(self, name: str, value: bool) -> bool:
         """True only where Numba's kernels run (CUDA, or the simulator on a CPU)."""
@@ -272,6 +282,8 @@ class Engine:
             if seq.finished:
                 self.block_manager.free(seq.block_table)
                 self.reserved_blocks -= seq.reserved_blocks
+        if self.decoder is not None:
+            self.decoder.forget([s for s in self.running if s.finished])
         self.running = [s for s in self.running if not s.finished]
 
     def speculating(self) -> bool:
@@ -298,17 +310,25 @@ class Engine:
                 raise OutOfKVBlocksError("no running request and the next waiting one does not fit the pool")
             return
         if self.speculating():
+            if self.decoder is not None:  # a queued decode replay is void
+                self.decoder.discard()
             self.spec_step(self.running, self.sampling_tensors(self.running))
         else:
             if self.spec_step is not None:  # speculation off at this batch size: a launched step is void
                 self.spec_step.commit_policy.discard()
-            self._decode(self.running)
+            if self.decoder is not None:
+                self.decoder.step(self.running, self.sampling_tensors(self.running))
+            else:
+                self._decode(self.running)
         self.retire_finished()
 
     def abort_all(self) -> None:
         """Drop every request and return its blocks (used when a generate() call fails midway)."""
         if self.spec_step is not None:
             self.spec_step.commit_policy.clear()
+        if self.decoder is not None:
+            self.decoder.discard()
+            self.decoder.forget(self.running + list(self.waiting))
         for seq in self.running + list(self.waiting):
             self.block_manager.free(seq.block_table)
         self.running.clear()
