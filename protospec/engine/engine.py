@@ -105,6 +105,7 @@ class Engine:
         self.prefill = Prefill(self.target, self.draft)
         self.vocab_size = target.config.vocab_size
         self._draft_loops: dict[tuple, DraftLoop] = {}  # built once: switching keeps their buffers and graphs
+        self.forced_acceptance: float | None = None  # for timing only: lab/forced_acceptance.py
         self.spec_step = self._build_spec_step() if config.proposer is not None else None
         self.eos_token_id = target.config.eos_token_id
         # Target-only steps (no proposer, or speculation off at this batch size): several tokens per
@@ -174,6 +175,7 @@ class Engine:
         dynamic_k = make_dynamic_k(cfg.dynamic_k, self.k, cfg.draft_confidence_threshold)
         return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
                                fused_sampling=self.fused_sampling, dynamic_k=dynamic_k, wait_s=cfg.device_wait_timeout_s,
+                               forced_acceptance=self.forced_acceptance,
                                step_graph=step_graph_applies(cfg.spec_step_graph, loop.kind.name, cfg.proposer,
                                                              self.k, cfg.dynamic_k, commit.name))
 

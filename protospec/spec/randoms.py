@@ -155,3 +155,12 @@ def fill_from_keys(keys: list[int], noise_rows: int, vocab: int, k: int, device)
     uniforms = torch.empty(len(keys), k, device=device)
     counter_randoms.fill_kernel(pairs, noise, uniforms)
     return noise, uniforms
+
+
+def force_acceptance(uniforms: torch.Tensor, alpha: float) -> torch.Tensor:
+    """For timing only (lab.forced_acceptance): the accept tests' uniforms [B, k], in place, made 0 with
+    probability alpha (u < alpha: the test u * q < p passes wherever the target gives the draft token
+    any probability) and inf otherwise (no test passes, whatever p / q is). Each draft token is then kept
+    with probability alpha whatever the models say, so the output is not the target's distribution."""
+    passed = uniforms < alpha  # [B, k] bool
+    return uniforms.fill_(float("inf")).masked_fill_(passed, 0.0)

@@ -15,7 +15,7 @@ import torch
 from protospec.engine.block_manager import BlockManager
 from protospec.engine.sequence import Sequence
 from protospec.device_wait import DEFAULT_TIMEOUT_S, copy_to_host, wait_for
-from protospec.errors import AdvanceStepError
+from protospec.errors import AdvanceStepError, ConfigError
 from protospec.model.runner import ModelRunner
 from protospec.spec.commit import SyncedCommit
 from protospec.spec.draft_loop import DraftLoop
@@ -23,12 +23,18 @@ from protospec.spec.draft_sampling import target_probs
 from protospec.spec.dynamic_k import FixedK
 from protospec.spec.lookahead import Lookahead
 from protospec.spec.phase_timer import NULL_TIMER
-from protospec.spec.randoms import SpecStepRandoms
+from protospec.spec.randoms import SpecStepRandoms, force_acceptance
 from protospec.spec.acceptance import RejectionSampling
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.spec.sampler import SamplingTensors
 from protospec.spec.step_graph import SpecStepGraph, commit_row
 from protospec.spec.step_state import StepState
+
+
+def check_forced_acceptance(st: SamplingTensors) -> None:
+    if st.any_greedy:
+        raise ConfigError("forced acceptance needs every request at temperature > 0: a greedy row's tests "
+                          "compare one-hot distributions, which no uniform changes")
 
 
 class SpeculativeStep:
@@ -37,7 +43,8 @@ class SpeculativeStep:
 
     def __init__(self, target: ModelRunner, draft_loop: DraftLoop, commit_policy: SyncedCommit,
                  block_manager: BlockManager, loop_guard=None, acceptance=None, fused_sampling: bool = False,
-                 dynamic_k=None, step_graph: bool = False, wait_s: float = DEFAULT_TIMEOUT_S):
+                 dynamic_k=None, step_graph: bool = False, wait_s: float = DEFAULT_TIMEOUT_S,
+                 forced_acceptance: float | None = None):
         self.target, self.draft_loop, self.commit_policy = target, draft_loop, commit_policy
         self.block_manager = block_manager
         self.acceptance = acceptance or RejectionSampling()  # acceptance.py: which draft tokens are kept
@@ -53,6 +60,8 @@ class SpeculativeStep:
         self._step_graphs: dict = {}  # its DraftLoopGraph (held, so never a reused identity) -> the SpecStepGraph
         self.timer = NULL_TIMER
         self.wait_s = wait_s  # the bound on the host's waits for the device (device_wait.py)
+        # For timing only (lab/forced_acceptance.py): each draft token kept with this probability.
+        self.forced_acceptance = forced_acceptance
 
     @property
     def timer(self):
@@ -68,8 +77,12 @@ class SpeculativeStep:
 
     def draw_randoms(self, s: StepState) -> SpecStepRandoms:
         """The spec step's random numbers (those a discarded launched step drew for these requests kept)."""
-        return SpecStepRandoms.draw(s.st, self.k, self.target.vocab_size, self.device,
-                                    self.commit_policy.kept_randoms(s.seqs))
+        randoms = SpecStepRandoms.draw(s.st, self.k, self.target.vocab_size, self.device,
+                                       self.commit_policy.kept_randoms(s.seqs))
+        if self.forced_acceptance is not None:
+            check_forced_acceptance(s.st)
+            force_acceptance(randoms.uniforms, self.forced_acceptance)
+        return randoms
 
     # ---- the stages of one spec step; __call__ runs them in order, a debugger may pause between ----
     def begin(self, seqs: list[Sequence], st: SamplingTensors, launch: bool = False) -> StepState:
@@ -145,11 +158,13 @@ class SpeculativeStep:
             return False
         batch = len(s.seqs)
         draft_graph = self.draft_loop.first_step_graph(batch, s.max_blocks, s.st)
-        graph = self._step_graphs.get(draft_graph)
+        if self.forced_acceptance is not None:
+            check_forced_acceptance(s.st)
+        graph = self._step_graphs.get((draft_graph, self.forced_acceptance))
         if graph is None:
             graph = SpecStepGraph(draft_graph, self.target, self.acceptance, self.fused_sampling,
-                                  self.draft_loop.error_flag())
-            self._step_graphs[draft_graph] = graph
+                                  self.draft_loop.error_flag(), self.forced_acceptance)
+            self._step_graphs[draft_graph, self.forced_acceptance] = graph
         with self.timer.phase("step_graph"):
             s.randoms = graph.randoms(s.st, self.commit_policy.kept_randoms(s.seqs))
             probs, result, s.commit_row = graph.run(s.st, s.randoms, batch)

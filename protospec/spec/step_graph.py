@@ -39,7 +39,7 @@ from protospec.spec.draft_graph import DraftLoopGraph
 from protospec.spec.draft_sampling import target_probs
 from protospec.spec import registry
 from protospec.kernels import counter_randoms, verify_rejection
-from protospec.spec.randoms import SpecStepRandoms, batched_draws
+from protospec.spec.randoms import SpecStepRandoms, batched_draws, force_acceptance
 from protospec.spec.sampler import SamplingTensors
 from protospec.spec.verify_inputs import build_verify_inputs
 
@@ -84,10 +84,12 @@ def commit_row(result: RejectionOutput, num_proposed: torch.Tensor | None, error
 
 class SpecStepGraph:
     def __init__(self, draft_graph: DraftLoopGraph, target: ModelRunner, acceptance, fused_sampling: bool,
-                 error_row: torch.Tensor):
+                 error_row: torch.Tensor, forced_acceptance: float | None = None):
         """draft_graph: the steps 1..k graph (its `first` buffers set); acceptance: the step's rule
         (spec/acceptance.py), called on the padded batch; error_row: [1] int32 the step's device-built
-        inputs flag a bad position in."""
+        inputs flag a bad position in; forced_acceptance: for timing only, each draft token kept with
+        this probability (randoms.force_acceptance, applied to the uniforms inside the replay)."""
+        self.forced_acceptance = forced_acceptance
         if draft_graph.first is None:
             raise ValueError("a spec step graph starts at draft step 1: its draft graph needs the first-step buffers")
         self.draft, self.target, self.acceptance = draft_graph, target, acceptance
@@ -119,8 +121,18 @@ class SpecStepGraph:
         if self.greedy:  # no draw, nothing kept
             return SpecStepRandoms(self.uniforms[:batch], *(n[:batch] for n in self.greedy_noise), noise_block=None)
         if not self.fills:
-            return SpecStepRandoms.draw(st, self.k, self.target.vocab_size, self.target.device, kept)
+            randoms = SpecStepRandoms.draw(st, self.k, self.target.vocab_size, self.target.device, kept)
+            if self.forced_acceptance is not None:
+                force_acceptance(randoms.uniforms, self.forced_acceptance)
+            return randoms
         return SpecStepRandoms.keyed(st, self.k, self.uniforms[:batch], self.noise[:batch], kept)
+
+    def _fill(self) -> None:
+        """The step's numbers from the keys, inside the replay (where draws are batched)."""
+        if self.fills:
+            counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
+            if self.forced_acceptance is not None:
+                force_acceptance(self.uniforms, self.forced_acceptance)
 
     def _side_branch(self) -> torch.cuda.Event:
         """SIDE_BRANCH: the fill and the verify's inputs but the draft tokens on a stream of their own,
@@ -130,8 +142,7 @@ class SpecStepGraph:
             self._side = torch.cuda.Stream(self.target.device)
         self._side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._side):
-            if self.fills:
-                counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
+            self._fill()
             build_verify_inputs(self.draft.first, self.draft.draft_ids, self.verify, self.rows, self.width,
                                 self.error_row, tokens=False)
             done = torch.cuda.Event()
@@ -144,8 +155,7 @@ class SpecStepGraph:
             tokens = self.verify.input_ids[: rows * (k + 1)].view(rows, k + 1)  # [rows, k + 1] the verify's
             d.steps(noise_block=self.noise, noise_ready=self._side_branch(), tokens_to=tokens, join=False)
         else:
-            if self.fills:
-                counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
+            self._fill()
             d.steps(noise_block=self.noise, join=False)
             build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row,
                                 allow_dependents=self.target.launches_dependents)
