@@ -5,8 +5,8 @@ over acceptance rate alpha and k, against what theory predicts from measured ste
 
 Acceptance is set, not hoped for: lab.forced_acceptance keeps each draft token with probability alpha
 on the real step (same kernels and graphs), at temperature 1 with dummy weights. For each pair: one
-target-only engine, then per k one speculative engine (default draft loop: graph on a GPU), timed at
-every alpha.
+target-only engine, then per k one speculative engine (the graph draft loop on a GPU, the fastest
+mode; auto elsewhere), timed at every alpha.
 
 Predicted (Leviathan et al., 2023): a spec step makes E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)
 tokens a request on average, so speed-up = E(alpha, k) x (time of a target step) / (time of a spec
@@ -29,6 +29,7 @@ from protospec.bench.ablation import BenchSetup, _release_memory
 from protospec.bench.latency import time_generate
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.lab.forced_acceptance import force_acceptance
+from protospec.spec import registry
 
 PAIRS = {
     "seed": ("JackFram/llama-160m", "JackFram/llama-68m"),
@@ -61,8 +62,11 @@ def run_pair(name: str, setup: BenchSetup, alphas=ALPHAS, ks=KS, log=print) -> d
     target_step_s = target_p50 / setup.output_len
     log(f"  {name}: target-only p50 {target_p50 * 1e3:.2f} ms ({target_step_s * 1e6:.1f} us a token)")
     points, spec_step_s = [], {}
+    # The fastest mode: the whole spec step as one CUDA graph where graphs run (auto would pick gpu).
+    on_cuda = torch.device(setup.device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda"
+    draft_loop = registry.GRAPH if on_cuda and not setup.enforce_eager else registry.AUTO
     for k in ks:
-        llm = replace(setup, num_speculative_tokens=k).llm()
+        llm = replace(setup, num_speculative_tokens=k).llm(draft_loop=draft_loop)
         timed = {}
         for alpha in dict.fromkeys([CALIBRATION_ALPHA, *alphas]):  # the calibration first, each alpha once
             force_acceptance(llm, alpha)
