@@ -273,7 +273,7 @@ def target_only_census(setup: BenchSetup, floor: dict) -> dict:
     llm = setup.llm(speculative=False)
     r = census(llm, setup, None)
     tokens = setup.output_len  # a batch's decode step reads the weights once for all its requests
-    floor_ms = floor["target_weight_mb"] / floor["copy_bandwidth_gbs"] / 1e3
+    floor_ms = floor["target_weight_mb"] / floor["copy_bandwidth_gbs"]  # MB / (GB/s) = ms
     r.update(tokens_per_request=tokens, floor_ms_per_token=floor_ms, busy_ms_per_token=r["gpu_busy_ms"] / tokens,
              wall_ms_per_token=r["wall_ms"] / tokens, counters=llm.counters)
     r["busy_over_floor"] = r["busy_ms_per_token"] / floor_ms
