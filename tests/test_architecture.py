@@ -77,6 +77,41 @@ def test_the_kernels_are_the_lowest_layer():
     assert not {name: deps for name, deps in offenders.items() if deps}
 
 
+# The packages' layers, lowest first: a module imports (at module level) only from its own layer or below.
+# The foundations are single modules everyone uses; spec.registry holds only names.
+LAYERS = (
+    ("protospec.errors", "protospec.layout", "protospec.device_wait", "protospec.command_line", "protospec.spec.registry",
+     "protospec.config"),
+    ("protospec.kernels",),
+    ("protospec.model",),
+    ("protospec.requests",),
+    ("protospec.spec",),
+    ("protospec.engine",),
+    ("protospec", "protospec.lab", "protospec.bench", "protospec.train"),
+)
+
+
+def _layer(module: str) -> int:
+    best = (-1, -1)  # (length of the longest matching prefix, its layer)
+    for level, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best[0]:
+                best = (len(prefix), level)
+    return best[1]
+
+
+def test_the_packages_form_layers():
+    """requests/ sits below spec/ and engine/, spec/ below engine/: no package reaches up (spec and engine
+    used to import each other)."""
+    modules = _modules()
+    upward = {}
+    for name, path in modules.items():
+        for dep in _top_level_imports(path, set(modules)):
+            if _layer(dep) > _layer(name):
+                upward.setdefault(name, []).append(dep)
+    assert upward == {}
+
+
 def test_each_draft_loop_name_is_spelled_in_the_registry_only():
     names = set(registry.DRAFT_LOOPS) | set(registry.ARMS)
     pattern = re.compile(r"""["'](%s)["']""" % "|".join(sorted(names)))

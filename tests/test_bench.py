@@ -366,7 +366,7 @@ def test_compare_runs_every_arm_and_writes_its_report(tmp_path, capsys):
 def test_compare_timing_takes_each_prompts_median_and_counts_tokens_once():
     """Repeated passes: a prompt's latency is the median of its passes, its metrics are merged once."""
     from protospec.bench.compare import _time_prompts
-    from protospec.engine.metrics import RequestMetrics
+    from protospec.requests.metrics import RequestMetrics
 
     class FakeLLM:
         def __init__(self):

@@ -2,7 +2,7 @@ import pytest
 
 from protospec import OutOfKVBlocksError
 from protospec.layout import NULL_BLOCK
-from protospec.engine.block_manager import BlockManager, blocks_for
+from protospec.requests.block_manager import BlockManager, blocks_for
 
 
 def test_allocate_grow_shrink_free_and_never_hand_out_the_null_block():

@@ -1,4 +1,4 @@
-from protospec.engine.metrics import RequestMetrics
+from protospec.requests.metrics import RequestMetrics
 
 
 def test_metric_definitions():

@@ -4,7 +4,7 @@ import torch
 from transformers import LlamaConfig
 from transformers import LlamaForCausalLM as HFLlama
 
-from protospec.engine.block_manager import BlockManager
+from protospec.requests.block_manager import BlockManager
 from protospec.model.loader import load_model
 from protospec.model.runner import ModelRunner
 

@@ -56,7 +56,7 @@ def test_every_committed_token_has_kv_in_both_caches(tiny_target, tiny_draft, te
     llm = tiny_llm(tiny_target, tiny_draft, k=3, block_size=4)
     eng = llm.engine
     params = SamplingParams(temperature=temperature, max_tokens=200, ignore_eos=True, seed=11)
-    from protospec.engine.sequence import Sequence
+    from protospec.requests.sequence import Sequence
 
     seqs = [Sequence(i, p, params, eng.new_generator(params.seed + i, llm._rng)) for i, p in enumerate(random_prompts(3, seed=5))]
     eng.waiting.extend(seqs)

@@ -31,7 +31,7 @@ from protospec.bench.report import BASELINE, PEER_NAMES, fastest_mode
 from protospec.config import SamplingParams
 from protospec.errors import ConfigError
 from protospec.engine.llm import LLM
-from protospec.engine.metrics import RATE_KEYS
+from protospec.requests.metrics import RATE_KEYS
 from protospec.spec import registry
 from protospec.spec.phase_timer import NULL_TIMER, PhaseTimer
 

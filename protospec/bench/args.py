@@ -3,12 +3,13 @@ machine's defaults for a bare command, and the checks made before anything runs.
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 import torch
 
 from protospec.bench.ablation import MODES, PEERS, BenchSetup
 from protospec.bench.compare import TRAINED_PAIR
-from protospec.bench.kernel_forms import add_kernel_form_args, engine_switches
+from protospec.bench.kernel_forms import add_kernel_form_args, engine_switches, kernel_forms_help
 from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
 from protospec.spec import registry
 
@@ -25,7 +26,16 @@ VLLM_ACCEPTANCE = {"rejection_sampler": registry.REJECTION, "typical_acceptance_
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every option's default in its help."""
+    """The module docstring as written, and every option's default in its help; lines as wide as the
+    docstring's, not the terminal's 80 columns (which doubled the help's length)."""
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=38, width=118)
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or "default" in (action.help or ""):
+            return action.help  # nothing to say, or said already
+        return super()._get_help_string(action)
 
 
 # vLLM benchmark_latency.py flags that do not apply to a single-GPU, Llama-only prototype: accepted so
@@ -48,20 +58,39 @@ IGNORED_VLLM_FLAGS = {
 }
 
 
+class _KernelFormsHelp(argparse.Action):
+    """--help-kernel-forms: print the kernel-form switches (kept out of --help) and exit."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(kernel_forms_help())
+        parser.exit()
+
+
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench", description=description, formatter_class=_HelpFormatter,
-                                allow_abbrev=False)
-    unset = "(unset: the machine's default, see --help's top)"
-    p.add_argument("--model", default=None, help=f"target checkpoint: hub id or local directory {unset}")
-    p.add_argument("--speculative-model", default=None, help=f"draft checkpoint {unset}")
-    p.add_argument("--num-speculative-tokens", type=int, default=None, help=f"k, tokens proposed per spec step {unset}")
-    p.add_argument("--input-len", type=int, default=None, help=f"prompt tokens per request {unset}")
-    p.add_argument("--output-len", type=int, default=None, help=f"generated tokens per request {unset}")
-    p.add_argument("--batch-size", type=int, default=None, help=f"requests per generate() call {unset}")
+    ignored = textwrap.fill("vLLM's flags accepted and ignored here (a warning names each one set): "
+                            + ", ".join(IGNORED_VLLM_FLAGS) + ".", width=110,
+                            break_on_hyphens=False)
+    p = argparse.ArgumentParser(
+        prog="python -m protospec.bench", usage="python -m protospec.bench [options]", description=description,
+        formatter_class=_HelpFormatter, allow_abbrev=False, epilog=ignored)
+    parser = p
+    p.add_argument("--help-kernel-forms", action=_KernelFormsHelp,
+                   help="list the kernel-form switches of the timed experiments (kept out of this help) and exit")
+    p = p.add_argument_group("vLLM's benchmark_latency flags", "Unset, the run's shape is this machine's default: the seed "
+                             "configuration on a GPU, a small one on a CPU.")
+    p.add_argument("--model", default=None, help="target checkpoint: hub id or local directory")
+    p.add_argument("--speculative-model", default=None, help="draft checkpoint")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, help="k, tokens proposed per spec step")
+    p.add_argument("--input-len", type=int, default=None, help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, default=None, help="generated tokens per request")
+    p.add_argument("--batch-size", type=int, default=None, help="requests per generate() call")
     p.add_argument("--n", type=int, default=1, help="samples per prompt (only 1 is implemented)")
     p.add_argument("--use-beam-search", action="store_true", help="refused: no beam search here")
-    p.add_argument("--num-iters-warmup", type=int, default=None, help=f"untimed calls per mode {unset}")
-    p.add_argument("--num-iters", type=int, default=None, help=f"timed calls per mode {unset}")
+    p.add_argument("--num-iters-warmup", type=int, default=None, help="untimed calls per mode")
+    p.add_argument("--num-iters", type=int, default=None, help="timed calls per mode")
     p.add_argument("--dtype", default="auto", choices=["auto", "half", "float16", "bfloat16", "float", "float32", "float64"],
                    help="weights and activations (auto: float16 on CUDA, float32 on a CPU)")
     p.add_argument("--max-model-len", type=int, default=None, help="longest sequence (default: the target's "
@@ -74,13 +103,19 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the original script sampled at 1.0)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (forwards run eagerly)")
+    p.add_argument("--output-json", default=None,
+                   help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
+    p.add_argument("--profile", action="store_true", help="write a torch profiler trace of one timed call")
+    p.add_argument("--profile-result-dir", default=None, help="where --profile writes (default: runs/profile)")
+    p.add_argument("--use-v2-block-manager", action="store_true", help="accepted for compatibility; a no-op here")
+    p.add_argument("--speculative-disable-by-batch-size", type=int, default=None,
+                   help="target-only steps while more requests than this run")
+    p = parser.add_argument_group("the study: draft loops, proposers, acceptance")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: 1 on a CPU run, where more threads made timings swing 7x; "
-                        "torch's own choice on a GPU run); reported in the output")
-    p.add_argument("--draft-loop", default=registry.AUTO, choices=[registry.AUTO, *MODES],
-                   help="the draft loop's way: " + "; ".join(f"{m}: {d}" for m, d in registry.DRAFT_LOOP_DOC.items())
-                        + "; " + "; ".join(f"{a.name}: {a.draft_loop} with the {a.commit} commit" for a in registry.ARMS.values()
-                                           if a.name not in registry.DRAFT_LOOPS))
+                   help="torch CPU threads (default: 1 on a CPU, where more made timings swing; torch's choice on a GPU)")
+    p.add_argument("--draft-loop", default=registry.AUTO, choices=[registry.AUTO, *MODES], metavar="MODE",
+                   help=f"{' | '.join([registry.AUTO, *MODES])}: where the draft's inputs are built and when the "
+                        f"host syncs (spec/registry.py says each; {registry.AUTO}: {registry.AUTO_DOC})")
     p.add_argument("--proposer", default=None, choices=list(registry.PROPOSER_DOC),
                    help="; ".join(f"{name}: {doc}" for name, doc in registry.PROPOSER_DOC.items())
                         + f" (ngram = --speculative-model '{registry.NGRAM_MODEL}'; unset: as --speculative-model says)")
@@ -99,8 +134,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--dynamic-k", default=registry.DYNAMIC_K_OFF, choices=list(registry.DYNAMIC_K_DOC),
                    help="; ".join(f"{name}: {doc}" for name, doc in registry.DYNAMIC_K_DOC.items()))
     p.add_argument("--draft-confidence-threshold", type=float, default=0.4, help="--dynamic-k confidence: the cutoff")
-    p.add_argument("--speculative-disable-by-batch-size", type=int, default=None,
-                   help="target-only steps while more requests than this run (vLLM's flag)")
+    p = parser.add_argument_group("kernels and graphs")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
                    help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
@@ -109,32 +143,28 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                    help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
                         "mma for fp16 in whole 16-key tiles; default: %(default)s)")
     p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
-                   help="the layer kernels' linear layers: torch's (cublas: the fusion off) or the tensor-core GEMV "
-                        "where it applies (mma: float16, <= 8 token rows; mma_fused: with the norms, RoPE, SiLU, "
-                        "embedding and final norm folded in); auto = mma_fused with the layer kernels")
+                   help="linear layers: cublas (the fusion off), the tensor-core GEMV (mma: float16, <= 8 token "
+                        "rows), or mma_fused (norms, RoPE, SiLU folded in; auto with the layer kernels)")
     p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
                    help="each draft step's softmax and sample (and the verify's softmax) as two Numba kernels "
                         "over vocabulary slices instead of torch's ops (auto: on a GPU with the layer kernels)")
-    add_kernel_form_args(p)
+    add_kernel_form_args(parser, shown=False)
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
                    help="the tensor-core GEMVs start while the kernel before them ends (auto: on sm_90 and later)")
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
                    help="a launched spec step whole as one CUDA graph (auto: wherever it applies)")
-    p.add_argument("--output-json", default=None,
-                   help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
-    p.add_argument("--profile", action="store_true", help="write a torch profiler trace of one timed call")
-    p.add_argument("--profile-result-dir", default=None, help="where --profile writes (default: runs/profile)")
-    p.add_argument("--use-v2-block-manager", action="store_true", help="accepted for compatibility; a no-op here")
-    for flag, (default, _) in IGNORED_VLLM_FLAGS.items():
+    for flag, (default, _) in IGNORED_VLLM_FLAGS.items():  # named in the epilog
         kind = {"action": "store_true"} if default is False else {"default": default, "type": type(default) if default is not None else str}
-        p.add_argument(flag, **kind, help="vLLM's flag, ignored here")
-    g = p.add_argument_group("ablation report")
+        parser.add_argument(flag, **kind, help=argparse.SUPPRESS)
+    g = parser.add_argument_group("ablation and sweep reports")
     g.add_argument("--ablation", action="store_true", help="run every mode and peer; write JSON, markdown, PNG")
-    g.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="draft-loop modes to time")
-    g.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS), help="baselines to time beside them")
+    g.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), metavar="MODE",
+                   help=f"draft-loop modes to time (default: all: {' '.join(MODES)})")
+    g.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS), metavar="PEER",
+                   help=f"baselines to time beside them (default: all: {' '.join(PEERS)})")
     g.add_argument("--repeats", type=int, default=3,
-                   help="rounds of the modes, round-robin, pooled, the unfused peer last in each (a drifting host "
-                        "weighs on every mode alike; the spread of the ratio across rounds is printed beside it)")
+                   help="rounds of the modes, round-robin and pooled (target_only and unfused run in each; a "
+                        "drifting host weighs on all alike)")
     g.add_argument("--draft-equals-target", action="store_true", help="use the target as its own draft (acceptance 1.0)")
     g.add_argument("--breakdown", action="store_true", help="per-phase CPU/GPU time (extra iterations with CUDA events)")
     g.add_argument("--sweep", action="store_true", help="p50 per mode over --sweep-batch-sizes x --sweep-ks")
@@ -142,21 +172,24 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--sweep-ks", type=int, nargs="+", default=[1, 3, 5, 7], help="the sweep's k values")
     g.add_argument("--sweep-rounds", type=int, default=1,
                    help="run the sweep's grid this many times in turn; each point's figures are the medians of its rounds'")
-    c = p.add_argument_group("compare report (proposers x acceptance rules x dynamic k)")
+    c = parser.add_argument_group("compare report (proposers x acceptance rules x dynamic k)")
     c.add_argument("--compare", action="store_true",
                    help="every combination below on one pair over a fixed prompt set, greedy and T=1 "
                         f"(default pair: the trained pair in {TRAINED_PAIR}, its held-out prompts)")
     c.add_argument("--compare-proposers", nargs="+", default=list(registry.PROPOSER_DOC), choices=list(registry.PROPOSER_DOC),
-                   help="proposers to compare (see --proposer)")
+                   metavar="PROPOSER", help=f"proposers to compare (default: all: {' '.join(registry.PROPOSER_DOC)})")
     c.add_argument("--compare-acceptance", nargs="+", default=list(registry.ACCEPTANCE_DOC),
-                   choices=list(registry.ACCEPTANCE_DOC), help="acceptance rules to compare (see --acceptance)")
+                   choices=list(registry.ACCEPTANCE_DOC), metavar="RULE",
+                   help=f"acceptance rules to compare (default: all: {' '.join(registry.ACCEPTANCE_DOC)})")
     c.add_argument("--compare-dynamic-k", nargs="+", default=list(registry.DYNAMIC_K_DOC),
-                   choices=list(registry.DYNAMIC_K_DOC), help="dynamic-k rules to compare (see --dynamic-k)")
+                   choices=list(registry.DYNAMIC_K_DOC), metavar="RULE",
+                   help=f"dynamic-k rules to compare (default: all: {' '.join(registry.DYNAMIC_K_DOC)})")
     c.add_argument("--compare-prompts", type=int, default=32, help="prompts from --compare-prompts-json")
     c.add_argument("--compare-prompts-json", default=f"{TRAINED_PAIR}/heldout_prompts.json",
                    help="a JSON with a 'prompts' list of token-id lists")
     c.add_argument("--compare-max-tokens", type=int, default=64, help="new tokens per prompt")
     c.add_argument("--compare-repeats", type=int, default=3, help="passes over the prompts; a prompt's latency is its median")
+    g = parser.add_argument_group("where reports go")
     g.add_argument("--output-dir", default=None,
                    help="where --ablation / --sweep write (default: runs/, names carry date, commit and time; "
                         "with --record: data/results/)")
@@ -164,7 +197,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                    help="a run of record: write into data/results/ under date_device_tag_commit, never over an "
                         "existing file")
     g.add_argument("--force", action="store_true", help="let --record replace existing files")
-    return p
+    return parser
 
 
 def check_args(args: argparse.Namespace, warn=print) -> None:

@@ -6,11 +6,8 @@ offline):
       --batch-size 1 --use-v2-block-manager --speculative-model JackFram/llama-68m \\
       --num-speculative-tokens 5 --num-iters-warmup 5 --num-iters 10
 
---ablation runs the draft-loop modes (main, sampler, gpu_sync_commit, gpu, graph) and the peers (target_only,
-hf_assisted, hf_target_only, hf_compiled) in one process and writes JSON, markdown and PNG under runs/ (git-ignored;
-names carry date, device, commit and time). --record writes a run of record into data/results/ instead,
-and never over an existing file (--force to replace one). vLLM flags that do not apply here are
-accepted and ignored with a warning.
+--ablation times the draft-loop modes and the peers in one process; it writes JSON, markdown and PNG
+under runs/ (git-ignored), or with --record into data/results/, never over a file.
 """
 from __future__ import annotations
 

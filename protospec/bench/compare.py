@@ -20,7 +20,7 @@ import numpy as np
 
 from protospec.config import SamplingParams
 from protospec.engine.llm import LLM
-from protospec.engine.metrics import RATE_KEYS, RequestMetrics
+from protospec.requests.metrics import RATE_KEYS, RequestMetrics
 from protospec.spec import registry
 
 TRAINED_PAIR = "data/models"

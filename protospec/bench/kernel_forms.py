@@ -13,98 +13,116 @@ from protospec.spec import probs_branch, step_graph
 ON_OFF_CHOICES = ["on", "off"]
 
 
-def add_kernel_form_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--step-kernels-dependent", default="on", choices=ON_OFF_CHOICES,
-                   help="the draft step's sampling kernels and advance_step launched as programmatic dependents "
-                        "where the forward before them is (sm_90; default: %(default)s)")
-    p.add_argument("--prefetch-norm", default="on", choices=ON_OFF_CHOICES,
-                   help="the tensor-core GEMVs' normed forms load the norm weight before waiting for their "
-                        "input (same bits; default: %(default)s)")
-    p.add_argument("--attention-early-loads", default="on", choices=ON_OFF_CHOICES,
-                   help="the tensor-core attention, launched as a dependent, loads the positions, table entries "
-                        "and a first tile of older keys before its wait (same bits; default: %(default)s)")
-    p.add_argument("--verify-inputs-allow", default="off", choices=ON_OFF_CHOICES,
-                   help="in the step graph, the kernel that builds the verify's inputs lets the verify's first GEMV "
-                        "(a programmatic dependent) start at once, its weight loads overlapping it (sm_90; "
-                        "default: %(default)s)")
-    p.add_argument("--lm-head-max-registers", type=int, default=0, choices=[0, 128, 96, 80],
-                   help="registers a thread of the tensor-core LM head, so more of its blocks fit an SM at once "
-                        "(0: the compiler's choice; same bits; default: %(default)s)")
-    p.add_argument("--lm-head-prefetch-norm", default="on", choices=ON_OFF_CHOICES,
-                   help="the tensor-core LM head loads the norm weight before waiting for its input, as "
-                        "--prefetch-norm (which turns it off too; same bits; default: %(default)s)")
-    p.add_argument("--logit-stats", default="off", choices=ON_OFF_CHOICES,
-                   help="the tensor-core LM head also writes each 16-row vocabulary tile's softmax statistics, and the "
-                        "sampling kernels combine them instead of a statistics kernel reading the logits (rows at "
-                        "T = 1 or greedy; default: %(default)s)")
-    p.add_argument("--head-norm", default="folded", choices=["fused", "separate", "tail", "squares", "folded"],
-                   help="the fused forward's final norm in the LM head GEMV's loads, a one-block kernel of its "
-                        "own before the plain GEMV, run by the last block of the last down projection, or taken by "
-                        "the LM head from the sums of squares the last down projection writes (same bits), or "
-                        "'folded': those sums scale the plain LM head's rows, its weight times the norm's "
-                        "(float16 rounding; default: %(default)s)")
+def add_kernel_form_args(p: argparse.ArgumentParser, shown: bool = True) -> None:
+    """The kernel-form switches of the timed experiments; shown=False keeps them out of --help (the
+    bench lists them under --help-kernel-forms)."""
+    _add_switches(p, shown)
+
+
+def kernel_forms_help() -> str:
+    """The switches' own help text (python -m protospec.bench --help-kernel-forms)."""
+    p = argparse.ArgumentParser(prog="python -m protospec.bench", usage="python -m protospec.bench [options]",
+                                description="Kernel-form switches of the timed experiments (each names its default).",
+                                add_help=False)
+    _add_switches(p, shown=True)
+    return p.format_help()
+
+
+def _add_switches(p: argparse.ArgumentParser, shown: bool) -> None:
+    def add(*flags, **kwargs):
+        p.add_argument(*flags, **(kwargs if shown else {**kwargs, "help": argparse.SUPPRESS}))
+
+    add("--step-kernels-dependent", default="on", choices=ON_OFF_CHOICES,
+        help="the draft step's sampling kernels and advance_step launched as programmatic dependents "
+             "where the forward before them is (sm_90; default: %(default)s)")
+    add("--prefetch-norm", default="on", choices=ON_OFF_CHOICES,
+        help="the tensor-core GEMVs' normed forms load the norm weight before waiting for their "
+             "input (same bits; default: %(default)s)")
+    add("--attention-early-loads", default="on", choices=ON_OFF_CHOICES,
+        help="the tensor-core attention, launched as a dependent, loads the positions, table entries "
+             "and a first tile of older keys before its wait (same bits; default: %(default)s)")
+    add("--verify-inputs-allow", default="off", choices=ON_OFF_CHOICES,
+        help="in the step graph, the kernel that builds the verify's inputs lets the verify's first GEMV "
+             "(a programmatic dependent) start at once, its weight loads overlapping it (sm_90; "
+             "default: %(default)s)")
+    add("--lm-head-max-registers", type=int, default=0, choices=[0, 128, 96, 80],
+        help="registers a thread of the tensor-core LM head, so more of its blocks fit an SM at once "
+             "(0: the compiler's choice; same bits; default: %(default)s)")
+    add("--lm-head-prefetch-norm", default="on", choices=ON_OFF_CHOICES,
+        help="the tensor-core LM head loads the norm weight before waiting for its input, as "
+             "--prefetch-norm (which turns it off too; same bits; default: %(default)s)")
+    add("--logit-stats", default="off", choices=ON_OFF_CHOICES,
+        help="the tensor-core LM head also writes each 16-row vocabulary tile's softmax statistics, and the "
+             "sampling kernels combine them instead of a statistics kernel reading the logits (rows at "
+             "T = 1 or greedy; default: %(default)s)")
+    add("--head-norm", default="folded", choices=["fused", "separate", "tail", "squares", "folded"],
+        help="the fused forward's final norm in the LM head GEMV's loads, a one-block kernel of its "
+             "own before the plain GEMV, run by the last block of the last down projection, or taken by "
+             "the LM head from the sums of squares the last down projection writes (same bits), or "
+             "'folded': those sums scale the plain LM head's rows, its weight times the norm's "
+             "(float16 rounding; default: %(default)s)")
     for linear in ("o", "down"):
-        p.add_argument(f"--{linear}-k-splits", type=int, default=1, choices=[1, 2, 4],
-                       help=f"the tensor-core {linear} projection's K over this many blocks a 16-row tile, the last "
-                            "to finish summing them (same bits; default: %(default)s)")
-    p.add_argument("--gemv-early-allow", default="o,gate_up,down",
-                   help="comma-separated linears (o, gate_up, down) that let the next kernel launch before their own "
-                        "wait, so its weights stream during the whole wait (none: all after; default: %(default)s)")
-    p.add_argument("--pin-weight-loads", default="on", choices=ON_OFF_CHOICES,
-                   help="the tensor-core GEMVs' dependent forms keep their wait below the weight loads in the machine "
-                        "code, so the weights stream while the kernel before ends (same bits; default: %(default)s)")
-    p.add_argument("--wide-weight-loads", default="on", choices=ON_OFF_CHOICES,
-                   help="the tensor-core GEMVs load their weight words two at a time (16-byte loads, half the load "
-                        "instructions; same bits; default: %(default)s)")
-    p.add_argument("--rope-inputs-early", default="on", choices=ON_OFF_CHOICES,
-                   help="the tensor-core qkv projection loads its RoPE inputs (positions, slots, cos / sin rows) "
-                        "before its wait in every layer but the first, not after it (same bits; default: "
-                        "%(default)s)")
-    p.add_argument("--attention-tiles-per-split", type=int, default=8, choices=[1, 2, 4, 8],
-                   help="the tensor-core attention's split-K: a split per this many steps of a block's key tiles "
-                        "over the widest context the block table allows, while the grid leaves SMs idle (same "
-                        "tokens; default: %(default)s)")
-    p.add_argument("--attention-pipeline", default="on", choices=ON_OFF_CHOICES,
-                   help="the tensor-core attention loads a warp's next key tile before the products of this one "
-                        "(same bits; default: %(default)s)")
-    p.add_argument("--attention-early-tiles", type=int, default=1, choices=[1, 2, 3],
-                   help="the tensor-core attention, with its early loads and pipeline, loads this many of a warp's "
-                        "tiles of older keys before its wait (same bits; default: %(default)s)")
-    p.add_argument("--probs-prefetch", default="on", choices=ON_OFF_CHOICES,
-                   help="the probabilities kernel, as a dependent, loads its logits and noise before its wait "
-                        "(same bits; default: %(default)s)")
-    p.add_argument("--stats-combine", default="every_block", choices=["last_block", "every_block"],
-                   help="a row's slice statistics combined by the statistics kernel's last block of the row, or by "
-                        "every block of the probabilities kernel itself (same bits; default: %(default)s)")
-    p.add_argument("--advance-in-sampler", default="on", choices=ON_OFF_CHOICES,
-                   help="the draft step's probabilities kernel writes the next step's inputs (token, position, length, "
-                        "slot) itself instead of an advance_step launch after it (the fused sampling kernels in two "
-                        "launches; same tokens; default: %(default)s)")
-    p.add_argument("--step-graph-side", default="on", choices=ON_OFF_CHOICES,
-                   help="the spec step graph fills its random numbers and builds the verify's inputs on a branch of "
-                        "its own beside draft step 1's forward, the samples writing the draft tokens (off: both in "
-                        "the chain of kernels; same tokens; default: %(default)s)")
-    p.add_argument("--draft-sample-first", default="on", choices=ON_OFF_CHOICES,
-                   help="a captured draft loop from draft step 1 samples each step's token in one Gumbel-max launch, "
-                        "the k steps' probabilities after it in one pass on a branch beside the verify (same "
-                        "probabilities; the same tokens unless two candidates tie to float32 rounding; "
-                        "default: %(default)s)")
-    p.add_argument("--rejection-dependent", default="off", choices=ON_OFF_CHOICES,
-                   help="in the spec step graph the rejection kernel launches as a programmatic dependent of the "
-                        "verify's probabilities kernel, its draft-side loads before its wait (sm_90; same bits; "
-                        "default: %(default)s)")
-    p.add_argument("--verify-rejection", default="on", choices=ON_OFF_CHOICES,
-                   help="in the spec step graph the verify's probabilities and the fused rejection sampler run as one "
-                        "launch after the statistics kernel (same bits; default: %(default)s)")
-    p.add_argument("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],
-                   help="a prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' "
-                        "9-kernel path with cuBLAS linears, not the torch path (auto: on a GPU, off in the CUDA "
-                        "simulator; default: %(default)s)")
-    p.add_argument("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
-                   help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
-    p.add_argument("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
-                   help="where no spec step was launched ahead (the batch changed, or a request nears its end), "
-                        "build draft step 1 on the device at the step's start (off: on the CPU; default: %(default)s)")
+        add(f"--{linear}-k-splits", type=int, default=1, choices=[1, 2, 4],
+            help=f"the tensor-core {linear} projection's K over this many blocks a 16-row tile, the last "
+                 "to finish summing them (same bits; default: %(default)s)")
+    add("--gemv-early-allow", default="o,gate_up,down",
+        help="comma-separated linears (o, gate_up, down) that let the next kernel launch before their own "
+             "wait, so its weights stream during the whole wait (none: all after; default: %(default)s)")
+    add("--pin-weight-loads", default="on", choices=ON_OFF_CHOICES,
+        help="the tensor-core GEMVs' dependent forms keep their wait below the weight loads in the machine "
+             "code, so the weights stream while the kernel before ends (same bits; default: %(default)s)")
+    add("--wide-weight-loads", default="on", choices=ON_OFF_CHOICES,
+        help="the tensor-core GEMVs load their weight words two at a time (16-byte loads, half the load "
+             "instructions; same bits; default: %(default)s)")
+    add("--rope-inputs-early", default="on", choices=ON_OFF_CHOICES,
+        help="the tensor-core qkv projection loads its RoPE inputs (positions, slots, cos / sin rows) "
+             "before its wait in every layer but the first, not after it (same bits; default: "
+             "%(default)s)")
+    add("--attention-tiles-per-split", type=int, default=8, choices=[1, 2, 4, 8],
+        help="the tensor-core attention's split-K: a split per this many steps of a block's key tiles "
+             "over the widest context the block table allows, while the grid leaves SMs idle (same "
+             "tokens; default: %(default)s)")
+    add("--attention-pipeline", default="on", choices=ON_OFF_CHOICES,
+        help="the tensor-core attention loads a warp's next key tile before the products of this one "
+             "(same bits; default: %(default)s)")
+    add("--attention-early-tiles", type=int, default=1, choices=[1, 2, 3],
+        help="the tensor-core attention, with its early loads and pipeline, loads this many of a warp's "
+             "tiles of older keys before its wait (same bits; default: %(default)s)")
+    add("--probs-prefetch", default="on", choices=ON_OFF_CHOICES,
+        help="the probabilities kernel, as a dependent, loads its logits and noise before its wait "
+             "(same bits; default: %(default)s)")
+    add("--stats-combine", default="every_block", choices=["last_block", "every_block"],
+        help="a row's slice statistics combined by the statistics kernel's last block of the row, or by "
+             "every block of the probabilities kernel itself (same bits; default: %(default)s)")
+    add("--advance-in-sampler", default="on", choices=ON_OFF_CHOICES,
+        help="the draft step's probabilities kernel writes the next step's inputs (token, position, length, "
+             "slot) itself instead of an advance_step launch after it (the fused sampling kernels in two "
+             "launches; same tokens; default: %(default)s)")
+    add("--step-graph-side", default="on", choices=ON_OFF_CHOICES,
+        help="the spec step graph fills its random numbers and builds the verify's inputs on a branch of "
+             "its own beside draft step 1's forward, the samples writing the draft tokens (off: both in "
+             "the chain of kernels; same tokens; default: %(default)s)")
+    add("--draft-sample-first", default="on", choices=ON_OFF_CHOICES,
+        help="a captured draft loop from draft step 1 samples each step's token in one Gumbel-max launch, "
+             "the k steps' probabilities after it in one pass on a branch beside the verify (same "
+             "probabilities; the same tokens unless two candidates tie to float32 rounding; "
+             "default: %(default)s)")
+    add("--rejection-dependent", default="off", choices=ON_OFF_CHOICES,
+        help="in the spec step graph the rejection kernel launches as a programmatic dependent of the "
+             "verify's probabilities kernel, its draft-side loads before its wait (sm_90; same bits; "
+             "default: %(default)s)")
+    add("--verify-rejection", default="on", choices=ON_OFF_CHOICES,
+        help="in the spec step graph the verify's probabilities and the fused rejection sampler run as one "
+             "launch after the statistics kernel (same bits; default: %(default)s)")
+    add("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],
+        help="a prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' "
+             "9-kernel path with cuBLAS linears, not the torch path (auto: on a GPU, off in the CUDA "
+             "simulator; default: %(default)s)")
+    add("--prefill-graphs", default="on", choices=ON_OFF_CHOICES,
+        help="replay a uniform prefill layout seen before as a CUDA graph (default: %(default)s)")
+    add("--first-step-at-begin", default="on", choices=ON_OFF_CHOICES,
+        help="where no spec step was launched ahead (the batch changed, or a request nears its end), "
+             "build draft step 1 on the device at the step's start (off: on the CPU; default: %(default)s)")
 
 
 def apply_kernel_forms(args: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from protospec.config import SamplingParams
 from protospec.engine.llm import LLM
-from protospec.engine.metrics import RATE_KEYS, RequestMetrics
+from protospec.requests.metrics import RATE_KEYS, RequestMetrics
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 

@@ -22,7 +22,7 @@ import time
 from protospec import LLM, SamplingParams
 from protospec.bench.load import add_engine_args, engine_kwargs
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.engine.sequence import Sequence
+from protospec.requests.sequence import Sequence
 from protospec.errors import ProtospecError
 from protospec.spec import registry
 

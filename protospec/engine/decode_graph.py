@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from protospec.device_wait import DEFAULT_TIMEOUT_S, copy_to_host, wait_for
-from protospec.engine.block_manager import BlockManager
-from protospec.engine.sequence import Sequence
+from protospec.requests.block_manager import BlockManager
+from protospec.requests.sequence import Sequence
 from protospec.errors import AdvanceStepError
 from protospec.kernels import counter_randoms
 from protospec.kernels.counter_randoms import split_key

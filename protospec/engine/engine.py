@@ -11,7 +11,7 @@ from collections import deque
 
 import torch
 
-from protospec.engine.block_manager import BlockManager, blocks_for
+from protospec.requests.block_manager import BlockManager, blocks_for
 from protospec.engine.decode_graph import MultiStepDecode
 from protospec.engine.kv_pool import size_kv_pool
 from protospec.engine.prefill import Prefill
@@ -33,7 +33,7 @@ from protospec.model.layer_kernels import check_attention_kernel, check_linear_k
 from protospec.model.loader import load_model
 from protospec.model.runner import ModelRunner
 from protospec.spec.sampler import SamplingTensors
-from protospec.engine.sequence import Sequence
+from protospec.requests.sequence import Sequence
 from protospec.spec.step import SpeculativeStep
 from protospec.spec.step_graph import step_graph_applies
 from protospec.spec.sync_guard import forbid_host_sync

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from protospec.config import EngineConfig, device_memory_bytes
-from protospec.engine.block_manager import blocks_for
+from protospec.requests.block_manager import blocks_for
 from protospec.errors import ConfigError
 from protospec.model.runner import ModelRunner
 

@@ -18,8 +18,8 @@ from protospec.device_wait import synchronize
 from protospec.engine.engine import Engine
 from protospec.errors import ConcurrentUseError, PromptError, SamplingParamsError
 from protospec.model.loader import load_tokenizer
-from protospec.engine.metrics import RequestMetrics
-from protospec.engine.sequence import FinishReason, Sequence
+from protospec.requests.metrics import RequestMetrics
+from protospec.requests.sequence import FinishReason, Sequence
 
 Prompt = str | list[int]
 

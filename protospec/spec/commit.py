@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from protospec.engine.sequence import Sequence
+from protospec.requests.sequence import Sequence
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.model.inputs import host_to_device
 from protospec.spec import registry

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from protospec.device_wait import DEFAULT_TIMEOUT_S
-from protospec.engine.sequence import Sequence
+from protospec.requests.sequence import Sequence
 from protospec.kernels import dependent_launch
 from protospec.model.graphs import bucket
 from protospec.model.inputs import ForwardInputs

@@ -28,7 +28,7 @@ from protospec.spec.randoms import SpecStepRandoms
 from protospec.layout import RejectionOutput
 from protospec.spec.sampler import SamplingTensors
 from protospec.spec.step_state import StepState
-from protospec.engine.sequence import Sequence
+from protospec.requests.sequence import Sequence
 
 DrawRandoms = Callable[[StepState], SpecStepRandoms]
 

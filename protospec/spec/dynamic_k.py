@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.engine.sequence import Sequence
+from protospec.requests.sequence import Sequence
 from protospec.model.inputs import host_to_device
 from protospec.spec import registry
 from protospec.spec.step_state import StepState

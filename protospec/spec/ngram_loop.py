@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from protospec.engine.sequence import Sequence
+from protospec.requests.sequence import Sequence
 from protospec.kernels.ngram_match import ngram_match, propose
 from protospec.model.inputs import ForwardInputs, host_to_device
 from protospec.spec import registry

@@ -12,8 +12,8 @@ import contextlib
 
 import torch
 
-from protospec.engine.block_manager import BlockManager
-from protospec.engine.sequence import Sequence
+from protospec.requests.block_manager import BlockManager
+from protospec.requests.sequence import Sequence
 from protospec.device_wait import DEFAULT_TIMEOUT_S, copy_to_host, wait_for
 from protospec.errors import AdvanceStepError, ConfigError
 from protospec.model.runner import ModelRunner

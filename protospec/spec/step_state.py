@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protospec.engine.sequence import Sequence
+from protospec.requests.sequence import Sequence
 from protospec.model.inputs import ForwardInputs
 from protospec.spec.randoms import SpecStepRandoms
 from protospec.layout import RejectionOutput

@@ -19,7 +19,7 @@ import numpy as np
 from protospec.bench.provenance import check_writable, provenance
 from protospec.config import SamplingParams
 from protospec.engine.llm import LLM
-from protospec.engine.metrics import RATE_KEYS
+from protospec.requests.metrics import RATE_KEYS
 from protospec.engine.progress import progress_bar
 from protospec.train.corpus import Corpus
 

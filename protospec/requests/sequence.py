@@ -14,7 +14,7 @@ from enum import Enum
 import torch
 
 from protospec.config import SamplingParams
-from protospec.engine.metrics import RequestMetrics
+from protospec.requests.metrics import RequestMetrics
 
 
 class FinishReason(str, Enum):
