@@ -148,35 +148,34 @@ def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
     """Each process-wide kernel form follows its flag: the measured defaults, and every one flipped."""
     from protospec.bench.args import build_parser
     from protospec.bench.kernel_forms import apply_kernel_forms
-    from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling, verify_inputs
+    from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling
     from protospec.model import layer_kernels
-    from protospec.spec import step_graph
 
     switches = [(dependent_launch, "STEP_KERNELS"), (gemv_mma, "PREFETCH_NORM"),
-                (attention_mma, "EARLY_LOADS"), (verify_inputs, "ALLOW_DEPENDENTS"), (gemv_mma, "LM_HEAD_MAX_REGISTERS"),
+                (attention_mma, "EARLY_LOADS"), (gemv_mma, "LM_HEAD_MAX_REGISTERS"),
                 (gemv_mma, "LM_HEAD_PREFETCH_NORM"), (gemv_mma, "LOGIT_STATS"), (gemv_mma, "PIN_WEIGHT_LOADS"),
                 (gemv_mma, "EARLY_ALLOW"), (attention_mma, "PIPELINE"), (attention_mma, "TILES_PER_SPLIT"),
                 (gemv_mma, "ROPE_INPUTS_BEFORE_WAIT"),
                 (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER"), (sampling, "STATS_COMBINE"),
-                (step_graph, "SIDE_BRANCH"), (attention_mma, "EARLY_TILES"), (layer_kernels, "LONG_CHUNKS")]
+                (attention_mma, "EARLY_TILES"), (layer_kernels, "LONG_CHUNKS")]
     for module, name in switches:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
     long_chunks = layer_kernels.LONG_CHUNKS  # by machine (on a GPU, not in the simulator): "auto" keeps it
     flags = ["--step-kernels-dependent", "off", "--prefetch-norm", "off",
-             "--attention-early-loads", "off", "--verify-inputs-allow", "on", "--lm-head-max-registers", "128",
+             "--attention-early-loads", "off", "--lm-head-max-registers", "128",
              "--lm-head-prefetch-norm", "off", "--logit-stats", "on", "--pin-weight-loads", "off",
              "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
              "--rope-inputs-early", "off",
              "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "last_block",
-             "--step-graph-side", "off", "--attention-early-tiles", "3",
+             "--attention-early-tiles", "3",
              "--prefill-kernels", "off" if layer_kernels.LONG_CHUNKS else "on"] if flipped else []
     apply_kernel_forms(build_parser().parse_args(flags))
     got = [getattr(module, name) for module, name in switches]
     early = frozenset({"o", "gate_up", "down"})
-    assert got == ([False, False, False, True, 128, False, True, False, frozenset(), False, 2, False, False, False,
-                    "last_block", False, 3, not long_chunks]
-                   if flipped else [True, True, True, False, 0, True, False, True, early, True, 8, True, True, True,
-                                    "every_block", True, 1, long_chunks])
+    assert got == ([False, False, False, 128, False, True, False, frozenset(), False, 2, False, False, False,
+                    "last_block", 3, not long_chunks]
+                   if flipped else [True, True, True, 0, True, False, True, early, True, 8, True, True, True,
+                                    "every_block", 1, long_chunks])
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

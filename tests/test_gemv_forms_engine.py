@@ -8,10 +8,7 @@ their wait (gemv_mma.EARLY_ALLOW); the wait kept below the weight loads (gemv_mm
 weights loaded 16 bytes at a time (gemv_mma.WIDE_WEIGHT_LOADS); the attention loading a warp's next key tile
 before this one's products (attention_mma.PIPELINE); the probabilities kernel's logits and noise before its
 wait (sampling.PROBS_PREFETCH); the draft step's advance done by the probabilities kernel
-(sampling.ADVANCE_IN_SAMPLER); the draft step's token in one launch, its probabilities after the loop
-(probs_branch.SAMPLE_FIRST: the same tokens unless two candidates tie to float32 rounding); the
-rejection kernel launched as a dependent in the step graph (rejection.DEPENDENT); the verify's probabilities and
-the rejection sampler as one launch (verify_rejection.FUSED). (Their bits against each other run in the simulator too:
+(sampling.ADVANCE_IN_SAMPLER). (Their bits against each other run in the simulator too:
 tests/test_gemv_mma.py, test_attention_mma.py, test_sampling_kernel.py.)"""
 import pytest
 import torch
@@ -33,13 +30,6 @@ FORMS = {  # setting -> (module, attribute, the two values, a kernel name only t
     "attention_pipeline": ("protospec.kernels.attention_mma", "PIPELINE", (False, True), "attention_mma_kernel_pipe"),
     "probs_prefetch": ("protospec.kernels.sampling", "PROBS_PREFETCH", (False, True), None),  # one kernel name
     "advance_in_sampler": ("protospec.kernels.sampling", "ADVANCE_IN_SAMPLER", (False, True), None),  # one kernel less
-    # first: off, so the two forms above run in the captured loop (the one-launch token replaces them there)
-    "draft_sample_first": ("protospec.spec.probs_branch", "SAMPLE_FIRST", (False, True), "gumbel_sample_kernel"),
-    "rejection_dependent": ("protospec.kernels.rejection", "DEPENDENT", (False, True), None),  # one kernel name
-    "verify_rejection": ("protospec.kernels.verify_rejection", "FUSED", (False, True), "verify_rejection_kernel"),
-    # beside the draft's probabilities on their branch (as by default): the fused launch reads them
-    "verify_rejection_sample_first": ("protospec.kernels.verify_rejection", "FUSED", (False, True),
-                                      "verify_rejection_kernel", {"draft_sample_first": True}),
 }
 
 

@@ -138,20 +138,19 @@ def test_draft_steps_sampled_first_then_their_probabilities_in_one_pass_write_wh
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded_t1"])
 def test_the_draft_loop_with_probabilities_on_a_branch_keeps_the_tokens(tiny_target, tiny_draft, temperature,
-                                                                         monkeypatch, launched_kernels):
+                                                                         launched_kernels):
     """The graph draft loop (a step graph on a GPU), its tokens sampled by the one-launch kernel and its
-    probabilities on a branch: the same tokens as the two-launch sampler, the kernel launched only then."""
+    probabilities on a branch: the same tokens as the gpu loop's two-launch sampler, and the one-launch
+    kernel launched by the graph loop only."""
     from protospec.config import SamplingParams
-    from protospec.spec import probs_branch
     from tiny import random_prompts, tiny_llm
 
     params = SamplingParams(temperature=temperature, max_tokens=10, ignore_eos=True, seed=4)
     prompts = random_prompts(2, seed=3)
     tokens = {}
-    for on in (False, True):
-        monkeypatch.setattr(probs_branch, "SAMPLE_FIRST", on)
+    for mode in ("gpu", "graph"):
         launched_kernels.clear()
-        llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop="graph")
-        tokens[on] = [o.token_ids for o in llm.generate(prompts, params)]
-        assert any(name.startswith("gumbel_sample") for name in launched_kernels) is on
-    assert tokens[True] == tokens[False] and all(len(t) == params.max_tokens for t in tokens[False])
+        llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda", draft_loop=mode)
+        tokens[mode] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert any(name.startswith("gumbel_sample") for name in launched_kernels) is (mode == "graph")
+    assert tokens["graph"] == tokens["gpu"] and all(len(t) == params.max_tokens for t in tokens["gpu"])

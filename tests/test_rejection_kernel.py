@@ -76,24 +76,6 @@ def test_more_positions_than_threads_match_the_reference(greedy):
     _assert_same(_case(6, 2, rejection.THREADS + 3, 20, greedy=greedy))
 
 
-@pytest.mark.parametrize("case", ["sampled", "greedy", "positions_past_threads"])
-def test_the_dependent_form_matches_the_reference(monkeypatch, case):
-    """rejection.DEPENDENT: each thread's first position loaded before the kernel's wait (a no-op in the
-    simulator; on a GPU the launch overlaps the kernel before it): the reference's tokens, masks and
-    counts, a thread with several positions included."""
-    from protospec.kernels import dependent_launch, rejection
-
-    monkeypatch.setattr(rejection, "DEPENDENT", True)
-    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)
-    k = rejection.THREADS + 3 if case == "positions_past_threads" else 4
-    args = _case(8, 2, k, 40, greedy=case == "greedy")
-    ref = rejection_sample(*args)
-    got = rejection_sample_fused(*args, dependent=True)
-    assert got.output_token_ids.tolist() == ref.output_token_ids.tolist()
-    assert got.num_accepted.tolist() == ref.num_accepted.tolist()
-    assert got.passed_mask.tolist() == ref.passed_mask.tolist() and got.accepted_mask.tolist() == ref.accepted_mask.tolist()
-
-
 def test_blocks_of_several_warps_match_the_reference(monkeypatch):
     """The warps' partial results merged through shared slots (the first failure, the passed count, the
     races): the simulator reads the block width and the shuffle width at run time, so two warps of 32

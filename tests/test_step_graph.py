@@ -31,21 +31,17 @@ def _first_step(rows, width, block_size, lengths, last_tokens, tables):
     return first
 
 
-WAYS = ["kernel", "torch_twin", "kernel_allowing"]
+WAYS = ["kernel", "torch_twin"]
 
 
-def _build(way, monkeypatch, first, drafts, verify, rows, width, error):
-    """build_verify_inputs the given way; "kernel_allowing": the form that lets a dependent start at once."""
-    from protospec.kernels import verify_inputs
-
-    monkeypatch.setattr(verify_inputs, "ALLOW_DEPENDENTS", way == "kernel_allowing")
-    build_verify_inputs(first, drafts, verify, rows, width, error, use_kernel=way != "torch_twin",
-                        allow_dependents=way == "kernel_allowing")
+def _build(way, first, drafts, verify, rows, width, error):
+    """build_verify_inputs the given way: the Numba kernel or its torch twin."""
+    build_verify_inputs(first, drafts, verify, rows, width, error, use_kernel=way != "torch_twin")
 
 
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("batch,rows,k,block_size", [(1, 1, 5, 16), (3, 4, 4, 4), (6, 8, 2, 8)])
-def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows, k, block_size, way, monkeypatch):
+def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows, k, block_size, way):
     rng = random.Random(batch * 10 + k)
     free = list(range(1, 500))
     rng.shuffle(free)
@@ -58,7 +54,7 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     verify = PersistentInputs("verify", rows, k + 1, width, k + 1, block_size, KERNEL_DEVICE)
     verify.slot_mapping.fill_(123)  # stale slots a padding row must not keep
     error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
-    _build(way, monkeypatch, first, drafts, verify, rows, width, error)
+    _build(way, first, drafts, verify, rows, width, error)
 
     cpu = prepare_inputs([[t] + drafts[r].tolist() for r, t in enumerate(last)], [n - 1 for n in lengths], tables,
                          block_size, k + 1, torch.device("cpu"), width)
@@ -97,14 +93,14 @@ def test_verify_inputs_without_the_draft_tokens_leave_them_to_the_samples(use_ke
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_verify_inputs_flag_a_position_past_the_table(way, monkeypatch):
+def test_verify_inputs_flag_a_position_past_the_table(way):
     block_size, k = 4, 3
     tables = [[5, 6, 7], [8, NULL_BLOCK, NULL_BLOCK]]  # row 1 holds 4 positions only
     lengths, last = [6, 3], [11, 12]
     first = _first_step(2, 3, block_size, lengths, last, tables)
     verify = PersistentInputs("verify", 2, k + 1, 3, k + 1, block_size, KERNEL_DEVICE)
     error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
-    _build(way, monkeypatch, first, torch.full((2, k), 7, device=KERNEL_DEVICE), verify, 2, 3, error)
+    _build(way, first, torch.full((2, k), 7, device=KERNEL_DEVICE), verify, 2, 3, error)
     assert error.item() == 2  # row 1, + 1
     assert verify.slot_mapping[k + 1 :].tolist() == [8 * 4 + 2, 8 * 4 + 3, PAD_SLOT_ID, PAD_SLOT_ID]
     assert verify.slot_mapping[: k + 1].tolist() == [6 * 4 + 1, 6 * 4 + 2, 6 * 4 + 3, 7 * 4 + 0]
@@ -162,15 +158,11 @@ def test_asking_for_the_step_graph_on_a_cpu_engine_names_what_is_missing(tiny_ta
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
-@pytest.mark.parametrize("temperature,side", [(0.0, True), (1.0, True), (0.0, False), (1.0, False)])
-def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature,
-                                                                         side, monkeypatch):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature):
     """Requests of different lengths share two batch slots, so launched steps are discarded (their keys
     kept) and graphs of several batch sizes replay; with the step graph on or off the tokens are the
-    same, its random numbers and verify inputs built on a branch beside draft step 1 or in the chain."""
-    from protospec.spec import step_graph
-
-    monkeypatch.setattr(step_graph, "SIDE_BRANCH", side)
+    same (its random numbers and verify inputs built on a branch beside draft step 1)."""
     prompts = random_prompts(5, seed=6)
     params = [SamplingParams(temperature=temperature, top_k=40, max_tokens=n, seed=20 + i, ignore_eos=True)
               for i, n in enumerate((40, 61, 33, 18, 29))]
@@ -186,41 +178,3 @@ def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_ta
     assert counters[None]["spec_step_graph"] > 0 and "spec_step_graph" not in counters[False]
 
 
-@pytest.mark.parametrize("asked,switch", [(False, True), (True, False), (True, True)])
-def test_the_allowing_verify_kernel_goes_out_only_when_asked_and_switched_on(asked, switch, monkeypatch):
-    """The step graph asks for it where the verify's forward is launched as dependents; the module switch
-    (off until timed) must also be on."""
-    from protospec.kernels import interop, verify_inputs
-
-    launched = []
-    monkeypatch.setattr(interop, "launch_tensors", lambda kernel, grid, block, args, dependent=False: launched.append(kernel))
-    monkeypatch.setattr(verify_inputs, "ALLOW_DEPENDENTS", switch)
-    first = _first_step(1, 2, 4, [5], [9], [[3, 4]])
-    verify = PersistentInputs("verify", 1, 3, 2, 3, 4, KERNEL_DEVICE)
-    build_verify_inputs(first, torch.full((1, 2), 7, device=KERNEL_DEVICE), verify, 1, 2,
-                        torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE), use_kernel=True, allow_dependents=asked)
-    assert launched == [verify_inputs._verify_kernel(asked and switch, True)]
-    assert verify_inputs._verify_kernel(True) is not verify_inputs._verify_kernel(False)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
-def test_the_allowing_verify_kernel_keeps_the_step_graphs_tokens(tiny_target, tiny_draft, monkeypatch):
-    """With the verify's first GEMV started during the input kernel (its wait before it reads the
-    tokens), the step graph's tokens stay the stage-by-stage step's (that kernel in the chain: no side
-    branch)."""
-    from protospec.kernels import verify_inputs
-    from protospec.spec import step_graph
-
-    monkeypatch.setattr(step_graph, "SIDE_BRANCH", False)
-
-    prompts = random_prompts(3, seed=7)
-    params = SamplingParams(temperature=1.0, max_tokens=40, seed=5, ignore_eos=True)
-    outs = {}
-    for allow in (False, True):
-        monkeypatch.setattr(verify_inputs, "ALLOW_DEPENDENTS", allow)
-        llm = tiny_llm(tiny_target, tiny_draft, k=4, device="cuda", dtype="float16", draft_loop="graph",
-                       spec_step_graph=None if allow else False)
-        outs[allow] = [o.token_ids for o in llm.generate(prompts, params)]
-        assert not allow or llm.counters["draft"]["spec_step_graph"] > 0
-    assert outs[True] == outs[False]

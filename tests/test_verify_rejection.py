@@ -120,15 +120,12 @@ def test_bad_arguments_are_named():
         verify_rejection.probs_and_rejection(logits, st, draft[0], draft[1][:, :, :20].contiguous(), *draft[2:])
 
 
-def test_it_applies_to_the_fused_rejection_sampler_only(monkeypatch):
+def test_it_applies_to_the_fused_rejection_sampler_only():
     from protospec.spec.acceptance import RejectionSampling, TypicalAcceptance
 
     st = _case(8, [1.0], 2, 50)[1]
-    monkeypatch.setattr(verify_rejection, "FUSED", True)
     assert verify_rejection.applies(st, RejectionSampling(fused=True))
     assert not verify_rejection.applies(st, RejectionSampling(fused=False))
     assert not verify_rejection.applies(st, TypicalAcceptance())
     filtered = SamplingTensors.build([SamplingParams(temperature=1.0, top_k=5)], [torch.Generator()], 50, DEV)
     assert not verify_rejection.applies(filtered, RejectionSampling(fused=True))
-    monkeypatch.setattr(verify_rejection, "FUSED", False)
-    assert not verify_rejection.applies(st, RejectionSampling(fused=True))

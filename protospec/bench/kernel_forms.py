@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from protospec.kernels import (attention_mma, dependent_launch, gemv_mma, rejection, sampling, verify_inputs,
-                               verify_rejection)
+from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling
 from protospec.model import layer_kernels
-from protospec.spec import probs_branch, step_graph
 
 ON_OFF_CHOICES = ["on", "off"]
 
@@ -41,10 +39,6 @@ def _add_switches(p: argparse.ArgumentParser, shown: bool) -> None:
     add("--attention-early-loads", default="on", choices=ON_OFF_CHOICES,
         help="the tensor-core attention, launched as a dependent, loads the positions, table entries "
              "and a first tile of older keys before its wait (same bits; default: %(default)s)")
-    add("--verify-inputs-allow", default="off", choices=ON_OFF_CHOICES,
-        help="in the step graph, the kernel that builds the verify's inputs lets the verify's first GEMV "
-             "(a programmatic dependent) start at once, its weight loads overlapping it (sm_90; "
-             "default: %(default)s)")
     add("--lm-head-max-registers", type=int, default=0, choices=[0, 128, 96, 80],
         help="registers a thread of the tensor-core LM head, so more of its blocks fit an SM at once "
              "(0: the compiler's choice; same bits; default: %(default)s)")
@@ -98,22 +92,6 @@ def _add_switches(p: argparse.ArgumentParser, shown: bool) -> None:
         help="the draft step's probabilities kernel writes the next step's inputs (token, position, length, "
              "slot) itself instead of an advance_step launch after it (the fused sampling kernels in two "
              "launches; same tokens; default: %(default)s)")
-    add("--step-graph-side", default="on", choices=ON_OFF_CHOICES,
-        help="the spec step graph fills its random numbers and builds the verify's inputs on a branch of "
-             "its own beside draft step 1's forward, the samples writing the draft tokens (off: both in "
-             "the chain of kernels; same tokens; default: %(default)s)")
-    add("--draft-sample-first", default="on", choices=ON_OFF_CHOICES,
-        help="a captured draft loop from draft step 1 samples each step's token in one Gumbel-max launch, "
-             "the k steps' probabilities after it in one pass on a branch beside the verify (same "
-             "probabilities; the same tokens unless two candidates tie to float32 rounding; "
-             "default: %(default)s)")
-    add("--rejection-dependent", default="off", choices=ON_OFF_CHOICES,
-        help="in the spec step graph the rejection kernel launches as a programmatic dependent of the "
-             "verify's probabilities kernel, its draft-side loads before its wait (sm_90; same bits; "
-             "default: %(default)s)")
-    add("--verify-rejection", default="on", choices=ON_OFF_CHOICES,
-        help="in the spec step graph the verify's probabilities and the fused rejection sampler run as one "
-             "launch after the statistics kernel (same bits; default: %(default)s)")
     add("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],
         help="a prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' "
              "9-kernel path with cuBLAS linears, not the torch path (auto: on a GPU, off in the CUDA "
@@ -136,7 +114,6 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     sampling.PROBS_PREFETCH = args.probs_prefetch == "on"
     sampling.ADVANCE_IN_SAMPLER = args.advance_in_sampler == "on"
     sampling.STATS_COMBINE = args.stats_combine
-    verify_inputs.ALLOW_DEPENDENTS = args.verify_inputs_allow == "on"
     gemv_mma.LM_HEAD_MAX_REGISTERS = args.lm_head_max_registers
     gemv_mma.LM_HEAD_PREFETCH_NORM = args.lm_head_prefetch_norm == "on"
     gemv_mma.LOGIT_STATS = args.logit_stats == "on"
@@ -146,10 +123,6 @@ def apply_kernel_forms(args: argparse.Namespace) -> None:
     gemv_mma.PIN_WEIGHT_LOADS = args.pin_weight_loads == "on"
     gemv_mma.WIDE_WEIGHT_LOADS = args.wide_weight_loads == "on"
     gemv_mma.ROPE_INPUTS_BEFORE_WAIT = args.rope_inputs_early == "on"
-    step_graph.SIDE_BRANCH = args.step_graph_side == "on"
-    probs_branch.SAMPLE_FIRST = args.draft_sample_first == "on"
-    rejection.DEPENDENT = args.rejection_dependent == "on"
-    verify_rejection.FUSED = args.verify_rejection == "on"
     if args.prefill_kernels != "auto":
         layer_kernels.LONG_CHUNKS = args.prefill_kernels == "on"
 

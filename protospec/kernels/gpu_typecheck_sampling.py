@@ -18,7 +18,7 @@ def sampling_and_rejection_forms() -> None:
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
                                [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
     logits = torch.zeros(batch, vocab)
-    chosen = (dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE, rejection.DEPENDENT)
+    chosen = (dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE)
     try:  # every form's kernels (the dependents' with the probabilities' loads after and before the wait)
         for dependent, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE in (
                 (False, False, "last_block"), (True, False, "last_block"), (True, True, "last_block"),
@@ -40,16 +40,14 @@ def sampling_and_rejection_forms() -> None:
                                torch.zeros(batch, dtype=torch.int64), True, _advance_launcher(batch))
         draft = [torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab), torch.zeros(batch, k),
                  torch.zeros(batch, k, vocab), torch.zeros(batch, vocab)]  # ids, q, u, recovered and bonus noise
-        for rejection.DEPENDENT in (False, True):  # the rejection kernel's plain and dependent forms
-            rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:],
-                                             dependent=True)
+        rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:])
         tiled = torch.zeros(batch * (k + 1), vocab)  # the verify's logits with the LM head's tiles' statistics
         logit_stats.attach(tiled, logit_stats.LogitStats.empty(batch * (k + 1), vocab, tiled.device))
         for dependent_launch.STEP_KERNELS in (False, True):  # the verify's probabilities with the rejection
             for verify_logits in (torch.zeros(batch * (k + 1), vocab), tiled):  # after the statistics kernel, the head
                 verify_rejection.probs_and_rejection(verify_logits, st, *draft, dependent=True)
     finally:
-        dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE, rejection.DEPENDENT = chosen
+        dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE = chosen
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))
     ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,

@@ -26,15 +26,13 @@ Waits: no block waits for another (attention_combine.arrived_last says why the l
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 from numba import float32, int32, int64
 
-from protospec.kernels import dependent_launch, interop
+from protospec.kernels import interop
 from protospec.kernels.attention_combine import arrived_last
-from protospec.kernels.dependent_launch import allow_dependent_launch, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
 from protospec.kernels.reductions import better, block_argmax_or, block_min_and_sum
@@ -46,12 +44,6 @@ from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 THREADS = 32 if interop.SIMULATOR else 256
 VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
 
-# In a spec step graph, the kernel launched as a programmatic dependent of the verify's probabilities
-# kernel (sm_90): its launch overlaps that kernel, and each position's draft token, uniform and q(d)
-# (written by kernels long finished) are loaded before its wait. The same bits. Not yet timed: off
-# (bench and kernel_census: --rejection-dependent).
-DEPENDENT = False
-
 
 @cuda.jit(device=True)
 def _block_best(value, index, flag, best_value, best_index, flags, tid):
@@ -59,26 +51,10 @@ def _block_best(value, index, flag, best_value, best_index, flags, tid):
     return block_argmax_or(value, index, flag, best_value, best_index, flags, tid, THREADS)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(WAITS: bool):  # noqa: N803 (Numba freezes it as a constant)
-    """WAITS: launched as a programmatic dependent (DEPENDENT's form): it waits before reading the
-    target probabilities, the one input the kernel before it writes."""
-
-    @cuda.jit
-    def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
-                                num_proposed, out_ids, num_accepted, accepted_mask, passed_mask, commit,
-                                part_value, part_index, part_mass, counters, error_flag):
-        _body(WAITS, draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-              out_ids, num_accepted, accepted_mask, passed_mask, commit, part_value, part_index, part_mass, counters,
-              error_flag)
-
-    return rejection_sample_kernel
-
-
-@cuda.jit(device=True)
-def _body(waits, draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
-          num_proposed, out_ids, num_accepted, accepted_mask, passed_mask, commit,
-          part_value, part_index, part_mass, counters, error_flag):
+@cuda.jit
+def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
+                            num_proposed, out_ids, num_accepted, accepted_mask, passed_mask, commit,
+                            part_value, part_index, part_mass, counters, error_flag):
     """
     draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
     target_probs    [B, k + 1, V] float32 uniforms       [B, k] float32
@@ -105,15 +81,11 @@ def _body(waits, draft_ids, draft_probs, target_probs, uniforms, recovered_noise
     zero = float32(0.0)
 
     # The acceptance tests, a position per thread; n = the first that failed. The thread's first
-    # position's token, uniform and q(d) first (a clamped, always valid position): no kernel still
-    # running writes them.
+    # position's token, uniform and q(d) first (a clamped, always valid position).
     proposed = num_proposed[row]
     first = min(tid, k - 1)
     first_d = draft_ids[row, first]
     first_uq = uniforms[row, first] * draft_probs[row, first, first_d]
-    if waits:
-        wait_after_issued_loads(slices)  # kept below the loads above in the machine code
-        allow_dependent_launch()
     failed, passes = int64(k), int64(0)
     for i in range(tid, k, THREADS):
         d = first_d if i == tid else draft_ids[row, i]
@@ -188,7 +160,8 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     """Same arguments and result as protospec.spec.rejection.rejection_sample, in one kernel launch.
     error_flag: [1] int32 the step's device-built inputs' flag, or None; given, the result's
     commit_flagged is the commit's row with it (RejectionOutput). dependent: the kernel before it
-    launches dependents (ModelRunner.launches_dependents): with DEPENDENT, launched as one."""
+    launches dependents (ModelRunner.launches_dependents); this kernel is an ordinary launch after it,
+    so it starts once that kernel has ended."""
     batch, k = draft_token_ids.shape
     check_tensor("target_probs", target_probs, torch.float32, 3, rows=batch)
     recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
@@ -206,8 +179,7 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
                           torch.empty(batch, slices, dtype=torch.int32, device=draft_token_ids.device))
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
             *out.kernel_args, *_partials[key], arrival_counters(draft_token_ids.device, batch, "rejection"), flag]
-    waits = bool(dependent) and DEPENDENT and dependent_launch.STEP_KERNELS
-    interop.launch_tensors(_kernel(waits), batch * slices, THREADS, args, dependent=waits)
+    interop.launch_tensors(rejection_sample_kernel, batch * slices, THREADS, args)
     return out.result(error_flag is not None)
 
 

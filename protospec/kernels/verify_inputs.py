@@ -13,10 +13,6 @@ null block gets slot -1 and sets error_row to row + 1, as advance_step and first
 Without TOKENS (a spec step graph whose draft steps' samples write d_1..d_k into input_ids themselves)
 the kernel writes no token but t_{L'-1}, so it may run beside the draft steps.
 
-With ALLOWS (sm_90 and later) the kernel lets its dependent start at once: the verify's first GEMV,
-launched as a programmatic dependent (kernels/dependent_launch.py), then has its weight loads in
-flight during this kernel and waits for it before reading the tokens it wrote. The kernel itself is
-an ordinary launch, so every kernel before it has completed when that dependent starts.
 """
 from __future__ import annotations
 
@@ -27,19 +23,13 @@ import torch
 from protospec.layout import PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.kernels import interop
-from protospec.kernels.dependent_launch import allow_dependent_launch
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.slot_lookup import slot_or_flag
 
-# Callers that launch the verify's forward as dependents ask for the allowing form only with this on:
-# off, as its census read no faster (bench and kernel_census: --verify-inputs-allow on; data/results/README.md).
-# Set before any graph is captured.
-ALLOW_DEPENDENTS = False
 
 @functools.lru_cache(maxsize=None)
-def _verify_kernel(ALLOWS: bool, TOKENS: bool = True):  # noqa: N803 (Numba freezes them as constants)
-    """The kernel; ALLOWS: it lets a programmatic dependent start as soon as it begins; TOKENS: it
-    writes the draft tokens (else only each row's first token)."""
+def _verify_kernel(TOKENS: bool = True):  # noqa: N803 (Numba freezes it as a constant)
+    """The kernel; TOKENS: it writes the draft tokens (else only each row's first token)."""
 
     @cuda.jit
     def verify_inputs_kernel(block_size, width, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
@@ -58,8 +48,6 @@ def _verify_kernel(ALLOWS: bool, TOKENS: bool = True):  # noqa: N803 (Numba free
         block_tables        [rows, verify_blocks] int32   out: the first `width` columns
         error_row           [1] int32               out: row + 1 of a position the table cannot hold
         """
-        if ALLOWS:
-            allow_dependent_launch()
         t = cuda.grid(1)
         q = input_ids.shape[0] // seq_lens.shape[0]
         k = q - 1
@@ -91,13 +79,11 @@ def _verify_kernel(ALLOWS: bool, TOKENS: bool = True):  # noqa: N803 (Numba free
     return verify_inputs_kernel
 
 
-verify_inputs_kernel = _verify_kernel(False)
+verify_inputs_kernel = _verify_kernel()
 
 def verify_inputs(block_size: int, width: int, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
-                  input_ids, positions, slot_mapping, seq_lens, block_tables, error_row,
-                  allow_dependents: bool = False, tokens: bool = True) -> None:
+                  input_ids, positions, slot_mapping, seq_lens, block_tables, error_row, tokens: bool = True) -> None:
     """Check the arguments (rows = first_seq_lens' length), then one launch of rows * (k + 1) threads.
-    allow_dependents: the kernel form that lets the next kernel (a programmatic dependent) start at once;
     tokens: the form that writes the draft tokens (else the samples write them)."""
     check_tensor("first_seq_lens", first_seq_lens, torch.int32, 1)
     rows = first_seq_lens.shape[0]
@@ -114,6 +100,6 @@ def verify_inputs(block_size: int, width: int, first_input_ids, first_seq_lens, 
     if not 0 < width <= widest:
         raise KernelArgumentError(f"verify_inputs: width {width} outside 1..{widest} (the narrower of the two block tables)")
     grid, block = interop.launch_config(rows * q)
-    interop.launch_tensors(_verify_kernel(bool(allow_dependents) and ALLOW_DEPENDENTS, bool(tokens)), grid, block,
+    interop.launch_tensors(_verify_kernel(bool(tokens)), grid, block,
                            [block_size, width, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
                             input_ids, positions, slot_mapping, seq_lens, block_tables, error_row])

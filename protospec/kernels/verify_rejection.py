@@ -44,12 +44,6 @@ from protospec.kernels.sampling_slices import PER_THREAD, THREADS, VOCAB_PER_BLO
 from protospec.kernels.sampling_stats import slice_statistics
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
-# In a spec step graph whose rejection sampler is the fused kernel (fused sampling, no top-k / top-p),
-# the verify's probabilities kernel and the rejection kernel as this one launch. The same bits in the
-# kernel tests; on: timed faster (data/results/README.md). Set before any graph is captured (bench and
-# kernel_census: --verify-rejection).
-FUSED = True
-
 
 @functools.lru_cache(maxsize=None)
 def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them as constants)
@@ -197,11 +191,12 @@ def _row_slots(rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def applies(st, acceptance) -> bool:
-    """FUSED's form fits: fused rejection (not typical acceptance, not the torch sampler) and rows the
-    fused sampling kernels take (no top-k / top-p)."""
+    """This one launch serves a spec step graph whose rejection sampler is the fused kernel (not typical
+    acceptance, not the torch sampler) and whose rows the fused sampling kernels take (no top-k / top-p);
+    elsewhere the probabilities kernel and the rejection kernel run apart."""
     from protospec.kernels.rejection import rejection_sample_fused
 
-    return FUSED and getattr(acceptance, "sample", None) is rejection_sample_fused and not st.needs_filter
+    return getattr(acceptance, "sample", None) is rejection_sample_fused and not st.needs_filter
 
 
 def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, uniforms, recovered_noise,

@@ -74,7 +74,7 @@ class RejectionSampling:
                  dependent: bool = False) -> RejectionOutput:
         """error_flag: [1] int32 the step's device-built inputs' flag, which the kernel copies into the
         commit's row (RejectionOutput.commit_flagged); the torch path leaves it to commit_row.
-        dependent: the kernel before launches dependents (the kernel's rejection.DEPENDENT form)."""
+        dependent: the kernel before launches dependents (ModelRunner.launches_dependents)."""
         if self.sample is rejection_sample:
             return rejection_sample(draft_ids, draft_probs, target_probs, randoms.uniforms, randoms.recovered_noise,
                                     randoms.bonus_noise, num_proposed)

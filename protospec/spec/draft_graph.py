@@ -57,9 +57,10 @@ class DraftLoopGraph:
             self._settings_of: list = [None]
         self.fused = fused_sampling  # how the captured steps sample (draft_sampling.sample_draft_step)
         self.first = first  # draft step 1's device-built buffers: the replay starts at step 1 (None: step 2)
-        # probs_branch.SAMPLE_FIRST: the tokens alone, the probabilities of all k steps after them on a branch
+        # The tokens alone (one Gumbel-max launch a step), the probabilities of all k steps after them on a
+        # branch (probs_branch.py); the same tokens as the race unless two candidates tie to float32 rounding.
         # (a loop from draft step 1 only: step 1 sampled outside would have left probabilities, not logits)
-        sample_first = fused_sampling and probs_branch.SAMPLE_FIRST and first is not None and not st.needs_filter
+        sample_first = fused_sampling and first is not None and not st.needs_filter
         self.branch = probs_branch.ProbsBranch(device) if sample_first else None
         self.graph: torch.cuda.CUDAGraph | None = None
 

@@ -1,8 +1,8 @@
 """The draft's probabilities off the draft loop's chain of kernels.
 
 A draft step's next forward needs its token only; its probabilities q (a [V] row per sequence) are
-read first by the rejection sampler, after the verify. With SAMPLE_FIRST, a captured draft loop that
-starts at draft step 1 (draft_graph.py) samples each step's token in one launch
+read first by the rejection sampler, after the verify. A captured draft loop that starts at draft
+step 1 (draft_graph.py) samples each step's token in one launch
 (kernels/gumbel_sample.py), which leaves a copy of the step's logits where its probabilities go;
 after the k-th step, sampling.py's two kernels turn all k rows of logits into probabilities in
 place (the same arithmetic, so the same bits as sampling each step with them), on a stream of their
@@ -15,12 +15,6 @@ from __future__ import annotations
 import torch
 
 from protospec.spec.sampler import SamplingTensors
-
-# The captured draft loops' token in one Gumbel-max launch, the probabilities in one pass after the
-# loop, on a branch. Same probabilities; the same tokens as the race unless two candidates tie to
-# float32 rounding. Set before any graph is captured (bench and kernel_census: --draft-sample-first).
-# On: timed faster (data/results/README.md).
-SAMPLE_FIRST = True
 
 
 class ProbsBranch:

@@ -1,6 +1,6 @@
 """A launched spec step as ONE CUDA graph: draft steps 1..k, the verify's inputs, the verify, the
 target's probabilities, the rejection sampler and the commit's row, one replay (the last three in two
-launches with kernels/verify_rejection.py's FUSED).
+launches with kernels/verify_rejection.py, where it applies).
 
 The overlapped commit (commit.py) builds the next spec step's draft step 1 on the device from the
 rejection output, before the host has read it. From there nothing the step does needs the host:
@@ -12,11 +12,9 @@ replays, and queues the commit's copy. The commit then runs while the device wor
 The step's random numbers are filled inside the replay, from the requests' keys (one small copy in):
 drawn outside, they would cost a fill and a copy of each block into the graph's buffers.
 
-With SIDE_BRANCH, what only needs draft step 1's buffers goes on a branch of the replay of its own,
-beside draft step 1's forward: that fill, and the verify's inputs but its draft tokens, which each
-draft step's sample writes into the verify's tokens itself. The first sample waits for the branch.
-Off, the fill is the replay's first kernel and the verify's inputs a kernel between the draft steps
-and the verify, both in the chain of dependent kernels.
+What only needs draft step 1's buffers goes on a branch of the replay of its own, beside draft step
+1's forward: that fill, and the verify's inputs but its draft tokens, which each draft step's sample
+writes into the verify's tokens itself. The first sample waits for the branch.
 
 Everything lives in fixed buffers of `rows` (the batch padded to a bucket); the draft side shares
 the steps 1..k draft graph's buffers (settings, noise, draft ids and probabilities). The outputs
@@ -43,10 +41,6 @@ from protospec.spec.randoms import SpecStepRandoms, batched_draws, force_accepta
 from protospec.spec.sampler import SamplingTensors
 from protospec.spec.verify_inputs import build_verify_inputs
 
-
-# The fill and the verify's inputs on a branch of their own beside draft step 1's forward (the samples
-# write the draft tokens), not in the chain of kernels (module docstring; --step-graph-side).
-SIDE_BRANCH = True
 
 
 def step_graph_applies(setting: bool | None, draft_loop: str, proposer: str | None, k: int, dynamic_k: str,
@@ -109,7 +103,7 @@ class SpecStepGraph:
         # else copied in from the requests' own generators' draws.
         self.fills = not self.greedy and batched_draws(device)
         self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
-        self._side: torch.cuda.Stream | None = None  # SIDE_BRANCH's stream
+        self._side: torch.cuda.Stream | None = None  # the side branch's stream
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple | None = None  # (target probs [rows, k+1, V], RejectionOutput, commit row) of the replays
 
@@ -135,7 +129,7 @@ class SpecStepGraph:
                 force_acceptance(self.uniforms, self.forced_acceptance)
 
     def _side_branch(self) -> torch.cuda.Event:
-        """SIDE_BRANCH: the fill and the verify's inputs but the draft tokens on a stream of their own,
+        """The fill and the verify's inputs but the draft tokens on a stream of their own,
         forked from the replay's start (eagerly: after the keys' copy); the event the first draft
         sample waits for."""
         if self._side is None:
@@ -151,14 +145,8 @@ class SpecStepGraph:
 
     def _record(self) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
         d, rows, k = self.draft, self.rows, self.k
-        if SIDE_BRANCH:
-            tokens = self.verify.input_ids[: rows * (k + 1)].view(rows, k + 1)  # [rows, k + 1] the verify's
-            d.steps(noise_block=self.noise, noise_ready=self._side_branch(), tokens_to=tokens, join=False)
-        else:
-            self._fill()
-            d.steps(noise_block=self.noise, join=False)
-            build_verify_inputs(d.first, d.draft_ids, self.verify, rows, self.width, self.error_row,
-                                allow_dependents=self.target.launches_dependents)
+        tokens = self.verify.input_ids[: rows * (k + 1)].view(rows, k + 1)  # [rows, k + 1] the verify's
+        d.steps(noise_block=self.noise, noise_ready=self._side_branch(), tokens_to=tokens, join=False)
         v = self.verify.view(rows, self.width)
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
         if self.greedy:

@@ -29,12 +29,11 @@ from protospec.model.persistent_inputs import PersistentInputs
 
 def build_verify_inputs(first: PersistentInputs, draft_ids: torch.Tensor, verify: PersistentInputs, rows: int,
                         width: int, error_row: torch.Tensor, use_kernel: bool | None = None,
-                        allow_dependents: bool = False, tokens: bool = True) -> None:
+                        tokens: bool = True) -> None:
     """first: draft step 1's buffers (query_len 2); draft_ids: [rows, k] int64; verify: buffers of
     query_len k + 1 with at least `rows` rows and `width` table columns; error_row: [1] int32.
     use_kernel: the Numba launch (None: where kernels run on the tensors' device) or the torch twin.
-    allow_dependents: the verify's forward is launched as programmatic dependents (the kernel may then
-    let it start at once: kernels/verify_inputs.py). tokens: False where the draft steps' samples write
+    tokens: False where the draft steps' samples write
     d_1..d_k into the verify's tokens themselves (only t_{L'-1} of the tokens is written here; draft_ids
     then only gives k, so these inputs may be built before the draft steps)."""
     q = draft_ids.shape[1] + 1
@@ -47,7 +46,7 @@ def build_verify_inputs(first: PersistentInputs, draft_ids: torch.Tensor, verify
         return
     verify_inputs(first.block_size, width, first.input_ids[: 2 * rows], first.seq_lens[:rows], first.block_tables[:rows],
                   draft_ids, verify.input_ids[: rows * q], verify.positions[: rows * q], verify.slot_mapping[: rows * q],
-                  verify.seq_lens[:rows], verify.block_tables[:rows], error_row, allow_dependents, tokens)
+                  verify.seq_lens[:rows], verify.block_tables[:rows], error_row, tokens)
 
 
 def build_verify_inputs_torch(first: PersistentInputs, draft_ids: torch.Tensor, verify: PersistentInputs, rows: int,
