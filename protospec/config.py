@@ -145,6 +145,10 @@ class EngineConfig:
     # the second time a layout runs), at most graphs.MAX_PREFILL_GRAPHS layouts a model; with cuda_graphs.
     # True (default): measured faster where prompts repeat a layout, as the bench's do (data/results/).
     prefill_graphs: bool = True
+    # A prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' 9-kernel
+    # path with cuBLAS linears rather than the torch path. None: on a GPU (measured faster there:
+    # data/results/README.md); in the CPU simulator every prompt token through simulated kernels takes minutes.
+    prefill_kernels: bool | None = None
     # Which draft tokens a spec step keeps (spec/acceptance.py): "rejection" (lossless) or "typical"
     # (Medusa's typical acceptance, lossy; posterior_threshold and posterior_alpha as vLLM names them).
     acceptance: str = registry.REJECTION
@@ -202,6 +206,8 @@ class EngineConfig:
         for name in ("overlap_commit", "first_step_at_begin", "prefill_graphs"):  # a switch, not a truthy string
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.prefill_kernels is not None and not isinstance(self.prefill_kernels, (bool, np.bool_)):
+            raise ConfigError(f"prefill_kernels must be None, True or False, got {self.prefill_kernels!r}")
         if self.linear_kernel is not None and self.linear_kernel not in LINEAR_KERNELS:
             raise ConfigError(f"linear_kernel must be None or one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
         if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_PATHS:

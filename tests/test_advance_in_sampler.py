@@ -1,4 +1,4 @@
-"""The draft step's advance done by the probabilities kernel (sampling.ADVANCE_IN_SAMPLER) against the
+"""The draft step's advance done by the probabilities kernel (kernels/sampling_advance.py) against the
 sample followed by the advance_step kernel: the same ids and probabilities, and the same decode inputs
 (tokens, positions, lengths, slots), padding rows and a position past its block table included; the
 advance kernel is not launched when the sampler does its work. Simulator on CPU, the GPU where there is one."""
@@ -6,20 +6,20 @@ import pytest
 import torch
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import dependent_launch, sampling
+from protospec.kernels import sampling
 from protospec.kernels.advance_step import AdvanceStepLauncher
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.spec.sampler import exponential_noise
 from test_advance_step import NAMES, make_batch
-from test_sampling_kernel import _narrow_slices, _tensors, _with_tile_stats
+from test_sampling_kernel import _narrow_slices, _tensors
 
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 BLOCK_SIZE = 4
 
 
 class CountingAdvance:
-    """An AdvanceStepLauncher that counts its own launches (the sampler falls back to calling it)."""
+    """An AdvanceStepLauncher that counts its own launches (the sampler must not call it)."""
 
     def __init__(self, launcher: AdvanceStepLauncher):
         self.launcher, self.calls = launcher, 0
@@ -38,28 +38,24 @@ def _decode_buffers(rows: int):
     return t
 
 
-@pytest.mark.parametrize("form", ["plain", "dependent_prefetch", "tiles"])
-def test_the_sampler_advances_the_rows_as_the_advance_kernel_does(monkeypatch, form):
+@pytest.mark.parametrize("dependent", [False, True], ids=["plain", "dependent"])
+def test_the_sampler_advances_the_rows_as_the_advance_kernel_does(monkeypatch, dependent):
     slice_width = _narrow_slices(monkeypatch)
-    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", form == "dependent_prefetch")
-    monkeypatch.setattr(sampling, "PROBS_PREFETCH", form == "dependent_prefetch")
     rows, k, step, vocab = 3, 3, 1, 2 * slice_width + 5
-    st = _tensors([1.0, 0.0, 1.0], vocab)  # T = 1 or greedy: the tiles form applies too
+    st = _tensors([1.0, 0.0, 1.0], vocab)
     raw = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(5)) * 3
     noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()  # [B, k, V]
     out = {}
-    for folded in (False, True):
-        monkeypatch.setattr(sampling, "ADVANCE_IN_SAMPLER", folded)
+    for folded in (False, True):  # the reference: the sample into the advance's mirror, then its kernel
         logits = raw.to(DEV)
-        if form == "tiles":
-            logits = _with_tile_stats(logits)
         t = _decode_buffers(rows)
-        advance = CountingAdvance(AdvanceStepLauncher(BLOCK_SIZE, *(t[n] for n in NAMES),
-                                                      dependent=form == "dependent_prefetch"))
+        advance = CountingAdvance(AdvanceStepLauncher(BLOCK_SIZE, *(t[n] for n in NAMES), dependent=dependent))
         ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
         probs = torch.zeros(rows, k, vocab, device=DEV)
-        sampling.sample_into(logits, st, step, probs, ids, noise, t["sampled_ids"], form == "dependent_prefetch",
-                             advance)
+        sampling.sample_into(logits, st, step, probs, ids, noise, t["sampled_ids"], dependent,
+                             advance if folded else None)
+        if not folded:
+            advance()
         assert advance.calls == (0 if folded else 1)
         out[folded] = (ids.cpu(), probs.cpu(), {n: t[n].cpu() for n in NAMES})
     (ids, probs, inputs), (fold_ids, fold_probs, fold_inputs) = out[False], out[True]

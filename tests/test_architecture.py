@@ -81,7 +81,7 @@ def test_the_kernels_are_the_lowest_layer():
 # The foundations are single modules everyone uses; spec.registry holds only names.
 LAYERS = (
     ("protospec.errors", "protospec.layout", "protospec.device_wait", "protospec.command_line", "protospec.spec.registry",
-     "protospec.config"),
+     "protospec.config", "protospec.kernel_plan"),
     ("protospec.kernels",),
     ("protospec.model",),
     ("protospec.requests",),
@@ -177,3 +177,65 @@ def test_kernel_array_sizes_are_literals():
     # the check itself catches the mistake it is for
     assert array_sizes_that_are_expressions("s = cuda.shared.array(R * D, float32)") == ["cuda.shared.array(R * D, float32)"]
     assert array_sizes_that_are_expressions("s = cuda.local.array(CELLS, float32)") == []
+
+
+def _protospec_module_names(tree: ast.AST, known: set[str]) -> dict[str, str]:
+    """Local names bound to protospec modules anywhere in a file (import x.y as z, from x import y)."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known and a.asname:
+                    bound[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("protospec"):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in known:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    return bound
+
+
+def _outside_global_writes(path: Path, known: set[str]) -> list[str]:
+    """Where this file sets an UPPER_CASE global of a protospec module it imported: an assignment (or a
+    loop / with target) to module.NAME, or monkeypatch.setattr(module or "protospec.x.y", "NAME", ...)."""
+    tree = ast.parse(path.read_text())
+    bound = _protospec_module_names(tree, known)
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name)
+                and node.value.id in bound and node.attr.isupper()):
+            found.append(f"{path.name}:{node.lineno} {bound[node.value.id]}.{node.attr}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setattr"
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and str(node.args[1].value).isupper()):
+            target = node.args[0]
+            module = (bound.get(target.id) if isinstance(target, ast.Name) else
+                      target.value if isinstance(target, ast.Constant) and str(target.value) in known else None)
+            if module is not None:
+                found.append(f"{path.name}:{node.lineno} {module}.{node.args[1].value}")
+    return found
+
+
+# Set from outside on purpose, each for a stated reason: sizes a test shrinks so the simulator reaches a
+# multi-block or multi-chunk branch in seconds; the GPU build check, which reroutes every launch of the
+# package to Numba's compiler on a machine without a GPU; the randoms' draw choice, which a test forces
+# to run the GPU's batched draws on a CPU (not yet a KernelPlan field).
+SET_FROM_OUTSIDE = {
+    "protospec.kernels.rejection.THREADS", "protospec.kernels.reductions.SHUFFLE_LANES",
+    "protospec.kernels.gumbel_sample.THREADS", "protospec.kernels.gumbel_sample.VOCAB_PER_BLOCK",
+    "protospec.model.inputs.LOOP_MAX_TOKENS", "protospec.model.layer_kernels.MAX_QUERY_LEN",
+    "protospec.model.graphs.MAX_PREFILL_GRAPHS",
+    "protospec.kernels.interop.KERNEL_DEVICE_TYPE",
+    "protospec.spec.randoms.BATCHED",
+}
+
+
+def test_no_module_global_is_set_from_outside_its_module():
+    """Kernel choices live in the engine's KernelPlan, passed to the forwards that use them: no
+    process-wide switch that a bench, a script or a test flips behind an engine's back (two engines in
+    one process could not differ, and a record could not say which kernels made it)."""
+    known = set(_modules())
+    root = PACKAGE.parent
+    files = [*PACKAGE.rglob("*.py"), *(root / "tests").glob("*.py"), *(root / "scripts").rglob("*.py")]
+    offenders = [hit for path in files for hit in _outside_global_writes(path, known)
+                 if hit.split()[1] not in SET_FROM_OUTSIDE]
+    assert offenders == []

@@ -1,8 +1,8 @@
 """Attention on tensor cores (kernels/attention_mma.py): the warp product against numpy, then the
 kernel against the torch path for decode and verify windows, GQA rows in 8- and 16-row chunks,
-split-K with the folded and the separate combine, stale NaN slots and padding rows. On CPU the
-simulator's Python twin of the product runs (a few cases: each costs seconds there); on a GPU the
-PTX itself, every case."""
+split-K (the last split block combining), walks of several tiles a warp, stale NaN slots and padding
+rows. On CPU the simulator's Python twin of the product runs (a few cases: each costs seconds there);
+on a GPU the PTX itself, every case."""
 import numpy as np
 import pytest
 import torch
@@ -59,93 +59,48 @@ def test_the_warp_product_lays_out_its_fragments_as_the_isa_says():
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
-# (query_len, lengths, heads, kv_heads, head_dim, splits, fused): decode with GQA; a 6-query window of an
+# (query_len, lengths, heads, kv_heads, head_dim, splits): decode with GQA; a 6-query window of an
 # MHA model (8-row chunks, causal inside); 6 queries x 4 heads = 24 rows (16-row chunks, the last partial);
-# split-K where a split sees no key (3 splits of a 3-key context), the combine folded or on its own;
+# split-K, also where a split sees no key (3 splits of a 3-key context);
 # head_dim 96 and 128 (3 and 4 words of V per lane and key; 16-row chunks at 128: fewer warps fit).
 CASES = [
-    (1, [7, 45, 1], 4, 2, 32, None, None),
-    (6, [16, 33, 8], 4, 4, 64, 1, None),
-    (6, [20, 47], 8, 2, 32, 3, True),
-    (3, [40, 3], 4, 4, 32, 3, False),
-    (6, [20, 47], 8, 2, 128, None, None),
-    (1, [33, 17], 4, 4, 96, 2, True),
+    (1, [7, 45, 1], 4, 2, 32, None),
+    (6, [16, 33, 8], 4, 4, 64, 1),
+    (6, [20, 47], 8, 2, 32, 3),
+    (3, [40, 3], 4, 4, 32, 3),
+    (6, [20, 47], 8, 2, 128, None),
+    (1, [33, 17], 4, 4, 96, 2),
 ]
 SIMULATED = (CASES[0], CASES[2])
 
 
 @pytest.mark.parametrize("case", SIMULATED if SIMULATOR else CASES, ids=lambda c: f"{c[0]}q-{c[2]}h{c[3]}kv-d{c[4]}-s{c[5]}")
 def test_tensor_core_attention_matches_the_torch_path(case):
-    query_len, lengths, heads, kv_heads, head_dim, splits, fused = case
+    query_len, lengths, heads, kv_heads, head_dim, splits = case
     inputs, cache, q = _case(query_len, lengths, heads, kv_heads, head_dim, 16, torch.float16, seed=5)
     expected = _torch_reference(inputs, cache, q, torch.float16)
-    got = _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=fused)
+    got = _kernel(inputs, cache, q, path="mma", splits=splits)
     torch.testing.assert_close(got, expected, **TOL[torch.float16])
-    if fused is not None and not SIMULATOR:  # folded or separate combine: the same bits
-        assert torch.equal(got, _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=not fused))
-    if case is CASES[0] or not SIMULATOR:  # launched as a programmatic dependent (it waits first): the same bits
-        assert torch.equal(got, _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=fused,
-                                        dependent_launch=True))
-
-
-@pytest.mark.parametrize("case", CASES[2:3] if SIMULATOR else CASES, ids=lambda c: f"{c[0]}q-{c[2]}h{c[3]}kv-d{c[4]}-s{c[5]}")
-def test_early_loads_of_a_dependent_give_the_same_bits(case, monkeypatch):
-    """EARLY_LOADS: a dependent's positions, table entries and first tile (when every key in it is older
-    than the sequence's first query: in the simulator's case the long context's tiles, not the short
-    one's) load before its wait, and the first iteration uses that tile: exactly the results of the
-    loads after the wait."""
-    query_len, lengths, heads, kv_heads, head_dim, splits, fused = case
-    inputs, cache, q = _case(query_len, lengths, heads, kv_heads, head_dim, 16, torch.float16, seed=5)
-    late = _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=fused, dependent_launch=True)
-    monkeypatch.setattr(by_mma, "EARLY_LOADS", True)
-    early = _kernel(inputs, cache, q, path="mma", splits=splits, fused_combine=fused, dependent_launch=True)
-    assert torch.equal(early, late)
-    shape = (query_len * heads // kv_heads, head_dim, 2, heads // kv_heads, True)
-    with_early = by_mma.attention_kernel(*shape)
-    monkeypatch.setattr(by_mma, "EARLY_LOADS", False)
-    assert with_early is not by_mma.attention_kernel(*shape)  # the switch chose another kernel
+    if case is CASES[0] or not SIMULATOR:  # launched as a programmatic dependent: its positions, table
+        # entries and first tile (when every key in it is older than the sequence's first query: the
+        # long contexts' tiles) load before its wait, and the walk starts from that tile: the same bits
+        assert torch.equal(got, _kernel(inputs, cache, q, path="mma", splits=splits, dependent_launch=True))
 
 
 MINUTES_IN_THE_SIMULATOR = pytest.mark.skipif(SIMULATOR, reason="a minute in the simulator; its twin case runs there")
 
 
-@pytest.mark.parametrize("early", [pytest.param(False, marks=MINUTES_IN_THE_SIMULATOR), True], ids=["late", "early"])
-def test_a_pipelined_walk_gives_the_same_bits(early, monkeypatch, launched_kernels):
-    """PIPELINE: a warp loads its next tile (and the table entry of the one after) before the products
-    of this one; a context of several steps a warp (3 of the 70-key context's 16-key cache blocks a
-    warp in the simulator's 2-warp blocks: the entries change every tile), a 1-key one and 3 splits
-    where one sees no key give exactly the bits of the walk that loads each tile in its turn, as a
-    dependent with the early loads and without."""
-    monkeypatch.setattr(by_mma, "EARLY_LOADS", early)
+@pytest.mark.parametrize("dependent", [pytest.param(False, marks=MINUTES_IN_THE_SIMULATOR), True],
+                         ids=["plain", "dependent"])
+def test_a_walk_of_several_tiles_a_warp_matches_the_torch_path(dependent):
+    """A warp loads its next tile (and the table entry of the one after) before the products of this
+    one: a context of several steps a warp (3 of the 70-key context's 16-key cache blocks a warp in the
+    simulator's 2-warp blocks: the entries change every tile), a 1-key one and 3 splits where one sees
+    no key, launched plainly and as a dependent (its first tile loaded before the wait)."""
     for query_len, lengths, splits in ((1, [70, 1], None), (3, [40, 3], 3)):
         inputs, cache, q = _case(query_len, lengths, 4, 2, 32, 16, torch.float16, seed=8)
-        out = {}
-        for pipeline in (False, True):
-            monkeypatch.setattr(by_mma, "PIPELINE", pipeline)
-            out[pipeline] = _kernel(inputs, cache, q, path="mma", splits=splits, dependent_launch=early)
-        assert torch.equal(out[True], out[False])
-    torch.testing.assert_close(out[True], _torch_reference(inputs, cache, q, torch.float16), **TOL[torch.float16])
-    walks = [name for name in launched_kernels if name.startswith("attention_mma_kernel")]
-    assert walks[:2] == ["attention_mma_kernel", "attention_mma_kernel_pipe"]
-
-
-def test_early_tiles_give_the_same_bits(monkeypatch, launched_kernels):
-    """EARLY_TILES = 2 or 3: a warp's second (and third) tile of older keys goes out before the wait too,
-    and the walk uses them instead of loading them in its steps. In the simulator's 2-warp blocks the
-    110-key context gives warp 0 tiles at keys 0, 32, 64 (all three early) and 96 (loaded in the walk,
-    after the third moved up), warp 1 three tiles from key 16 (its third, keys 80..95, early too); the
-    1-key context has none: exactly the bits of one early tile."""
-    monkeypatch.setattr(by_mma, "EARLY_LOADS", True)
-    monkeypatch.setattr(by_mma, "PIPELINE", True)
-    inputs, cache, q = _case(1, [110, 1], 4, 2, 32, 16, torch.float16, seed=9)
-    out = {}
-    for tiles in (1, 2, 3):
-        monkeypatch.setattr(by_mma, "EARLY_TILES", tiles)
-        out[tiles] = _kernel(inputs, cache, q, path="mma", dependent_launch=True)
-    assert torch.equal(out[2], out[1]) and torch.equal(out[3], out[1])
-    torch.testing.assert_close(out[3], _torch_reference(inputs, cache, q, torch.float16), **TOL[torch.float16])
-    walks = [name for name in launched_kernels if name.startswith("attention_mma_kernel")]
-    assert walks[-3:] == ["attention_mma_kernel_pipe", "attention_mma_kernel_pipe_early2", "attention_mma_kernel_pipe_early3"]
+        got = _kernel(inputs, cache, q, path="mma", splits=splits, dependent_launch=dependent)
+        torch.testing.assert_close(got, _torch_reference(inputs, cache, q, torch.float16), **TOL[torch.float16])
 
 
 def test_stale_nan_slots_and_padding_rows_stay_out_of_real_rows():

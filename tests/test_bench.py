@@ -103,11 +103,15 @@ def test_sweep_rounds_interleave_the_grid_and_report_medians(monkeypatch):
     from protospec.bench import ablation
 
     calls, script = [], iter([0.3, 9.0, 0.1, 0.2, 0.2, 0.4])  # (batch 1, batch 4) x 3 rounds, in call order
-    monkeypatch.setattr(ablation.BenchSetup, "llm", lambda self: self.batch_size)
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(as_record=lambda: {"layer_kernels": True})
+    monkeypatch.setattr(ablation.BenchSetup, "llm",
+                        lambda self: SimpleNamespace(batch=self.batch_size, engine=SimpleNamespace(plan=plan)))
     monkeypatch.setattr(ablation, "_release_memory", lambda: None)
 
     def fake_run_mode(llm, setup, mode, breakdown):
-        calls.append(llm)
+        calls.append(llm.batch)
         p50 = next(script)
         return {"p50_s": p50, "p10_s": p50 / 2, "p90_s": p50 * 2, "acceptance_rate": 0.5}
 
@@ -120,6 +124,7 @@ def test_sweep_rounds_interleave_the_grid_and_report_medians(monkeypatch):
     assert by_batch[1]["p50_rounds_s"] == [0.3, 0.1, 0.2] and by_batch[1]["p50_s"] == 0.2
     assert by_batch[4]["p50_rounds_s"] == [9.0, 0.2, 0.4] and by_batch[4]["p50_s"] == 0.4 and by_batch[4]["p90_s"] == 0.8
     assert sweep["rounds"] == 3
+    assert by_batch[1]["kernel_plan"] == by_batch[4]["kernel_plan"] == {"layer_kernels": True}  # each point says its kernels
 
 
 def test_cpu_default_is_small(monkeypatch):
@@ -132,50 +137,21 @@ def test_cpu_default_is_small(monkeypatch):
     assert args.load_format == "dummy"
 
 
-@pytest.mark.parametrize("off", [False, True], ids=["defaults", "switched_off"])
-def test_the_on_off_switches_reach_the_engine(tiny_target, tiny_draft, off):
+@pytest.mark.parametrize("flipped", [False, True], ids=["defaults", "flipped"])
+def test_the_engine_flags_reach_the_engine_and_its_kernel_plan(tiny_target, tiny_draft, flipped):
+    """--first-step-at-begin, --prefill-graphs and --prefill-kernels: each reaches the engine (the plan
+    it resolves: prefill kernels off by default in the simulator, on where asked for)."""
     from protospec.bench.args import build_parser, resolve_args, setup_from
 
-    flags = ["--first-step-at-begin", "off", "--prefill-graphs", "off"] if off else []
-    args = resolve_args(build_parser().parse_args(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY, *flags]))
+    flags = ["--first-step-at-begin", "off", "--prefill-graphs", "off", "--prefill-kernels", "on"] if flipped else []
+    args = resolve_args(build_parser().parse_args(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY,
+                                                   "--layer-kernels", "on", *flags]))
     engine = setup_from(args).llm(draft_loop="gpu").engine
-    assert engine.config.first_step_at_begin is engine.config.prefill_graphs is (not off)
-    assert engine.spec_step.commit_policy.at_begin is (not off)
-
-
-@pytest.mark.parametrize("flipped", [False, True], ids=["defaults", "flipped"])
-def test_the_kernel_form_flags_reach_their_modules(flipped, monkeypatch):
-    """Each process-wide kernel form follows its flag: the measured defaults, and every one flipped."""
-    from protospec.bench.args import build_parser
-    from protospec.bench.kernel_forms import apply_kernel_forms
-    from protospec.kernels import attention_mma, dependent_launch, gemv_mma, sampling
-    from protospec.model import layer_kernels
-
-    switches = [(dependent_launch, "STEP_KERNELS"), (gemv_mma, "PREFETCH_NORM"),
-                (attention_mma, "EARLY_LOADS"), (gemv_mma, "LM_HEAD_MAX_REGISTERS"),
-                (gemv_mma, "LM_HEAD_PREFETCH_NORM"), (gemv_mma, "LOGIT_STATS"), (gemv_mma, "PIN_WEIGHT_LOADS"),
-                (gemv_mma, "EARLY_ALLOW"), (attention_mma, "PIPELINE"), (attention_mma, "TILES_PER_SPLIT"),
-                (gemv_mma, "ROPE_INPUTS_BEFORE_WAIT"),
-                (sampling, "PROBS_PREFETCH"), (sampling, "ADVANCE_IN_SAMPLER"), (sampling, "STATS_COMBINE"),
-                (attention_mma, "EARLY_TILES"), (layer_kernels, "LONG_CHUNKS")]
-    for module, name in switches:  # restored after the test
-        monkeypatch.setattr(module, name, getattr(module, name))
-    long_chunks = layer_kernels.LONG_CHUNKS  # by machine (on a GPU, not in the simulator): "auto" keeps it
-    flags = ["--step-kernels-dependent", "off", "--prefetch-norm", "off",
-             "--attention-early-loads", "off", "--lm-head-max-registers", "128",
-             "--lm-head-prefetch-norm", "off", "--logit-stats", "on", "--pin-weight-loads", "off",
-             "--gemv-early-allow", "none", "--attention-pipeline", "off", "--attention-tiles-per-split", "2",
-             "--rope-inputs-early", "off",
-             "--probs-prefetch", "off", "--advance-in-sampler", "off", "--stats-combine", "last_block",
-             "--attention-early-tiles", "3",
-             "--prefill-kernels", "off" if layer_kernels.LONG_CHUNKS else "on"] if flipped else []
-    apply_kernel_forms(build_parser().parse_args(flags))
-    got = [getattr(module, name) for module, name in switches]
-    early = frozenset({"o", "gate_up", "down"})
-    assert got == ([False, False, False, 128, False, True, False, frozenset(), False, 2, False, False, False,
-                    "last_block", 3, not long_chunks]
-                   if flipped else [True, True, True, 0, True, False, True, early, True, 8, True, True, True,
-                                    "every_block", 1, long_chunks])
+    assert engine.config.first_step_at_begin is engine.config.prefill_graphs is (not flipped)
+    assert engine.spec_step.commit_policy.at_begin is (not flipped)
+    assert engine.plan.prefill_kernels is flipped
+    assert engine.target.model.layer_kernels.long_chunks is engine.draft.model.layer_kernels.long_chunks is flipped
+    assert engine.plan.as_record()["prefill_kernels"] is flipped
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

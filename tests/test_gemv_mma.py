@@ -10,15 +10,6 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 
 
-@pytest.fixture(autouse=True)
-def _unpinned_waits(monkeypatch):
-    """The dependent forms' names carry "_pin" and "_w16" under the default PIN_WEIGHT_LOADS and
-    WIDE_WEIGHT_LOADS: these tests name the form they test on the base without either; the pin's test
-    and the wide loads' (test_gemv_wide_loads.py) set them."""
-    monkeypatch.setattr(kernel, "PIN_WEIGHT_LOADS", False)
-    monkeypatch.setattr(kernel, "WIDE_WEIGHT_LOADS", False)
-
-
 def _normed_operands(seed: int, rows: int, weight_rows: int, warps: int = 1):
     """x rows, a residual, a norm weight and a weight (K = `warps` warps' columns) for the normed forms, on DEV."""
     gen = torch.Generator().manual_seed(seed)
@@ -174,194 +165,20 @@ def test_gemv_mma_gathers_rows_and_writes_float32():
         torch.testing.assert_close(got.float().cpu(), want.float(), atol=3e-3, rtol=3e-3)
 
 
-@pytest.mark.parametrize("glu", [False, True], ids=["linear", "glu"])
-def test_the_norm_weight_prefetch_gives_the_same_bits(glu, monkeypatch, launched_kernels):
-    """gemv_mma.PREFETCH_NORM moves the norm weight's loads before a dependent's wait: the normed forms
-    (here gathered rows plus the residual, as an LM head or a layer's first GEMV takes them) give exactly
-    the results of the loads after the norm, through the kernel named for its form."""
-    n = 21
-    table, residual, g, w = _normed_operands(11 + glu, 4, 2 * n if glu else n)
-    rows = torch.tensor([2, 0, 2], device=DEV)
-    names = launched_kernels
-    out = {}
-    for prefetch in (False, True):
-        monkeypatch.setattr(kernel, "PREFETCH_NORM", prefetch)
-        out[prefetch] = kernel.gemv_mma(table, w, g, residual, 1e-6, glu=glu, x_rows=rows, dependent_launch=True)
-    assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
-    assert [name.endswith("_prefetch") for name in names] == [False, True]
-
-
-def test_a_register_cap_and_no_prefetch_give_the_same_bits(launched_kernels):
-    """The LM head's occupancy settings: at most 128 registers a thread (the compiler spills, never
-    rounds differently) and the norm weight loaded after the wait give exactly the default's results,
-    through a kernel named for them; a cap outside 32..255 is refused by name."""
-    table, residual, g, w = _normed_operands(12, 4, 21)
-    rows = torch.tensor([2, 0, 2], device=DEV)
-    names = launched_kernels
-    default, capped = (kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows, out_dtype=torch.float32,
-                                       dependent_launch=True, **form)
-                       for form in ({}, dict(max_registers=128, prefetch_norm=False)))
-    assert torch.equal(capped[0], default[0]) and torch.equal(capped[1], default[1])
-    assert names[1].endswith("_dep_regs128") and names[0] != names[1]
-    with pytest.raises(KernelArgumentError, match="max_registers"):
-        kernel.gemv_mma(table, w, max_registers=20)
-
-
-ON_GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="minutes in the simulator")]
-
-
-@pytest.mark.parametrize("warps", [1, 2, pytest.param(4, marks=ON_GPU_ONLY)])
-@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "no_residual"])
-def test_the_head_norm_then_the_plain_product_give_the_normed_forms_bits(with_residual, warps, launched_kernels):
-    """layer_kernels.HEAD_NORM = "separate": head_norm's rows (one block, the normed forms' arithmetic)
-    fed to the plain product give exactly the logits of the fused head form over the same gathered rows
-    (K over one, two and four warps, the last the models' 768: the sum of squares crosses warps in the
-    same order), and the rows are the RMSNorm of x + residual to float16 rounding."""
-    table, residual, g, w = _normed_operands(13 + warps, 5, 40, warps)
-    rows = torch.tensor([4, 1, 4], device=DEV)
-    res = residual if with_residual else None
-    fused, _ = kernel.gemv_mma(table, w, g, res, 1e-6, x_rows=rows, out_dtype=torch.float32, dependent_launch=True)
-    normed = kernel.head_norm(table, res, g, 1e-6, rows, dependent_launch=True)
-    separate = kernel.gemv_mma(normed, w, out_dtype=torch.float32, dependent_launch=True)
-    assert torch.equal(separate, fused)
-    want = kernel.head_norm_reference(table, res, g, 1e-6, rows)
-    torch.testing.assert_close(normed.float(), want.float(), atol=2e-3, rtol=2e-3)
-    assert launched_kernels[1] == f"head_norm_k{192 * warps}{'_residual' if with_residual else ''}_dep"
-
-
-@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "no_residual"])
-def test_the_norm_tail_gives_the_head_norm_kernels_bits(with_residual, launched_kernels):
-    """tail_norm: the plain GEMV's last block to finish norms the wanted rows of its own output: the
-    same bits as the GEMV then head_norm (K over two warps, the norm over one; a tile past N's end),
-    the same y, twice in a row (the arrival counter resets), under the form's name."""
-    gen = torch.Generator().manual_seed(31 + with_residual)
-    k, n, tokens = 2 * kernel.COLUMNS_PER_WARP, kernel.COLUMNS_PER_WARP, 6
-    w = (torch.randn(n + 5, k, generator=gen) / k ** 0.5).half().to(DEV)[:n]  # 12 tiles of 16 rows
-    x = torch.randn(tokens, k, generator=gen).half().to(DEV)
-    residual = torch.randn(tokens, n, generator=gen).half().to(DEV) if with_residual else None
-    g = (1 + 0.3 * torch.randn(n, generator=gen)).half().to(DEV)
-    rows = torch.tensor([5, 0, 3], device=DEV)
-    y = kernel.gemv_mma(x, w, dependent_launch=True)
-    separate = kernel.head_norm(y, residual, g, 1e-6, rows, dependent_launch=True)
-    for _ in range(2):
-        y_tail, normed = kernel.gemv_mma(x, w, dependent_launch=True, allow_early=True,
-                                         tail_norm=kernel.TailNorm(g, residual, 1e-6, rows))
-        assert torch.equal(y_tail, y) and torch.equal(normed, separate)
-    assert launched_kernels[-1] == "gemv_mma_k384_dep_early_normtail"
-    want = kernel.gemv_mma_reference(x, w, tail_norm=kernel.TailNorm(g, residual, 1e-6, rows))[1]
-    torch.testing.assert_close(normed.float(), want.float(), atol=2e-3, rtol=2e-3)
-
-
-def test_the_norm_tail_names_bad_arguments():
-    gen = torch.Generator().manual_seed(3)
-    k, n = kernel.COLUMNS_PER_WARP, kernel.COLUMNS_PER_WARP
-    x, w = torch.randn(4, k, generator=gen).half().to(DEV), torch.randn(n, k, generator=gen).half().to(DEV)
-    g, rows = torch.ones(n, dtype=torch.float16, device=DEV), torch.arange(2, device=DEV)
-    with pytest.raises(KernelArgumentError, match="tail_norm takes the plain float16 form"):
-        kernel.gemv_mma(x, w, out_dtype=torch.float32, tail_norm=kernel.TailNorm(g, None, 1e-6, rows))
-    with pytest.raises(KernelArgumentError, match="no wider than K"):
-        kernel.gemv_mma(x, torch.randn(2 * n, k, generator=gen).half().to(DEV),
-                        tail_norm=kernel.TailNorm(torch.ones(2 * n, dtype=torch.float16, device=DEV), None, 1e-6, rows))
-    with pytest.raises(KernelArgumentError, match="1 to 8 rows"):
-        kernel.gemv_mma(x, w, tail_norm=kernel.TailNorm(g, None, 1e-6, torch.zeros(9, dtype=torch.int64, device=DEV)))
-    with pytest.raises(KernelArgumentError, match="residual .* must match y"):
-        kernel.gemv_mma(x, w, tail_norm=kernel.TailNorm(g, x[:, :n][:3].contiguous(), 1e-6, rows))
-
-
-def test_the_head_norm_names_bad_arguments():
-    table, residual, g, _ = _normed_operands(3, 10, 16)
-    with pytest.raises(KernelArgumentError, match="1 to 8 token rows"):
-        kernel.head_norm(table, residual, g, 1e-6, torch.arange(9, device=DEV))
-    with pytest.raises(KernelArgumentError, match="residual .* must match x"):
-        kernel.head_norm(table, residual[:4], g, 1e-6, torch.arange(2, device=DEV))
-    with pytest.raises(KernelArgumentError, match="multiple of 192"):
-        kernel.head_norm(table[:, :64].contiguous(), None, g[:64], 1e-6, torch.arange(2, device=DEV))
-
-
-@pytest.mark.parametrize("splits", [2, 4])
-def test_split_k_gives_the_unsplit_bits(splits, launched_kernels):
-    """k_splits: a tile's K over several blocks, the last to arrive summing every warp's products in the
-    unsplit order: the same bits as the unsplit kernel (K over 4 warps, a tile past N's end, 1 and 6
-    tokens), twice in a row (the arrival counters reset), named for the split; refused for a fused form
-    or a split that does not divide K's warps."""
-    gen = torch.Generator().manual_seed(20 + splits)
-    k, n = 4 * kernel.COLUMNS_PER_WARP, 37
-    w = (torch.randn(n, k, generator=gen) / k ** 0.5).half().to(DEV)
-    for tokens in (1, 6):
-        x = torch.randn(tokens, k, generator=gen).half().to(DEV)
-        whole = kernel.gemv_mma(x, w, dependent_launch=True)
-        for _ in range(tokens // 6 + 1):  # 6 tokens twice: the counters were reset by the last block
-            assert torch.equal(kernel.gemv_mma(x, w, dependent_launch=True, k_splits=splits), whole)
-    assert launched_kernels[1] == f"gemv_mma_k768_dep_split{splits}"
-    with pytest.raises(KernelArgumentError, match="k_splits 3 must divide"):
-        kernel.gemv_mma(x, w, k_splits=3)
-    with pytest.raises(KernelArgumentError, match="plain form only"):
-        kernel.gemv_mma(x, w, w[0].clone(), k_splits=splits)
-
-
-def test_pinned_weight_loads_give_the_same_bits_under_their_own_name(monkeypatch, launched_kernels):
-    """gemv_mma.PIN_WEIGHT_LOADS moves only where the wait sits in the machine code (a no-op in the
-    simulator; tests/test_gpu_typecheck.py reads the order ptxas made): the dependent forms give the
-    default's results through kernels named for it; an early allow pins by itself (no second name)."""
-    table, residual, g, w = _normed_operands(15, 4, 42)
-    x = table[:3].contiguous()
-    out = {}
-    for pin in (False, True):
-        monkeypatch.setattr(kernel, "PIN_WEIGHT_LOADS", pin)
-        out[pin] = kernel.gemv_mma(x, w, g, residual[:3].contiguous(), glu=True, dependent_launch=True)
-        kernel.gemv_mma(x, w, dependent_launch=True, allow_early=True)
-    assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
-    assert launched_kernels == ["gemv_mma_k192_norm_residual_glu_dep_prefetch", "gemv_mma_k192_dep_early",
-                                "gemv_mma_k192_norm_residual_glu_dep_prefetch_pin", "gemv_mma_k192_dep_early"]
-
-
 def test_an_early_allow_gives_the_same_bits_under_its_own_name(launched_kernels):
-    """allow_early moves only when the next kernel may launch (a no-op in the simulator): the o, gate/up
-    and down forms give the unpinned dependent form's results, through kernels named for it; without a
-    dependent launch there is nothing to allow and the name stays the plain one."""
+    """allow_early moves only when the next kernel may launch (a no-op in the simulator), and a
+    dependent form without it keeps its wait below the weight loads (the machine code's order:
+    tests/test_gpu_typecheck.py reads it): the o, gate/up and down forms give the same results,
+    through kernels named for their form; without a dependent launch there is nothing to allow or pin."""
     table, residual, g, w = _normed_operands(14, 4, 42)
     x = table[:3].contiguous()
     for form in (dict(), dict(norm_weight=g, residual=residual[:3].contiguous(), glu=True)):
         default, early = (kernel.gemv_mma(x, w, dependent_launch=True, allow_early=on, **form) for on in (False, True))
         assert all(torch.equal(a, b) for a, b in zip(default, early)) if form else torch.equal(default, early)
     kernel.gemv_mma(x, w, allow_early=True)
-    assert launched_kernels == ["gemv_mma_k192_dep", "gemv_mma_k192_dep_early",
-                                "gemv_mma_k192_norm_residual_glu_dep_prefetch",
-                                "gemv_mma_k192_norm_residual_glu_dep_prefetch_early", "gemv_mma_k192"]
-
-
-def test_the_lm_head_writes_each_tiles_softmax_statistics():
-    """logit_stats: per token and 16-row vocabulary tile, the max of the logits the kernel stored, its
-    first row (ties planted at the max, across a tile's two row halves and inside one, keep the lower
-    row), and the sum of exp(x - max); 40 rows make the last tile half empty. The logits are the
-    same bits as without the statistics; a slice of them carries none."""
-    from protospec.kernels.logit_stats import attached, tile_stats_reference
-
-    gen = torch.Generator().manual_seed(21)
-    k, n, tokens = 2 * kernel.COLUMNS_PER_WARP, 40, 3
-    table, residual = (torch.randn(5, k, generator=gen).half() for _ in range(2))
-    g = (1 + 0.3 * torch.randn(k, generator=gen)).half()
-    w = (torch.randn(n, k, generator=gen) / k ** 0.5).half()
-    rows = torch.tensor([4, 1, 4])
-    v = table[rows].float() + residual[rows].float()
-    h = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * g.float()        # the normed rows
-    direction = (h / h.norm(dim=-1, keepdim=True)).sum(0)
-    top = (direction / direction.norm() * 0.5).half()                             # every token's largest logit
-    w[1], w[9], w[17], w[20] = top, top, top * 0.9, top * 0.9  # ties at the max: tile 0's two halves, inside tile 1
-    args = (table.to(DEV), w.to(DEV), g.to(DEV), residual.to(DEV), 1e-6)
-    logits, _ = kernel.gemv_mma(*args, x_rows=rows.to(DEV), out_dtype=torch.float32, logit_stats=True)
-    plain, _ = kernel.gemv_mma(*args, x_rows=rows.to(DEV), out_dtype=torch.float32)
-    assert torch.equal(logits, plain)
-    assert torch.equal(logits[:, 1], logits[:, 9]) and torch.equal(logits[:, 17], logits[:, 20])
-    stats = attached(logits)
-    assert stats is not None and attached(logits[:2]) is None and attached(plain) is None
-    want = tile_stats_reference(logits.cpu())                               # torch's, on the stored logits
-    assert torch.equal(stats.tile_max.cpu(), want.tile_max) and torch.equal(stats.tile_index.cpu(), want.tile_index)
-    assert (stats.tile_index[:, 0] == 1).all() and (stats.tile_index[:, 1] == 17).all()  # the planted ties
-    assert want.tile_max.shape == (tokens, 3)
-    torch.testing.assert_close(stats.tile_sum.cpu(), want.tile_sum, rtol=1e-6, atol=0)
-    with pytest.raises(KernelArgumentError, match="logit_stats"):
-        kernel.gemv_mma(table.to(DEV), w.to(DEV), logit_stats=True)        # float16 logits
+    assert launched_kernels == ["gemv_mma_k192_dep_pin_w16", "gemv_mma_k192_dep_early_w16",
+                                "gemv_mma_k192_norm_residual_glu_dep_pin_w16",
+                                "gemv_mma_k192_norm_residual_glu_dep_early_w16", "gemv_mma_k192_w16"]
 
 
 def test_dependent_launches_give_the_same_results():

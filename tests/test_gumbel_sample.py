@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import dependent_launch, gumbel_sample, sampling
+from protospec.kernels import gumbel_sample, sampling
 from protospec.kernels.advance_step import AdvanceStepLauncher
 from protospec.kernels.gumbel_sample import gumbel_reference, gumbel_sample_into
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
@@ -39,8 +39,6 @@ def _decode_buffers(rows: int):
 @pytest.mark.parametrize("dependent", [False, True], ids=["plain", "dependent"])
 def test_the_one_launch_sample_is_the_races_winner_and_advances_the_same(monkeypatch, dependent):
     width = _narrow(monkeypatch)
-    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", dependent)
-    monkeypatch.setattr(sampling, "ADVANCE_IN_SAMPLER", True)
     rows, k, step, vocab = 3, 3, 2, 3 * width + 5
     st = _tensors([0.7, 0.0, 1.3], vocab)
     logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(7)) * 3).to(DEV)

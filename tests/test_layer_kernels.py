@@ -130,14 +130,13 @@ def test_a_forced_attention_kernel_runs_in_every_layer(monkeypatch):
     KERNEL_DEVICE_TYPE == "cpu", reason="the simulator runs the float16 case only (~20 s a prefill)")),
     torch.float16])
 def test_a_prefill_on_the_long_chunk_kernels_gives_the_torch_paths_logits_and_cache(dtype, monkeypatch):
-    """LONG_CHUNKS: a whole prompt (batch 1, past MAX_QUERY_LEN tokens, from position 0) on the 9-kernel
+    """long_chunks (KernelPlan.prefill_kernels): a whole prompt (batch 1, past MAX_QUERY_LEN tokens, from position 0) on the 9-kernel
     path: the torch path's logits (the last token's) and K/V, to rounding."""
     from protospec.kernels.interop import SIMULATOR
     from protospec.model import layer_kernels
 
     if SIMULATOR:  # a shorter "decode shape" and prompt: a 25-token prompt takes the simulator minutes
         monkeypatch.setattr(layer_kernels, "MAX_QUERY_LEN", 2)
-    monkeypatch.setattr(layer_kernels, "LONG_CHUNKS", False)  # the default differs by machine: off first
     cfg = LlamaArchConfig.from_dict(TARGET_CFG)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).place(DEV, dtype)
@@ -151,7 +150,7 @@ def test_a_prefill_on_the_long_chunk_kernels_gives_the_torch_paths_logits_and_ca
     expected = model(inputs.input_ids, inputs.positions, torch_caches, inputs.meta)
     model.enable_layer_kernels()
     assert not model.layer_kernels.applies(inputs.meta)  # off: the torch path's
-    monkeypatch.setattr(layer_kernels, "LONG_CHUNKS", True)
+    model.enable_layer_kernels(long_chunks=True)
     assert model.layer_kernels.applies(inputs.meta)
     got = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
@@ -166,11 +165,9 @@ def test_a_prefill_on_the_long_chunk_kernels_gives_the_torch_paths_logits_and_ca
         assert torch.equal(c, t)
 
 
-def test_prefill_and_ragged_batches_keep_the_torch_path(monkeypatch):
-    """Without LONG_CHUNKS (on by default on a GPU only) a prefill keeps the torch path; a ragged batch always."""
-    from protospec.model import layer_kernels
-
-    monkeypatch.setattr(layer_kernels, "LONG_CHUNKS", False)
+def test_prefill_and_ragged_batches_keep_the_torch_path():
+    """Without long_chunks (KernelPlan.prefill_kernels: on a GPU only) a prefill keeps the torch path; a
+    ragged batch always."""
     model = LlamaForCausalLM(LlamaArchConfig.from_dict(TARGET_CFG)).place(DEV, torch.float32)
     model.enable_layer_kernels()
     prefill = prepare_inputs([list(range(3, 40))], [0], [list(range(1, 11))], 4, 1, torch.device(DEV))
@@ -178,7 +175,7 @@ def test_prefill_and_ragged_batches_keep_the_torch_path(monkeypatch):
     assert not model.layer_kernels.applies(prefill.meta) and not model.layer_kernels.applies(ragged.meta)
     decode = prepare_inputs([[5], [6]], [3, 4], [[1, 2], [3, 4]], 4, 1, torch.device(DEV))
     assert model.layer_kernels.applies(decode.meta)
-    monkeypatch.setattr(layer_kernels, "LONG_CHUNKS", True)
+    model.enable_layer_kernels(long_chunks=True)
     assert model.layer_kernels.applies(prefill.meta) and not model.layer_kernels.applies(ragged.meta)
 
 
@@ -238,13 +235,12 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
     assert tiny_llm(tiny_target, device=DEV, layer_kernels=False).engine.linear_kernel == "cublas"
 
 
-@pytest.mark.parametrize("linear,norms,ropes,head_norm", [
-    ("mma", 3, 1, "fused"), ("mma_fused", 0, 0, "fused"), ("mma_fused", 0, 0, "separate"), ("mma_fused", 0, 0, "tail"),
-    ("mma_fused", 0, 0, "squares"), ("mma_fused", 0, 0, "folded")])
-def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes, head_norm):
+@pytest.mark.parametrize("linear,norms,ropes", [("mma", 3, 1), ("mma_fused", 0, 0)])
+def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes):
     """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma" sends every
     linear layer through it (counted), "mma_fused" also folds the norms, RoPE and the cache store into
-    them (no separate norm or RoPE kernel is left); both agree with the torch path's forward, logits and K/V."""
+    them and the final norm into the last down projection and the LM head (no separate norm or RoPE
+    kernel is left); both agree with the torch path's forward, logits and K/V."""
     from protospec.model import layer_kernels
     from protospec.kernels import gemv_mma
     from protospec.model.layer_kernels import LayerKernelForward
@@ -267,21 +263,13 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
     # On the CPU the GEMV's torch twin stands in (the simulator takes a minute per forward; the kernel is
     # held to the twin in test_gemv_mma.py): here the forward's plumbing is what is tested.
     real = gemv_mma.gemv_mma if DEV != "cpu" else gemv_mma.gemv_mma_reference
-    real_head_norm, head_norms = gemv_mma.head_norm if DEV != "cpu" else gemv_mma.head_norm_reference, []
-    monkeypatch.setattr(gemv_mma, "head_norm", lambda *a, **kw: head_norms.append(1) or real_head_norm(*a, **kw))
     real_norm, real_rope, rope_calls = layer_kernels.add_rms_norm, layer_kernels.rope_and_cache, []
     monkeypatch.setattr(gemv_mma, "gemv_mma", lambda x, w, *a, **kw: calls.append(tuple(w.shape)) or real(x, w, *a, **kw))
     monkeypatch.setattr(layer_kernels, "add_rms_norm", lambda *a: norm_calls.append(1) or real_norm(*a))
     monkeypatch.setattr(layer_kernels, "rope_and_cache", lambda *a: rope_calls.append(1) or real_rope(*a))
-    monkeypatch.setattr(layer_kernels, "HEAD_NORM", head_norm)  # the final norm in the LM head's loads, or before it
-    stats = linear == "mma_fused"  # the fused head hands over its tiles' statistics (gemv_mma.LOGIT_STATS)
-    monkeypatch.setattr(gemv_mma, "LOGIT_STATS", stats)
     model.layer_kernels = LayerKernelForward(model, linear=linear)
     got = model(inputs.input_ids, inputs.positions, mma_caches, inputs.meta)
-    from protospec.kernels.logit_stats import attached
-    assert (attached(got) is not None) is stats
     assert len(calls) == 5 and len(norm_calls) == norms and len(rope_calls) == ropes  # qkv, o, gate_up, down, LM head
-    assert len(head_norms) == (head_norm == "separate" and linear == "mma_fused")
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(mma_caches[0], caches[0], **TOL[torch.float16])
     with pytest.raises(Exception, match="linear must be one of"):

@@ -52,10 +52,9 @@ def _poisoned(inputs, cache, lengths):
     return poisoned
 
 
-def _kernel(inputs, cache, q, path=None, splits=None, fused_combine=None, dependent_launch=False):
+def _kernel(inputs, cache, q, path=None, splits=None, dependent_launch=False):
     return kernel.paged_attention(q, cache, inputs.meta.block_tables, inputs.positions, inputs.meta.uniform_query_len,
-                                  q.shape[2] ** -0.5, path=path, splits=splits, fused_combine=fused_combine,
-                                  dependent_launch=dependent_launch)
+                                  q.shape[2] ** -0.5, path=path, splits=splits, dependent_launch=dependent_launch)
 
 
 CASES = [
@@ -91,20 +90,16 @@ def test_every_split_of_the_keys_gives_the_same_output(splits, block_size):
     assert [by_kv_head.keys_per_group(4, b) for b in (4, 5, 6)] == [4, 1, 2]
     inputs, cache, q = _case(2, [45, 12], 4, 2, 16, block_size, torch.float32, seed=1)
     expected = _torch_reference(inputs, cache, q, torch.float32)
-    fused = _kernel(inputs, cache, q, path="by_kv_head", splits=splits, fused_combine=True)
-    torch.testing.assert_close(fused, expected, **TOL[torch.float32])
-    if splits in (2, 3):  # the combine folded into the kernel and run on its own: the same bits
-        assert torch.equal(fused, _kernel(inputs, cache, q, path="by_kv_head", splits=splits, fused_combine=False))
+    torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head", splits=splits), expected, **TOL[torch.float32])
 
 
-def test_the_folded_combine_leaves_its_counters_at_zero_and_serves_the_next_call():
+def test_the_split_k_combine_leaves_its_counters_at_zero_and_serves_the_next_call():
     """Every row group's last split block resets its arrival counter, so a second call (a graph
     replay reuses the same buffer) combines again, not at a stale count."""
     inputs, cache, q = _case(1, [9, 5], 2, 1, 16, 4, torch.float32, seed=4)
     expected = _torch_reference(inputs, cache, q, torch.float32)
     for _ in range(2):
-        torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head", splits=2, fused_combine=True), expected,
-                                   **TOL[torch.float32])
+        torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head", splits=2), expected, **TOL[torch.float32])
         assert all(int(c.abs().sum()) == 0 for c in kernel._COUNTERS[(q.device, "attention")])
 
 

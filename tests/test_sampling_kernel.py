@@ -45,7 +45,7 @@ def test_draft_step_sample_matches_the_torch_sampler(temperatures):
 
 
 def test_more_slices_than_threads_are_combined_by_every_thread_in_turn(monkeypatch):
-    """A vocabulary of more slices than a block has threads (the last block's threads then take several
+    """A vocabulary of more slices than a block has threads (a block's threads then take several
     slices each when they combine them): the sample and the probabilities are still the torch sampler's,
     and a greedy row's max in the very last slice is found."""
     from protospec.kernels import sampling_slices
@@ -152,60 +152,26 @@ def sample_layout(logits, st, step, noise, rows_per_seq, dependent=False):
 
 
 @pytest.mark.parametrize("batch,rows_per_seq", [(3, 1), (2, 3)])
-def test_prefetched_probabilities_give_the_same_bits(monkeypatch, launched_kernels, batch, rows_per_seq):
-    """PROBS_PREFETCH: the dependent probabilities kernel reads its slice's logits and noise before its
-    wait into registers: probabilities and ids equal bit for bit to the loads after it, over sampled
-    and greedy rows (greedy rows read no logits), a masked stretch and a slice cut by the vocabulary."""
-    from protospec.kernels import dependent_launch, sampling
+def test_the_dependent_form_gives_the_plain_forms_bits(monkeypatch, launched_kernels, batch, rows_per_seq):
+    """As a dependent the probabilities kernel reads its slice's logits and noise before its wait into
+    registers: probabilities and ids equal bit for bit to the plain launch's (loads where they are
+    used), and the torch sampler's ids, over sampled and greedy rows (greedy rows read no logits), a
+    masked stretch, a greedy row of -inf and a slice cut by the vocabulary, in the draft and the
+    verify layouts; twice in a row (the arrival counters back at zero)."""
+    from protospec.kernels import sampling
 
     st, logits, noise = mixed_case(batch, rows_per_seq, _narrow_slices(monkeypatch), seed=12)
-    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)
     step, out = 1, {}
-    for prefetch in (False, True):
-        monkeypatch.setattr(sampling, "PROBS_PREFETCH", prefetch)
-        out[prefetch] = sample_layout(logits, st, step, noise, rows_per_seq, dependent=True)
+    for dependent, calls in ((False, 1), (True, 2)):
+        for _ in range(calls):
+            out[dependent] = sample_layout(logits, st, step, noise, rows_per_seq, dependent=dependent)
     assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
-    assert launched_kernels.count("probs_and_sample_kernel") == 2
-
-
-def _with_tile_stats(logits):
-    """logits carrying the tile statistics the LM head writes (logit_stats.py), computed here by torch."""
-    from protospec.kernels.logit_stats import attach, tile_stats_reference
-
-    attach(logits, tile_stats_reference(logits))
-    return logits
-
-
-@pytest.mark.parametrize("batch,rows_per_seq", [(2, 1), (2, 3)])
-def test_tile_statistics_replace_the_statistics_kernel_at_unit_temperature(monkeypatch, launched_kernels, batch,
-                                                                           rows_per_seq):
-    """Logits that carry the LM head's tile statistics, every row at T = 1 or greedy: one kernel
-    (no statistics kernel) gives the torch sampler's ids and probabilities (float32 rounding), for a
-    sampled and a greedy row, a masked stretch and a greedy row of -inf (id 0), in the draft and the
-    verify layouts; at another temperature the statistics kernel runs as before."""
-    slice_width = _narrow_slices(monkeypatch)
-    names = launched_kernels
-    k, vocab, step = 2, 2 * slice_width + 24, 1
-    rows = batch * rows_per_seq
-    raw = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(12)) * 4
-    raw[0, : slice_width + 2] = -float("inf")
-    raw[rows_per_seq] = -float("inf")             # the greedy sequence's first row
-    for temperatures, tiles_used in (([1.0, 0.0], True), ([0.7, 0.0], False)):
-        st = _tensors(temperatures, vocab)
-        logits = _with_tile_stats(raw.to(DEV))
-        noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()  # [B, k, V]
-        names.clear()
-        if rows_per_seq == 1:
-            ids = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
-            probs = torch.zeros(rows, k, vocab, device=DEV)
-            sample_into(logits, st, step, probs, ids, noise)
-            ref_ids, ref_probs = sample(logits, st, noise[:, step])
-            assert ids[:, step].tolist() == ref_ids.tolist() and ids[1, step] == 0
-            torch.testing.assert_close(probs[:, step], ref_probs, atol=1e-6, rtol=1e-5)
-        else:
-            probs = probs_into(logits, st, torch.zeros(rows, vocab, device=DEV), rows_per_seq)
-            torch.testing.assert_close(probs, compute_probs(logits, st, rows_per_seq=rows_per_seq), atol=1e-6, rtol=1e-5)
-        assert names == (["probs_from_tiles_kernel"] if tiles_used else ["row_stats_kernel", "probs_and_sample_kernel"])
+    if rows_per_seq == 1:  # and both are the torch sampler's
+        ref_ids, ref_probs = sample(logits, st, noise[:, step])
+        assert out[True][0][:, step].tolist() == ref_ids.tolist() and ref_ids[1] == 0
+        torch.testing.assert_close(out[True][1][:, step], ref_probs.cpu(), atol=1e-6, rtol=1e-5)
+    assert launched_kernels == ["row_stats_kernel", "probs_and_sample_kernel"] * 3
+    assert not sampling.arrival_counters(logits.device, logits.shape[0], "sampling").any()  # for the next call
 
 
 def test_filtered_batches_keep_the_torch_path_and_bad_buffers_are_named():
@@ -259,7 +225,7 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
     same tokens either way (on a GPU the dependents really overlap; in the simulator both are no-ops)."""
     from tiny import random_prompts, tiny_llm
 
-    from protospec.kernels import dependent_launch, sampling
+    from protospec.kernels import sampling
     from protospec.model.runner import ModelRunner
 
     seen, launch = [], sampling._launch
@@ -278,7 +244,6 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
         expected = [o.token_ids for o in plain.generate(prompts, params)]
     monkeypatch.setattr(ModelRunner, "launches_dependents", property(lambda runner: dependent))
     monkeypatch.setattr(sampling, "_launch", recording)
-    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)  # the kernel form's switch, pinned on
     llm = tiny_llm(tiny_target, tiny_draft, k=2, device=DEV, fused_sampling=True, draft_loop="gpu")
     tokens = [o.token_ids for o in llm.generate(prompts, params)]
     assert len(tokens[0]) == params.max_tokens and tokens == (expected or tokens)
@@ -288,20 +253,18 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
     assert llm.engine.spec_step.draft_loop.decode.advance.kernel is _advance_kernel(dependent)
 
 
-@pytest.mark.parametrize("switch", [False, True])
-def test_the_dependent_form_is_launched_only_with_its_switch_on(switch, monkeypatch):
-    """dependent_launch.STEP_KERNELS gates what callers ask for: both kernels go out as dependents (and as the
-    kernels built with the wait) only with it on."""
-    from protospec.kernels import dependent_launch, interop, sampling
+@pytest.mark.parametrize("dependent", [False, True])
+def test_the_callers_dependent_argument_picks_the_form(dependent, monkeypatch):
+    """What the caller asks for decides: both kernels go out as dependents (and as the kernels built
+    with the wait) exactly when it asks."""
+    from protospec.kernels import interop, sampling
 
     launched = []
     monkeypatch.setattr(interop, "launch_tensors",
                         lambda kernel, grid, block, args, dependent=False: launched.append((kernel, dependent)))
-    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", switch)
     st, vocab = _tensors([1.0], 50), 50
     sample_into(torch.zeros(1, vocab, device=DEV), st, 0, torch.zeros(1, 2, vocab, device=DEV),
-                torch.zeros(1, 2, dtype=torch.int64, device=DEV), torch.ones(1, 2, vocab, device=DEV), dependent=True)
-    assert [dependent for _, dependent in launched] == [switch, switch]
-    every_block = sampling.STATS_COMBINE == "every_block"
-    expected = sampling._kernels(switch, switch and sampling.PROBS_PREFETCH, every_block)[:2]  # statistics, probabilities
-    assert [kernel for kernel, _ in launched] == list(expected)
+                torch.zeros(1, 2, dtype=torch.int64, device=DEV), torch.ones(1, 2, vocab, device=DEV),
+                dependent=dependent)
+    assert [flag for _, flag in launched] == [dependent, dependent]
+    assert [kernel for kernel, _ in launched] == list(sampling._kernels(dependent))  # statistics, probabilities

@@ -6,7 +6,7 @@ import torch
 
 from protospec.config import SamplingParams
 from protospec.errors import KernelArgumentError
-from protospec.kernels import logit_stats, paged_attention, verify_rejection
+from protospec.kernels import paged_attention, verify_rejection
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.packed_argmax import EMPTY
 from protospec.kernels.sampling import probs_into
@@ -87,26 +87,10 @@ def test_rows_with_fewer_proposals_match_the_reference():
     assert not ref.passed_mask[0].any() and not ref.passed_mask[1, 1:].any()
 
 
-def test_the_lm_heads_tile_statistics_give_the_same_bits():
-    """At T = 1 the LM head's tile statistics stand in for the statistics kernel: no launch, the same
-    probabilities and tokens."""
-    logits, st, draft = _case(5, [1.0], 2, 100)
-    logit_stats.attach(logits, logit_stats.tile_stats_reference(logits))
-    probs = probs_into(logits, st, torch.empty_like(logits), 3).view(1, 3, -1)  # the tiles' probabilities kernel
-    got_probs, got = verify_rejection.probs_and_rejection(logits, st, *draft)
-    assert torch.equal(got_probs, probs)
-    ref = rejection_sample(draft[0], draft[1], probs, *draft[2:])
-    assert got.output_token_ids.tolist() == ref.output_token_ids.tolist()
-    assert got.passed_mask.tolist() == ref.passed_mask.tolist()
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the wait is a no-op in the simulator: needs a CUDA device")
-def test_the_dependent_form_matches(monkeypatch):
+def test_the_dependent_form_matches():
     """As a programmatic dependent: each thread's logits, q and noise loaded before its wait."""
-    from protospec.kernels import dependent_launch
-
-    monkeypatch.setattr(dependent_launch, "STEP_KERNELS", True)
     _assert_same(*_case(6, [1.0], 2, 130), dependent=True)
 
 

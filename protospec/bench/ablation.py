@@ -74,6 +74,7 @@ class BenchSetup:
     spec_step_graph: bool | None = None    # EngineConfig.spec_step_graph (None: wherever it applies)
     first_step_at_begin: bool = True       # EngineConfig.first_step_at_begin
     prefill_graphs: bool = True            # EngineConfig.prefill_graphs
+    prefill_kernels: bool | None = None    # EngineConfig.prefill_kernels (None: on a GPU)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -95,7 +96,8 @@ class BenchSetup:
                    attention_kernel=self.attention_kernel,
                    linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling,
                    dependent_launch=self.dependent_launch, spec_step_graph=self.spec_step_graph,
-                   first_step_at_begin=self.first_step_at_begin, prefill_graphs=self.prefill_graphs)
+                   first_step_at_begin=self.first_step_at_begin, prefill_graphs=self.prefill_graphs,
+                   prefill_kernels=self.prefill_kernels)
 
 
 def _release_memory() -> None:
@@ -286,7 +288,8 @@ def run_ablation(setup: BenchSetup, modes=MODES, peers=PEERS, breakdown: bool = 
     config = asdict(setup) | {"resolved_device": str(device), "resolved_dtype": str(llm.engine.dtype),
                               "cuda_graphs": llm.engine.use_cuda_graphs, "kv_blocks": llm.engine.num_blocks,
                               "resolved_layer_kernels": llm.engine.use_layer_kernels,
-                              "resolved_linear_kernel": llm.engine.linear_kernel}
+                              "resolved_linear_kernel": llm.engine.linear_kernel,
+                              "kernel_plan": llm.engine.plan.as_record()}
     del llm
     _release_memory()
     return {"config": config | {"repeats": repeats}, "modes": results, "device_type": device.type}
@@ -306,8 +309,9 @@ def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), mo
         point_setup = replace(setup, batch_size=batch, num_speculative_tokens=k)
         llm = point_setup.llm()
         log(f"  sweep k={k} batch={batch}" + (f" round {r + 1}/{rounds}" if rounds > 1 else ""))
+        plan = llm.engine.plan.as_record()
         for mode in modes:
-            entry = run_mode(llm, point_setup, mode, breakdown=False)
+            entry = run_mode(llm, point_setup, mode, breakdown=False) | {"kernel_plan": plan}
             if "skipped" not in entry:
                 rounds_of.setdefault((k, batch, mode), []).append(entry)
         del llm
@@ -319,5 +323,6 @@ def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), mo
             point[key] = float(np.median([e[key] for e in entries]))
         if rounds > 1:
             point["p50_rounds_s"] = [e["p50_s"] for e in entries]
+        point["kernel_plan"] = entries[0]["kernel_plan"]
         points.append(point)
     return {"batch_sizes": list(batch_sizes), "ks": list(ks), "rounds": rounds, "points": points}

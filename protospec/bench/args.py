@@ -9,7 +9,7 @@ import torch
 
 from protospec.bench.ablation import MODES, PEERS, BenchSetup
 from protospec.bench.compare import TRAINED_PAIR
-from protospec.bench.kernel_forms import add_kernel_form_args, engine_switches, kernel_forms_help
+from protospec.bench.engine_flags import add_engine_flags, engine_switches
 from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
 from protospec.spec import registry
 
@@ -58,17 +58,6 @@ IGNORED_VLLM_FLAGS = {
 }
 
 
-class _KernelFormsHelp(argparse.Action):
-    """--help-kernel-forms: print the kernel-form switches (kept out of --help) and exit."""
-
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(kernel_forms_help())
-        parser.exit()
-
-
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     ignored = textwrap.fill("vLLM's flags accepted and ignored here (a warning names each one set): "
                             + ", ".join(IGNORED_VLLM_FLAGS) + ".", width=110,
@@ -77,8 +66,6 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         prog="python -m protospec.bench", usage="python -m protospec.bench [options]", description=description,
         formatter_class=_HelpFormatter, allow_abbrev=False, epilog=ignored)
     parser = p
-    p.add_argument("--help-kernel-forms", action=_KernelFormsHelp,
-                   help="list the kernel-form switches of the timed experiments (kept out of this help) and exit")
     p = p.add_argument_group("vLLM's benchmark_latency flags", "Unset, the run's shape is this machine's default: the seed "
                              "configuration on a GPU, a small one on a CPU.")
     p.add_argument("--model", default=None, help="target checkpoint: hub id or local directory")
@@ -104,7 +91,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (forwards run eagerly)")
     p.add_argument("--output-json", default=None,
-                   help="write this run's numbers here: vLLM's keys (avg_latency, latencies, percentiles) and protospec's")
+                   help="write this run's numbers here (vLLM's keys and protospec's)")
     p.add_argument("--profile", action="store_true", help="write a torch profiler trace of one timed call")
     p.add_argument("--profile-result-dir", default=None, help="where --profile writes (default: runs/profile)")
     p.add_argument("--use-v2-block-manager", action="store_true", help="accepted for compatibility; a no-op here")
@@ -112,7 +99,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                    help="target-only steps while more requests than this run")
     p = parser.add_argument_group("the study: draft loops, proposers, acceptance")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: 1 on a CPU, where more made timings swing; torch's choice on a GPU)")
+                   help="torch CPU threads (default: 1 on a CPU, where more made timings swing)")
     p.add_argument("--draft-loop", default=registry.AUTO, choices=[registry.AUTO, *MODES], metavar="MODE",
                    help=f"{' | '.join([registry.AUTO, *MODES])}: where the draft's inputs are built and when the "
                         f"host syncs (spec/registry.py says each; {registry.AUTO}: {registry.AUTO_DOC})")
@@ -143,12 +130,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                    help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
                         "mma for fp16 in whole 16-key tiles; default: %(default)s)")
     p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
-                   help="linear layers: cublas (the fusion off), the tensor-core GEMV (mma: float16, <= 8 token "
-                        "rows), or mma_fused (norms, RoPE, SiLU folded in; auto with the layer kernels)")
+                   help="cublas (no fusion), mma (the tensor-core GEMV: float16, <= 8 rows) or mma_fused (norms, "
+                        "RoPE, SiLU folded in)")
     p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
                    help="each draft step's softmax and sample (and the verify's softmax) as two Numba kernels "
                         "over vocabulary slices instead of torch's ops (auto: on a GPU with the layer kernels)")
-    add_kernel_form_args(parser, shown=False)
+    add_engine_flags(p)
     p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
                    help="the tensor-core GEMVs start while the kernel before them ends (auto: on sm_90 and later)")
     p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),

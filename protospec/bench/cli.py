@@ -24,7 +24,6 @@ from protospec.bench.ablation import BenchSetup, run_ablation, run_mode, run_swe
 from protospec.bench.args import (RUNS_DIR, TRAINED_PAIR, build_parser, check_args, draft_loop_of, resolve_args,
                                   setup_from)
 from protospec.bench.compare import CompareSetup, compare_table, run_compare, write_compare
-from protospec.bench.kernel_forms import apply_kernel_forms
 from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
@@ -61,7 +60,6 @@ def main(argv: list[str] | None = None) -> dict:
         args.model, args.speculative_model = f"{TRAINED_PAIR}/protospec-target", f"{TRAINED_PAIR}/protospec-draft"
     args = resolve_args(args)
     check_args(args)
-    apply_kernel_forms(args)  # before any engine captures a graph
     check_writable(args.output_json)
     if args.ablation or args.sweep or args.compare:
         check_writable(args.output_dir, directory=True)
@@ -92,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
         print("wrote profiler trace " + profile_one_call(llm, setup, args.profile_result_dir or f"{RUNS_DIR}/profile"))
     if args.output_json:
         out = vllm_result(entry["latencies_s"]) | provenance(llm.engine.device, argv) | {
-            "torch_threads": args.threads, "config": vars(args), "result": entry}
+            "torch_threads": args.threads, "config": vars(args), "kernel_plan": llm.engine.plan.as_record(),
+            "result": entry}
         with open(args.output_json, "w") as f:
             json.dump(out, f, indent=2)
     return entry

@@ -85,7 +85,7 @@ def run_compare(setup: CompareSetup, progress=None, log=print) -> dict:
         llm = LLM(setup.target, speculative_model=draft, num_speculative_tokens=setup.k, acceptance=arm["acceptance"],
                   dynamic_k=arm["dynamic_k"], **setup.engine)
         name = arm_name(arm)
-        results[name] = {"arm": arm}
+        results[name] = {"arm": arm, "kernel_plan": llm.engine.plan.as_record()}
         for t in setup.temperatures:
             params = SamplingParams(temperature=t, max_tokens=setup.max_tokens, ignore_eos=True, seed=setup.seed)
             results[name][f"T={t:g}"] = _entry(*_time_prompts(llm, setup.prompts, params, setup.repeats, progress))

@@ -26,9 +26,8 @@ from protospec.bench.ablation import MODES, BenchSetup, apply_mode
 from protospec.bench.args import ON_OFF, auto_as_none
 from protospec.layout import LINEAR_KERNELS
 from protospec.bench.attention_cost import copy_bandwidth_gbs
-from protospec.bench.kernel_forms import add_kernel_form_args, apply_kernel_forms, engine_switches
+from protospec.bench.engine_flags import add_engine_flags, engine_switches
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.kernels import paged_attention as attention_kernels
 from protospec.layout import ATTENTION_PATHS
 from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
 
@@ -211,8 +210,6 @@ def main(argv=None) -> dict:
     p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"], help="Numba layer kernels (default: %(default)s)")
     p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
                    help="the layer kernels' paged attention (auto: by shape; default: %(default)s)")
-    p.add_argument("--attention-combine", default="fused", choices=["fused", "separate"],
-                   help="split-K attention's combine folded into the attention kernel, or a kernel of its own")
     p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
                    help="the layer kernels' linear layers (cublas: the fusion off; auto = mma_fused)")
     p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
@@ -225,14 +222,12 @@ def main(argv=None) -> dict:
     p.add_argument("--target-only", action="store_true",
                    help="also target-only decoding (the engine without a draft): GPU busy and wall per token "
                         "against the target's weights floor")
-    add_kernel_form_args(p)
+    add_engine_flags(p)
     p.add_argument("--output-json", default=None, help="write the census here as JSON")
     args = p.parse_args(argv)
     check_writable(args.output_json)
     if not torch.cuda.is_available():
         raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
-    attention_kernels.FUSED_COMBINE = args.attention_combine == "fused"  # before any graph is captured
-    apply_kernel_forms(args)
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                        args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
                        layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
@@ -245,7 +240,7 @@ def main(argv=None) -> dict:
           f"{floor['draft_weight_mb']:.0f} + target {floor['target_weight_mb']:.0f}), floor "
           f"{floor['floor_ms_per_spec_step']:.3f} ms at {floor['copy_bandwidth_gbs']:.0f} GB/s")
     report = provenance(llm.engine.device, argv, "protospec.bench.kernel_census") | {
-        "config": vars(args), "floor": floor, "modes": {}}
+        "config": vars(args), "kernel_plan": llm.engine.plan.as_record(), "floor": floor, "modes": {}}
     for mode in args.modes:
         r = census(llm, setup, mode)
         r["busy_ms_per_spec_step"] = r["gpu_busy_ms"] / max(1, r["spec_steps"])

@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             llm.engine.set_draft_loop(mode)
         report["modes"][mode] = run_mode(llm, args.requests, vocab, args.seed, args.warmup, args.check,
                                          args.max_prompt_len, args.max_tokens)
+        report["modes"][mode]["kernel_plan"] = llm.engine.plan.as_record()
         if device.type == "cuda":
             report["modes"][mode]["max_memory_allocated_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
         for call in report["modes"][mode]["calls"]:

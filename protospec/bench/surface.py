@@ -72,7 +72,7 @@ def run_pair(name: str, setup: BenchSetup, alphas=ALPHAS, ks=KS, log=print) -> d
             force_acceptance(llm, alpha)
             p50, steps = _timed(llm, setup)
             timed[alpha] = (p50, steps, llm.metrics.acceptance_rate)
-        mode = llm.engine.draft_loop
+        mode, plan = llm.engine.draft_loop, llm.engine.plan.as_record()
         del llm
         _release_memory()
         p50_cal, steps_cal, _ = timed[CALIBRATION_ALPHA]
@@ -91,7 +91,7 @@ def run_pair(name: str, setup: BenchSetup, alphas=ALPHAS, ks=KS, log=print) -> d
             "target_step_ms": target_step_s * 1e3,
             "spec_step_ms_by_k": {str(k): s * 1e3 for k, s in spec_step_s.items()},
             "spec_step_over_target_step_by_k": {str(k): s / target_step_s for k, s in spec_step_s.items()},
-            "points": points}
+            "kernel_plan": plan, "points": points}
 
 
 def plot_surface(report: dict):

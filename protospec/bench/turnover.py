@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         run = turn_over(llm, args.steps // len(SETUPS), args.seed + i)
         seconds = time.perf_counter() - start
         result = {"proposer": proposer, "dynamic_k": dynamic_k, "steps": run["steps"], "widest_batch": run["widest_batch"],
-                  "seconds": round(seconds, 2), "counters": llm.counters, **check_run(run, llm, plain)}
+                  "seconds": round(seconds, 2), "counters": llm.counters, "kernel_plan": llm.engine.plan.as_record(),
+                  **check_run(run, llm, plain)}
         ok &= not result["greedy_differ"] and not result["unfinished"] and result["free_blocks"] == result["usable_blocks"]
         report["setups"].append(result)
         print(f"{proposer:8s} dynamic_k={dynamic_k:9s} {run['steps']:6d} steps {seconds:7.1f} s, {result['requests']} "

@@ -16,6 +16,7 @@ from protospec.engine.decode_graph import MultiStepDecode
 from protospec.engine.kv_pool import size_kv_pool
 from protospec.engine.prefill import Prefill
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
+from protospec.kernel_plan import KernelPlan
 from protospec.device_wait import read_back
 from protospec.spec import registry
 from protospec.spec.acceptance import make_acceptance
@@ -67,21 +68,12 @@ class Engine:
             for m in (target, draft):
                 if m is not None:
                     m.enable_compile()
-        self.use_layer_kernels = self._resolve_layer_kernels()
-        fused_sampling = config.fused_sampling
-        if fused_sampling is None:  # the sampling kernels by default only where they were measured faster
-            fused_sampling = self.use_layer_kernels and self.device.type == "cuda"
-        self.fused_sampling = self._resolve_kernel_flag("fused_sampling", fused_sampling)
-        check_attention_kernel(config.attention_kernel, self.use_layer_kernels, [m for m in (target, draft) if m is not None],
-                               self.dtype, config.block_size)
-        check_linear_kernel(config.linear_kernel, self.use_layer_kernels)
-        self.linear_kernel = config.linear_kernel or ("mma_fused" if self.use_layer_kernels else "cublas")
-        self.dependent_launch = resolve_dependent_launch(config.dependent_launch, self.linear_kernel,
-                                                         self.use_layer_kernels, self.device)
-        if self.use_layer_kernels:
+        self.plan = self._resolve_kernel_plan([m for m in (target, draft) if m is not None])
+        if self.plan.layer_kernels:
             for m in (target, draft):
                 if m is not None:
-                    m.enable_layer_kernels(config.attention_kernel, self.linear_kernel, self.dependent_launch)
+                    m.enable_layer_kernels(self.plan.attention_kernel, self.plan.linear_kernel,
+                                           self.plan.dependent_launch, self.plan.prefill_kernels)
         self.num_blocks = size_kv_pool(config, self.device, self.dtype, self.max_model_len + self.look.extra_positions,
                                        [m for m in (target, draft) if m is not None])
         self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None
@@ -93,15 +85,12 @@ class Engine:
             raise ConfigError(f"the KV pool of {self.num_blocks} blocks does not fit the device's free memory "
                               "(torch.OutOfMemoryError); lower kv_cache_gib or num_kv_blocks") from e
         self.max_blocks_per_seq = blocks_for(self.max_model_len + self.look.extra_positions, config.block_size)
-        self.use_cuda_graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
         if self.use_cuda_graphs:
-            if self.device.type != "cuda":
-                raise ConfigError("cuda_graphs=True needs a CUDA device")
             for runner in (self.target, self.draft):
                 if runner is not None:
                     # The widest repeated forward: the verify, or the draft's two-token first step.
                     runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.look.verify_len),
-                                              config.prefill_graphs)
+                                              self.plan.prefill_graphs)
         self.prefill = Prefill(self.target, self.draft)
         self.vocab_size = target.config.vocab_size
         self._draft_loops: dict[tuple, DraftLoop] = {}  # built once: switching keeps their buffers and graphs
@@ -120,6 +109,39 @@ class Engine:
         as the CPU simulator runs them)."""
         return MultiStepDecode(self.target, self.block_manager, self.config.max_num_seqs, self.max_blocks_per_seq,
                                self.fused_sampling, self.eos_token_id, graphs, self.config.device_wait_timeout_s)
+
+    def _resolve_kernel_plan(self, models: list) -> KernelPlan:
+        """The kernels this engine runs, from its config (None: the measured-fastest choice where it
+        applies) and its device; an explicit choice that cannot hold here is an error naming why."""
+        cfg = self.config
+        layer_kernels = self._resolve_layer_kernels()
+        fused_sampling = cfg.fused_sampling
+        if fused_sampling is None:  # the sampling kernels by default only where they were measured faster
+            fused_sampling = layer_kernels and self.device.type == "cuda"
+        check_attention_kernel(cfg.attention_kernel, layer_kernels, models, self.dtype, cfg.block_size)
+        check_linear_kernel(cfg.linear_kernel, layer_kernels)
+        linear_kernel = cfg.linear_kernel or ("mma_fused" if layer_kernels else "cublas")
+        prefill_kernels = cfg.prefill_kernels if cfg.prefill_kernels is not None else self.device.type == "cuda"
+        if prefill_kernels and not layer_kernels:
+            if cfg.prefill_kernels:
+                raise ConfigError("prefill_kernels=True needs the layer kernels (layer_kernels is off here)")
+            prefill_kernels = False
+        cuda_graphs = cfg.cuda_graphs if cfg.cuda_graphs is not None else self.device.type == "cuda"
+        if cuda_graphs and self.device.type != "cuda":
+            raise ConfigError("cuda_graphs=True needs a CUDA device")
+        return KernelPlan(
+            layer_kernels=layer_kernels, attention_kernel=cfg.attention_kernel, linear_kernel=linear_kernel,
+            dependent_launch=resolve_dependent_launch(cfg.dependent_launch, linear_kernel, layer_kernels, self.device),
+            prefill_kernels=prefill_kernels, fused_sampling=self._resolve_kernel_flag("fused_sampling", fused_sampling),
+            fused_rejection=cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda",
+            cuda_graphs=cuda_graphs, prefill_graphs=cfg.prefill_graphs and cuda_graphs)
+
+    # The plan's choices under the names the engine's users read.
+    use_layer_kernels = property(lambda self: self.plan.layer_kernels)
+    fused_sampling = property(lambda self: self.plan.fused_sampling)
+    linear_kernel = property(lambda self: self.plan.linear_kernel)
+    dependent_launch = property(lambda self: self.plan.dependent_launch)
+    use_cuda_graphs = property(lambda self: self.plan.cuda_graphs)
 
     def _resolve_kernel_flag(self, name: str, value: bool) -> bool:
         """True only where Numba's kernels run (CUDA, or the simulator on a CPU)."""
@@ -170,8 +192,8 @@ class Engine:
         commit = make_commit_policy(registry.commit_policy_for(loop.kind, cfg.overlap_commit), loop.counters,
                                     self.look, cfg.block_size, cfg.first_step_at_begin)
         guard = forbid_host_sync if cfg.check_no_sync else None
-        fused = cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda"
-        acceptance = make_acceptance(cfg.acceptance, fused, cfg.posterior_threshold, cfg.posterior_alpha)
+        acceptance = make_acceptance(cfg.acceptance, self.plan.fused_rejection, cfg.posterior_threshold,
+                                     cfg.posterior_alpha)
         dynamic_k = make_dynamic_k(cfg.dynamic_k, self.k, cfg.draft_confidence_threshold)
         return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
                                fused_sampling=self.fused_sampling, dynamic_k=dynamic_k, wait_s=cfg.device_wait_timeout_s,

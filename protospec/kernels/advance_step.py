@@ -167,7 +167,7 @@ class AdvanceStepLauncher:
     @property
     def row_args(self) -> list:
         """What a sampling kernel needs to do this advance itself for the rows it samples
-        (sampling.ADVANCE_IN_SAMPLER): the kernel's arguments but the sampled ids, which it has in hand."""
+        (sampling_advance.py): the kernel's arguments but the sampled ids, which it has in hand."""
         return self.args[:2] + self.args[3:]
 
     def __call__(self) -> None:

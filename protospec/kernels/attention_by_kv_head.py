@@ -23,8 +23,8 @@ arithmetic and its 64-bit division calls were most of the tensor-core path's ins
 
 With splits > 1 each split covers 1/splits of the chunk's real context (from its rows' largest
 position, so no block works past the end) and writes (acc, max, sum) in attention_by_row.py's
-layout; with fused = 1 the last split block of a row group to finish (an atomic arrival count)
-combines the group's rows (attention_combine.py), else paged_attention.py launches the combine.
+layout, and the last split block of a row group to finish (an atomic arrival count) combines the
+group's rows (attention_combine.py).
 """
 from __future__ import annotations
 
@@ -49,9 +49,9 @@ FILL_BLOCKS_PER_SM = 4
 # Rows + keys per lane group (U) that a lane's registers hold (each costs 2 x 8 of them): at 6 rows a
 # group loads 2 keys per step, at 1 row 4 (keys_per_group). More keys in flight, fewer dependent steps.
 ROW_KEY_BUDGET = 8
-# Compile options (GPU only; scripts/device/attention_variants.py times the alternatives): the fewest
-# blocks per SM the register allocation must allow (None:
-# the compiler's choice), and fast-math (approximate exp, fused multiply-adds).
+# Compile options (GPU only): launch bounds that cap the registers so MIN_BLOCKS_PER_SM blocks fit on
+# an SM (more blocks in flight to cover the key loads' latency), and fast-math (approximate exp, fused
+# multiply-adds).
 MIN_BLOCKS_PER_SM = 3
 FASTMATH = True
 
@@ -101,15 +101,13 @@ def attention_kernel(rows: int, head_dim: int, block_size: int, group: int):
     """The kernel for `rows` query rows per block, `head_dim`, the keys per group that block_size
     allows and `group` heads per KV head (compile-time constants: register arrays, loop bounds, and a
     row's token and head without a runtime division), compiled on first use."""
-    return _compiled(rows, head_dim, keys_per_group(rows, block_size), group, MIN_BLOCKS_PER_SM, FASTMATH)
+    return _compiled(rows, head_dim, keys_per_group(rows, block_size), group)
 
 
 @functools.cache
-def _compiled(rows: int, head_dim: int, keys: int, group: int, min_blocks: int | None, fastmath: bool):
+def _compiled(rows: int, head_dim: int, keys: int, group: int):
     threads = threads_per_block(head_dim)
-    options = {} if interop.SIMULATOR else {"fastmath": fastmath}
-    if min_blocks and not interop.SIMULATOR:
-        options["launch_bounds"] = (threads, min_blocks)
+    options = {} if interop.SIMULATOR else {"fastmath": FASTMATH, "launch_bounds": (threads, MIN_BLOCKS_PER_SM)}
     return _make_attention_kernel(rows, head_dim, keys, group, threads, warp_lanes(head_dim), options)
 
 
@@ -132,15 +130,15 @@ def _make_attention_kernel(R: int, D: int, U: int, GROUP: int, THREADS: int, WAR
 
     @cuda.jit(**options)
     def attention_group_kernel(q, kv_cache, block_tables, positions, query_len, scale, out,
-                               part_acc, part_max, part_sum, counters, fused):
+                               part_acc, part_max, part_sum, counters):
         """
         q            [T, h, d] act                      kv_cache [2, num_blocks, block_size, kvh, d] act
         block_tables [S, W] int32 (null-block padded)   positions [T] int64 (key count = position + 1)
         query_len    tokens per sequence (T = S * query_len)          scale  float (1 / sqrt(d))
         out          [T, h * d] act, written when splits == 1 (part_max.shape[1] == 1)
         part_acc     [T * h, splits, d] f32 out; part_max, part_sum [T * h, splits] f32 out (splits > 1)
-        counters     [S * kvh * chunks] int32, zero on entry and on exit; fused = 1: the last split block
-                     of each row group to finish (counted there) combines the group's rows into out
+        counters     [S * kvh * chunks] int32, zero on entry and on exit; with splits > 1 the last split
+                     block of each row group to finish (counted there) combines the group's rows into out
         Grid: S * kvh * chunks * splits blocks, b -> (((seq * kvh + kv_head) * chunks + chunk) * splits + split);
         a chunk is R rows of the group's query_len * (h // kvh) rows (row = query token * group + head in group).
         """
@@ -280,5 +278,5 @@ def _make_attention_kernel(R: int, D: int, U: int, GROUP: int, THREADS: int, WAR
                     merged_acc[(warp * R + r) * D + i * G + lane] = acc[r * DPL + i]
         cuda.syncthreads()
         write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, chunk, split, query_len, out,
-                   part_acc, part_max, part_sum, counters, fused, last_block, tid)
+                   part_acc, part_max, part_sum, counters, last_block, tid)
     return attention_group_kernel

@@ -28,32 +28,16 @@ import functools
 from protospec.kernels import interop
 from protospec.kernels.attention_mma_kernel import TILE, make_mma_kernel
 
-# Warps per block (each walks its own 16-key tiles): None chooses by shape (warps_per_block); an int
-# forces it (scripts/device/attention_mma_variants.py times the choices).
+# Warps per block (each walks its own 16-key tiles): None chooses by shape (warps_per_block); an int forces it.
 WARPS = None
 MAX_WARPS = 8             # 8 x 32 threads at <= 128 registers: two blocks per SM
 WARPS_PER_SM = 12
 SIMULATOR_WARPS = 2       # the simulator runs an OS thread per lane: the merge across warps with few of them
 FASTMATH = True
 # Split-K spreads a small grid until this many blocks per SM (paged_attention.choose_splits), with at
-# least TILES_PER_SPLIT steps of the block's keys per split.
+# least TILES_PER_SPLIT steps of the block's keys per split (keys_per_split).
 BLOCKS_PER_SM = 2
 TILES_PER_SPLIT = 8
-# Launch bounds: the fewest blocks per SM the register allocation must allow (None: the compiler's choice).
-MIN_BLOCKS_PER_SM = None
-# A dependent's loads no kernel of this forward writes (positions, table entries, a first tile of keys
-# older than its tokens) before its wait. On: timed faster (bench, kernel_census: --attention-early-loads).
-EARLY_LOADS = True
-# A warp loads its next tile's K and V words before the products of this one (a second set of words,
-# the table entry two tiles ahead), not after them. Same bits. On: timed faster at batch 1 and 64
-# (bench, kernel_census: --attention-pipeline; data/results/README.md).
-PIPELINE = True
-# With EARLY_LOADS and PIPELINE: how many of a warp's first tiles of older keys go out before its wait, 1 to 3
-# (the second into the pipeline's second set of words, the third into a set of its own: at the seed
-# shapes, up to 384 keys and 8 warps of 16, a warp walks 3 tiles). Same bits. 1: 2 and 3 timed slower at
-# batch 1, whose attention does not wait on its tiles' loads (bench, kernel_census: --attention-early-tiles;
-# data/results/README.md).
-EARLY_TILES = 1
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
 MERGE_BYTES = 40 * 1024
@@ -100,17 +84,14 @@ def keys_per_split(warps: int) -> int:
 
 def attention_kernel(group_rows: int, head_dim: int, warps: int, group: int, dependent: bool = False):
     """The kernel for a row group of `group_rows` (query tokens x `group` heads sharing a KV head),
-    compiled on first use; dependent: it waits for the kernel before it, then lets the next one launch
-    (a programmatic dependent launch: dependent_launch.py)."""
-    early = dependent and EARLY_LOADS
-    return _compiled(rows_per_chunk(group_rows), head_dim, warps, group, FASTMATH, MIN_BLOCKS_PER_SM, dependent,
-                     early, PIPELINE, EARLY_TILES if early and PIPELINE else 1)
+    compiled on first use; dependent: it issues the loads no kernel of this forward writes, waits for
+    the kernel before it, then lets the next one launch (a programmatic dependent launch:
+    dependent_launch.py). No launch bounds: the compiler chooses the registers (bounds of 4-5 blocks
+    per SM spilled and ran slower: data/results/README.md)."""
+    return _compiled(rows_per_chunk(group_rows), head_dim, warps, group, dependent)
 
 
 @functools.cache
-def _compiled(rows: int, head_dim: int, warps: int, group: int, fastmath: bool, min_blocks: int | None,
-              dependent: bool = False, early: bool = False, pipeline: bool = False, early_tiles: int = 1):
-    options = {} if interop.SIMULATOR else {"fastmath": fastmath}
-    if min_blocks and not interop.SIMULATOR:
-        options["launch_bounds"] = (32 * warps, min_blocks)
-    return make_mma_kernel(rows // 8, head_dim, warps, group, options, dependent, early, pipeline, early_tiles)
+def _compiled(rows: int, head_dim: int, warps: int, group: int, dependent: bool):
+    options = {} if interop.SIMULATOR else {"fastmath": FASTMATH}
+    return make_mma_kernel(rows // 8, head_dim, warps, group, options, dependent)

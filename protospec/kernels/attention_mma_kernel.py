@@ -1,4 +1,4 @@
-"""The tensor-core attention's kernel (attention_mma.py holds its shape rules, settings and launch
+"""The tensor-core attention's kernel (attention_mma.py holds its shape rules, constants and launch
 choices): a warp walks 16-key tiles of its split, S = Q K^T and O += P V as warp matrix multiplies,
 an online softmax per row, then the warps' merge and the split-K tail (attention_combine.py)."""
 from __future__ import annotations
@@ -19,15 +19,14 @@ LOW32 = 0xFFFFFFFF
 LOW16 = 0xFFFF
 
 
-def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPENDENT: bool = False,  # noqa: N803
-                    EARLY: bool = False, PIPE: bool = False, EARLY_TILES: int = 1):  # noqa: N803 (Numba: constants)
+def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict,  # noqa: N803 (Numba: constants)
+                    DEPENDENT: bool = False):  # noqa: N803
     """RH 8-row halves a chunk (1 or 2), head dim D, WARPS warps a block, GROUP query heads a KV head.
-    DEPENDENT: launched as a programmatic dependent; EARLY: its loads no kernel of the forward writes
-    before its wait (attention_mma.EARLY_LOADS); PIPE: each tile's loads go out before the products of
-    the tile before it (attention_mma.PIPELINE); EARLY_TILES (with EARLY and PIPE; 1, 2 or 3): how many
-    of a warp's first tiles of older keys go out before the wait (attention_mma.EARLY_TILES)."""
-    EARLY2 = EARLY and PIPE and EARLY_TILES >= 2
-    EARLY3 = EARLY2 and EARLY_TILES >= 3
+    DEPENDENT: launched as a programmatic dependent, which issues the loads no kernel of the forward
+    writes (positions, table entries, a first tile of keys older than its tokens) before its wait: the
+    wait then overlaps them instead of preceding them.
+    Each tile's K and V words go out before the products of the tile before it (a second set of words
+    in flight during this tile's products), so a warp's walk waits on a load only at its first tile."""
     R = 8 * RH                 # rows per chunk: g (and g + 8 when RH = 2) for lane 4 g + t
     KT = D // 16               # k-tiles of S = Q K^T (16 dims each)
     NT = D // 8                # n-tiles of O = P V (8 dims each)
@@ -35,7 +34,6 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
     THREADS = 32 * WARPS
     STEP = TILE * WARPS
     QA, KB, VK, OD = KT * 4, 2 * KT, 4 * VW, NT * 4  # local arrays: Q's A fragments, K and V words, O
-    KB3, VK3 = (KB, VK) if EARLY3 else (1, 1)         # EARLY3's third tile's words (else a placeholder)
     RS = D + 1                 # merged rows one float wider: a warp's stores spread over the banks
     MERGED, MERGED_ROWS = WARPS * R * RS, WARPS * R
     SCRATCH = scratch_size(WARPS)
@@ -46,16 +44,13 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
     load_tile, softmax_row = tile_functions(KT, VW, NO_KEY)
 
     def attention_mma_kernel(q64, kv64, block_tables, positions, query_len, scale, out, part_acc, part_max, part_sum,
-                             counters, fused):
+                             counters):
         """
         q64          [T, h, d / 4] int64: the fp16 queries as 8-byte words
         kv64         [2, num_blocks, block_size, kvh, d / 4] int64: the fp16 cache as words
-        block_tables [S, W] int32; positions [T] int64; query_len, scale, out, part_*, counters, fused:
+        block_tables [S, W] int32; positions [T] int64; query_len, scale, out, part_*, counters:
         as by_kv_head's kernel. Grid: S * kvh * chunks * splits blocks of R rows, as by_kv_head's.
         """
-        if DEPENDENT and not EARLY:  # everything below may be the previous kernel's output (q, the new K/V)
-            grid_dependency_wait()
-            allow_dependent_launch()
         splits = part_max.shape[1]
         kv_heads = kv64.shape[3]
         seq, kv_head, chunk, split, group, group_rows = row_group_block(R, GROUP, kv_heads, query_len, splits)
@@ -76,10 +71,8 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
         qa = cuda.local.array(QA, uint32)    # [KT, 4] A fragments of Q: a0..a3 per k-tile
         kb = cuda.local.array(KB, int64)     # [2, KT] K words: keys key0 + 8 n + g, dims 16 kt + 4 t ..
         vw = cuda.local.array(VK, int64)     # [4, VW] V words: keys key0 + 2t, + 1, + 8, + 9; dims g NT ..
-        kb2 = cuda.local.array(KB, int64)    # PIPE: the next tile's K and V words, in flight during this one's
+        kb2 = cuda.local.array(KB, int64)    # the next tile's K and V words, in flight during this one's
         vw2 = cuda.local.array(VK, int64)
-        kb3 = cuda.local.array(KB3, int64)  # EARLY3: the third tile's words, loaded before the wait
-        vw3 = cuda.local.array(VK3, int64)
         s = cuda.local.array(8, float32)     # [2, 4] this step's S fragments (one per 8 keys)
         o = cuda.local.array(OD, float32)    # [NT, 4] O fragments: rows g, g + 8; dims (2t + i) NT + nt
         for i in range(OD):
@@ -126,42 +119,28 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
         block = 0
         if key0 < end:
             block = early_block if split == 0 else load_flat(block_tables, seq * table + column)
-        # PIPE: the cache-block columns a step and two steps ahead (advanced by adding, as `column`);
+        # The cache-block columns a step and two steps ahead (advanced by adding, as `offset`);
         # the entry a step ahead is a table's: no kernel of this forward writes it.
         next_block, after = int64(0), int64(0)
         column2, offset2 = column + jump, offset + rest
         if offset2 >= block_size:
             offset2 -= block_size
             column2 += 1
-        if PIPE and key0 + STEP < end:
+        if key0 + STEP < end:
             next_block = load_flat(block_tables, seq * table + column2)
-        next_offset = offset2  # the second tile's, for EARLY2
         column2 += jump
         offset2 += rest
         if offset2 >= block_size:
             offset2 -= block_size
             column2 += 1
         prefetched = False
-        prefetched2 = False  # EARLY2: the second tile's words are in kb2 / vw2 already
-        prefetched3 = False  # EARLY3: the third tile's are in kb3 / vw3
-        if EARLY:  # the first tile before the wait if no kernel of this forward writes its keys
+        if DEPENDENT:  # the first tile before the wait if no kernel of this forward writes its keys
             oldest_new = load_flat(positions, seq * query_len)  # the sequence's first query token
             prefetched = key0 + TILE <= oldest_new
             if prefetched:
                 load_tile(kv64, block * block_words + offset * key_stride, k_lane, v_lane, key_stride, key0, end, t,
                           kb, vw)
-            if EARLY2:
-                prefetched2 = prefetched and key0 + STEP < end and key0 + STEP + TILE <= oldest_new
-                if prefetched2:
-                    load_tile(kv64, next_block * block_words + next_offset * key_stride, k_lane, v_lane, key_stride,
-                              key0 + STEP, end, t, kb2, vw2)
-            if EARLY3:  # its table entry first (the walk's first step loads it again, as `after`)
-                prefetched3 = prefetched2 and key0 + 2 * STEP < end and key0 + 2 * STEP + TILE <= oldest_new
-                if prefetched3:
-                    third = load_flat(block_tables, seq * table + column2)
-                    load_tile(kv64, third * block_words + offset2 * key_stride, k_lane, v_lane, key_stride,
-                              key0 + 2 * STEP, end, t, kb3, vw3)
-            grid_dependency_wait()
+            grid_dependency_wait()  # everything below may be the previous kernel's output (q, the new K/V)
             allow_dependent_launch()
         for hi in range(RH):  # the rows' queries (a real row's, clamped; zeroed here if past: no branch)
             r = g + 8 * hi
@@ -175,38 +154,28 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
         for i in range(QA):
             if RH == 1 and i % 2 == 1:  # rows g + 8 do not exist
                 qa[i] = uint32(0)
-        if PIPE and not prefetched:  # the first tile now; each iteration then loads the one after its own
+        if not prefetched:  # the first tile now; each iteration then loads the one after its own
             load_tile(kv64, block * block_words + offset * key_stride, k_lane, v_lane, key_stride, key0, end, t, kb, vw)
         for _ in range(iters):
-            base = block * block_words + offset * key_stride
-            # The next tile's block id goes out with this tile's K/V loads, a step ahead of its own.
-            column += jump
+            # The next tile's words (its offset in its cache block advanced by adding; the block's table
+            # entry came a step ago), and the entry of the one after it.
             offset += rest
             if offset >= block_size:
                 offset -= block_size
-                column += 1
-            if PIPE:  # the next tile's words (its entry came a step ago), and the entry of the one after it
-                if prefetched2:  # loaded before the wait
-                    prefetched2 = False
-                elif key0 + STEP < end:  # the same for the warp's lanes; no load is waited on here
-                    load_tile(kv64, next_block * block_words + offset * key_stride, k_lane, v_lane, key_stride,
-                              key0 + STEP, end, t, kb2, vw2)
-                else:  # no tile left: zeros, as load_tile gives V past the end (K's scores are masked)
-                    for i in range(KB):
-                        kb2[i] = int64(0)
-                    for i in range(VK):
-                        vw2[i] = int64(0)
-                after = load_flat(block_tables, seq * table + column2) if key0 + 2 * STEP < end else 0
-                column2 += jump
-                offset2 += rest
-                if offset2 >= block_size:
-                    offset2 -= block_size
-                    column2 += 1
-            else:
-                next_block = load_flat(block_tables, seq * table + column) if key0 + STEP < end else 0
-                if not prefetched:
-                    load_tile(kv64, base, k_lane, v_lane, key_stride, key0, end, t, kb, vw)
-            prefetched = False
+            if key0 + STEP < end:  # the same for the warp's lanes; no load is waited on here
+                load_tile(kv64, next_block * block_words + offset * key_stride, k_lane, v_lane, key_stride,
+                          key0 + STEP, end, t, kb2, vw2)
+            else:  # no tile left: zeros, as load_tile gives V past the end (K's scores are masked)
+                for i in range(KB):
+                    kb2[i] = int64(0)
+                for i in range(VK):
+                    vw2[i] = int64(0)
+            after = load_flat(block_tables, seq * table + column2) if key0 + 2 * STEP < end else 0
+            column2 += jump
+            offset2 += rest
+            if offset2 >= block_size:
+                offset2 -= block_size
+                column2 += 1
             # S = Q K^T, 8 keys per product, scaled.
             for n in range(2):
                 c0, c1, c2, c3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
@@ -240,20 +209,13 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
                     o[nt * 4 + 3] * alpha_hi, mma_scratch, tid)
                 if RH == 1:
                     o[nt * 4 + 2], o[nt * 4 + 3] = float32(0.0), float32(0.0)
-            block = next_block
             key0 += STEP
-            if PIPE:  # the next step's words (the copy waits for their loads, due by then)
-                for i in range(KB):
-                    kb[i] = kb2[i]
-                for i in range(VK):
-                    vw[i] = vw2[i]
-                next_block = after
-                if EARLY3 and prefetched3:  # the third tile moves up: the next step loads nothing
-                    for i in range(KB):
-                        kb2[i] = kb3[i]
-                    for i in range(VK):
-                        vw2[i] = vw3[i]
-                    prefetched2, prefetched3 = True, False
+            # The next step's words (the copy waits for their loads, due by then).
+            for i in range(KB):
+                kb[i] = kb2[i]
+            for i in range(VK):
+                vw[i] = vw2[i]
+            next_block = after
 
         # A row's sum over its 4 lanes; then the warp's rows into shared memory, dims un-permuted.
         for mask in (1, 2):
@@ -269,8 +231,6 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict, DEPE
                 merged_sum[row] = l_lo if half == 0 else l_hi
         cuda.syncthreads()
         write_rows(merged_acc, merged_max, merged_sum, seq, kv_head, chunk, split, query_len, out,
-                   part_acc, part_max, part_sum, counters, fused, last_block, tid)
+                   part_acc, part_max, part_sum, counters, last_block, tid)
 
-    name = "attention_mma_kernel" + ("_pipe" if PIPE else "") + (f"_early{EARLY_TILES}" if EARLY2 else "")
-    attention_mma_kernel.__name__ = attention_mma_kernel.__qualname__ = name
     return cuda.jit(**options)(attention_mma_kernel)

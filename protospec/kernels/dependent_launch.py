@@ -32,11 +32,6 @@ from protospec.kernels import interop
 from protospec.kernels.interop import cuda
 
 MIN_CAPABILITY = (9, 0)
-# The draft step's glue kernels (the two sampling kernels, advance_step) launched as dependents
-# where the forward before them is: each waits first, then lets the next start, so the next forward's
-# weight loads overlap them. On: timed faster (data/results README; bench and kernel_census:
-# --step-kernels-dependent off for the plain launches); set before any engine is built.
-STEP_KERNELS = True
 
 
 def supported(device: torch.device) -> bool:

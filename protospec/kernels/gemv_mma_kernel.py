@@ -3,7 +3,7 @@
     x [T, K] float16, W [N, K] float16 (nn.Linear's layout), y [T, N] float16; K a multiple of
     CHUNK x CHUNKS_PER_WARP (192: 768 and 3072 are), at most MAX_WARPS warps' worth.
 
-Why: at 6 tokens the CUDA-core GEMVs (gemv.py) lost to cuBLAS; a tensor-core product takes a 16x16
+Why: at 6 tokens a CUDA-core GEMV loses to cuBLAS; a tensor-core product takes a 16x16
 weight tile and 8 token columns, so the loads set the pace again. Layout: one `mma.m16n8k16`
 (warp_mma.py) with A = a 16-row x 16-column weight tile, B = x^T (16 columns x 8 tokens), D = 16
 output rows x 8 tokens. A block owns 16 output rows; its warps split K,
@@ -36,17 +36,15 @@ import functools
 import math
 
 import numpy as np
-from numba import float32, int32, int64, uint32
+from numba import float32, int64, uint32
 
 from protospec.kernels import interop
-from protospec.kernels.attention_combine import arrived_last
 from protospec.kernels.interop import cuda
 from protospec.kernels.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS,  # noqa: F401
                                              WARP, WORDS, block_inv_rms, inv_rms_from_squares, load_row_squares,
-                                             normed_halves, norm_rows_function, summed, tile_squares)
+                                             normed_halves, summed, tile_squares)
 from protospec.kernels.gemv_mma_rope import rope_and_store, rope_inputs
 from protospec.kernels.gemv_mma_shapes import check_forms, supports, variant_name, warps_for  # noqa: F401
-from protospec.kernels.logit_stats import tile_stats
 from protospec.kernels.warp_mma import mma_f16, pack_half2, scratch_size, store_fragment
 from protospec.kernels.word_loads import load_flat, load_words, store_flat, unpack_f16x4
 from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
@@ -57,44 +55,31 @@ LOW32 = 0xFFFFFFFF
 
 @functools.cache
 def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
-                    gather: bool = False, rope_dim: int = 0, dependent: bool = False, prefetch_norm: bool = False,
-                    max_registers: int = 0, stats: bool = False, splits: int = 1, allow_early: bool = False,
-                    pin_loads: bool = False, norm_tail: bool = False, norm_tail_residual: bool = False,
-                    squares_out: bool = False, squares_in: bool = False, squares_scale: bool = False,
-                    wide_loads: bool = False, float_out: bool = False, rope_early: bool = False):
+                    gather: bool = False, rope_dim: int = 0, dependent: bool = False, allow_early: bool = False,
+                    squares_out: bool = False, squares_scale: bool = False, wide_loads: bool = False,
+                    float_out: bool = False, rope_early: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
     q and k and stores k and v in the cache; DEPENDENT loads the weights, then waits for the kernel
     before it (a programmatic dependent launch: dependent_launch.py) and only then reads x.
-    PREFETCH_NORM (with NORM) loads the norm's weight words with the weights, before the wait, not
-    after the norm's reduction. MAX_REGISTERS (0: the compiler's choice) caps the registers a thread,
-    so more blocks fit on an SM at once (a launch of more blocks than fit runs in waves). STATS (float32
-    y, not with GLU or ROPE) also writes each tile's softmax statistics per token (logit_stats.py).
-    SPLITS (the plain form only) spreads a tile's K over that many blocks of `warps` warps each: they
-    write their warps' fragments to global memory and the last to arrive sums all of them in the
-    unsplit kernel's warp order (the same bits), so a tall K loads its weights from more SMs (no block
-    waits for the others: the last to count goes on, attention_combine.arrived_last says why it ends).
-    ALLOW_EARLY (with DEPENDENT) lets the next kernel launch once this one's weight loads are issued,
-    before its wait: only where the next kernel reads nothing before its own wait that a kernel still
-    running may write (a GEMV reads weights there; the attention's early loads read cached keys).
-    PIN_LOADS (with DEPENDENT) keeps the wait below the weight loads in the machine code (ptxas hoists
-    a plain wait above them: dependent_launch.wait_after_issued_loads); ALLOW_EARLY pins them too.
-    NORM_TAIL (plain, unsplit): the last block to finish also runs the final norm over y's wanted rows,
-    (y + residual with NORM_TAIL_RESIDUAL) normed into res_out64, head_norm's arithmetic: the LM head's
-    norm without a kernel of its own. SQUARES_OUT (plain, unsplit): y = x W^T + residual and its tiles'
-    sums of squares a token; SQUARES_IN (NORM, no RESIDUAL): 1 / rms from such sums (the same bits),
-    not the block's reduction: the final norm with no launch or last block's chain (the last down
-    projection writes them, the LM head reads them). SQUARES_SCALE (plain): y's rows times 1 / rms of x's
-    from such sums (the norm's weight folded into W). WIDE_LOADS: 16-byte weight loads (same bits);
-    FLOAT_OUT: float32 y (the LM head's logits) from the accumulator, not rounded to float16. ROPE_EARLY:
-    the epilogue's positions, slots and cos / sin rows loaded before the wait (RopeCache.inputs_before_wait)."""
+    With NORM the norm's weight words are loaded with the weights, before the wait (not after the
+    norm's reduction: timed faster). ALLOW_EARLY (with DEPENDENT) lets the next kernel launch once this
+    one's weight loads are issued, before its wait: only where the next kernel reads nothing before its
+    own wait that a kernel still running may write (a GEMV reads weights there; the attention's early
+    loads read cached keys). A dependent form without it keeps its wait below the weight loads in the
+    machine code (ptxas hoists a plain wait above them: dependent_launch.wait_after_issued_loads), so
+    the weights stream while the kernel before ends. SQUARES_OUT: y = x W^T + residual and its tiles'
+    sums of squares a token; SQUARES_SCALE: y's rows times 1 / rms of x's rows from such sums (the
+    norm's weight folded into W by the caller): with the two, the final norm between the last down
+    projection and the LM head needs no launch and no reduction in the LM head's ~2000 blocks.
+    WIDE_LOADS: 16-byte weight loads (half the load instructions; same bits); FLOAT_OUT: float32 y (the
+    LM head's logits) from the accumulator, not rounded to float16. ROPE_EARLY: the epilogue's positions,
+    slots and cos / sin rows loaded before the wait (RopeCache.inputs_before_wait)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
-    check_forms(norm, residual, glu, gather, rope_dim, stats, splits, norm_tail, squares_out, squares_in, squares_scale)
-    if max_registers and not interop.SIMULATOR:
-        options["max_registers"] = max_registers
+    check_forms(norm, glu, gather, rope_dim, squares_out, squares_scale)
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM, DEPENDENT = norm, residual, glu, gather, rope_dim, dependent  # noqa: N806
-    PREFETCH, NORM_WORDS = norm and prefetch_norm, WORDS if norm and prefetch_norm else 1  # noqa: N806
+    NORM_WORDS = WORDS if norm else 1  # noqa: N806
     HALF, GROUPS = rope_dim // 2, max(1, rope_dim // 16)  # GROUPS: blocks (8 dim pairs each) per head
     SCRATCH = scratch_size(warps)     # array sizes must be literals to the typer: products taken here
     PRODUCTS = 2 if glu else 1
@@ -102,36 +87,28 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     SQUARES = warps * MAX_TOKENS      # each warp's sum of squares per token
     THREADS = warps * WARP
     UP_WORDS = WORDS if glu else 1
-    STATS, STATS_THREADS = stats, THREADS if stats else 1  # noqa: N806
-    SPLITS, ALL_WARPS = splits, warps * splits  # noqa: N806
     ALLOW_EARLY = dependent and allow_early  # noqa: N806
-    PIN_LOADS = dependent and pin_loads and not allow_early  # noqa: N806
-    NORM_TAIL, TAIL_RESIDUAL = norm_tail, norm_tail and norm_tail_residual  # noqa: N806
-    norm_rows = norm_rows_function(True)  # y is this kernel's own output: its loads are not invariant
-    SQUARES_OUT, SQUARES_IN = squares_out, squares_in  # noqa: N806
-    SQUARES_SCALE, WIDE, LOAD_WORDS, FLOAT_OUT = squares_scale, wide_loads, 2 if wide_loads else 1, float_out  # noqa: N806
-    ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_in or squares_scale else 1)  # noqa: N806,E501
+    PIN_LOADS = dependent and not allow_early  # noqa: N806
+    SQUARES_OUT, SQUARES_SCALE = squares_out, squares_scale  # noqa: N806
+    WIDE, LOAD_WORDS, FLOAT_OUT = wide_loads, 2 if wide_loads else 1, float_out  # noqa: N806
+    ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_scale else 1)  # noqa: N806
     TILE_VALUES = MAX_TOKENS * TILE_ROWS if squares_out else 1  # noqa: N806
     ROPE_EARLY = rope_dim and rope_early  # noqa: N806
 
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
-                 tile_max, tile_index, tile_sum, split_partials, counters, y64):
+                 row_squares):
         """x64, res64 [R, K / 4] int64 (float16 words; R = T unless GATHER); x_rows [T] int64 (GATHER);
         norm64 [K / 4] int64; w64 [N (2I with GLU), K / 4] int64; y [T, N (I; h * d with ROPE)] float16
         or float32; res_out64 [T, K / 4] int64 <- x + residual (NORM; block 0 writes it).
         ROPE: positions [T] int64, cos / sin [P, d], kv_cache [2, blocks, block_size, kvh, d], slots [T]
-        int64 (-1: no store). STATS: tile_max, tile_sum [T, N / 16] float32, tile_index [T, N / 16] int64.
-        SPLITS: split_partials [tiles * ALL_WARPS * 32 * 4] float32, counters [>= tiles] int32 (zeros).
-        NORM_TAIL: y64 [T, N / 4] int64, y's words; x_rows [T'] the wanted rows, res64 [T, N / 4] the
-        residual, norm64 [N / 4] the norm's weight, res_out64 [T', N / 4] <- the normed rows;
-        counters [>= 1] int32 (zeros). SQUARES_OUT: res64 [T, N / 4] the residual, split_partials
-        [T, N / 16] float32 <- y's tiles' sums of squares. SQUARES_IN: split_partials [R, K / 16], x's.
+        int64 (-1: no store). SQUARES_OUT: res64 [T, N / 4] the residual, row_squares [T, N / 16] float32
+        <- y's tiles' sums of squares. SQUARES_SCALE: row_squares [R, K / 16] float32, x's rows'.
         """
         n_rows, k_words = w64.shape[0] // PRODUCTS, w64.shape[1]
         tid = cuda.threadIdx.x
         warp, lane = tid // WARP, tid % WARP
         g, t = lane // 4, lane % 4
-        tile, part = cuda.blockIdx.x // SPLITS, cuda.blockIdx.x % SPLITS  # SPLITS: the tile's K part
+        tile = cuda.blockIdx.x
         n0 = tile * TILE_ROWS
         head = tile // GROUPS                                        # ROPE: this block's head ...
         dim = (tile % GROUPS) * 8 + g                                # ... and the lane's dim pair (dim, dim + d/2)
@@ -142,16 +119,16 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             row_lo = min(n0 + g, n_rows - 1)
             row_hi = min(n0 + g + 8, n_rows - 1)
         token = min(g, tokens - 1)                                   # a real row's words (zeroed below)
-        first = (part * warps + warp) * (COLUMNS_PER_WARP // 4) + 4 * t  # this lane's first word in a row
+        first = warp * (COLUMNS_PER_WARP // 4) + 4 * t              # this lane's first word in a row
         w_lo = cuda.local.array(WORDS, int64)
         w_hi = cuda.local.array(WORDS, int64)
         u_lo = cuda.local.array(UP_WORDS, int64)                     # GLU: the up rows (gate rows in w_*)
         u_hi = cuda.local.array(UP_WORDS, int64)
         xw = cuda.local.array(WORDS, int64)
-        nw = cuda.local.array(NORM_WORDS, int64)                     # PREFETCH: the norm weight's words
+        nw = cuda.local.array(NORM_WORDS, int64)                     # NORM: the norm weight's words
         rw = cuda.local.array(WORDS, int64)
         row_res = cuda.local.array(ROW_WORDS, int64)                 # SQUARES_OUT: the residual at D's 4 entries
-        sq_tiles = cuda.local.array(SQUARE_TILES, float32)           # SQUARES_IN: x's row's per-tile sums
+        sq_tiles = cuda.local.array(SQUARE_TILES, float32)           # SQUARES_SCALE: x's row's per-tile sums
         tile_values = cuda.shared.array(TILE_VALUES, float32)          # SQUARES_OUT: y's tile a token
         angles = cuda.local.array(4, float32)                        # ROPE: cos, sin of tokens 2t, 2t + 1 ...
         slot_of = cuda.local.array(2, int64)                         # ... and their cache slots (rope_inputs)
@@ -159,9 +136,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         b_hi = cuda.local.array(WORDS, uint32)
         mma_scratch = cuda.shared.array(SCRATCH, uint32)             # the simulator's products
         shuffle_scratch = cuda.shared.array(THREADS, float32)        # the simulator's shuffles
-        index_scratch = cuda.shared.array(STATS_THREADS, int64)
         partials = cuda.shared.array(PARTIALS, float32)
-        last = cuda.shared.array(1, int32)
         squares = cuda.shared.array(SQUARES, float32)
         x_row = token
         if GATHER and not DEPENDENT:
@@ -175,7 +150,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     if GLU:
                         load_words(w64, (n_rows + row_lo) * k_words + word, u_lo, c * 4 + j, WIDE)
                         load_words(w64, (n_rows + row_hi) * k_words + word, u_hi, c * 4 + j, WIDE)
-                if PREFETCH:
+                if NORM:
                     nw[c * 4 + j] = load_flat(norm64, word)
                 if not DEPENDENT:
                     xw[c * 4 + j] = load_flat(x64, x_row * k_words + word)
@@ -201,16 +176,16 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     rw[i] = load_flat(res64, x_row * k_words + word)
         if ROPE_DIM and not ROPE_EARLY:  # with x's words, not in the epilogue
             rope_inputs(positions, cos, sin, slots, t, dim, tokens, angles, slot_of)
-        if SQUARES_IN or SQUARES_SCALE:  # with x's words: the same round trip
-            load_row_squares(split_partials, k_words // 4, x_row, t, warps, sq_tiles)
+        if SQUARES_SCALE:  # with x's words: the same round trip
+            load_row_squares(row_squares, k_words // 4, x_row, t, warps, sq_tiles)
         if SQUARES_OUT and warp == 0:  # the residual at this lane's D entries (rows n0 + g (+ 8), tokens 2t (+ 1))
             for i in range(4):
                 n = min(n0 + g + 8 * (i // 2), n_rows - 1)
                 row_res[i] = load_flat(res64, min(2 * t + i % 2, tokens - 1) * (n_rows // 4) + n // 4)
         inv_rms = float32(1.0)
-        if SQUARES_IN or SQUARES_SCALE:
+        if SQUARES_SCALE:
             inv_rms = inv_rms_from_squares(sq_tiles, g, warps, tokens, k_words, eps, shuffle_scratch, tid)
-            if SQUARES_SCALE and warp == 0 and t == 0:  # for warp 0's epilogue (after the partials' barrier)
+            if warp == 0 and t == 0:  # for warp 0's epilogue (after the partials' barrier)
                 squares[g] = inv_rms
         elif NORM:  # v = x + residual, rounded as add_rms_norm stores it; 1 / rms over the block's K
             inv_rms = block_inv_rms(xw, rw, RESIDUAL, g, t, warp, warps, tokens, k_words, eps, squares,
@@ -218,7 +193,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         for i in range(WORDS):
             if NORM:
                 word = first + 16 * (i // 4) + i % 4
-                gw = nw[i] if PREFETCH else load_flat(norm64, word)
+                gw = nw[i]
                 if cuda.blockIdx.x == 0 and g < tokens:              # the residual stream, once
                     v0, v1 = summed(xw[i], rw[i], 0, RESIDUAL), summed(xw[i], rw[i], 1, RESIDUAL)
                     v2, v3 = summed(xw[i], rw[i], 2, RESIDUAL), summed(xw[i], rw[i], 3, RESIDUAL)
@@ -239,27 +214,18 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 a, b = u_lo[i], u_hi[i]
                 e0, e1, e2, e3 = mma_f16(a & LOW32, b & LOW32, (a >> 32) & LOW32, (b >> 32) & LOW32,
                                          b_lo[i], b_hi[i], e0, e1, e2, e3, mma_scratch, tid)
-        if SPLITS > 1:  # the fragments to global memory; the tile's last block to arrive goes on
-            base = ((tile * ALL_WARPS + part * warps + warp) * WARP + lane) * 4
-            store_fragment(split_partials, base, d0, d1, d2, d3)
-            if not arrived_last(counters, tile, SPLITS, last, tid):
-                return
-        else:
-            base = tid * 4 * PRODUCTS
-            store_fragment(partials, base, d0, d1, d2, d3)
-            if GLU:
-                store_fragment(partials, base + 4, e0, e1, e2, e3)
-            cuda.syncthreads()
+        base = tid * 4 * PRODUCTS
+        store_fragment(partials, base, d0, d1, d2, d3)
+        if GLU:
+            store_fragment(partials, base + 4, e0, e1, e2, e3)
+        cuda.syncthreads()
         sums = cuda.local.array(4, float32)                          # warp 0: D[g + 8 (i // 2)][2t + i % 2]
         if warp == 0:
             for i in range(4):
                 s = float32(0.0)
                 up = float32(0.0)
-                for w in range(ALL_WARPS):
-                    if SPLITS > 1:
-                        s += split_partials[((tile * ALL_WARPS + w) * WARP + lane) * 4 + i]
-                    else:
-                        s += partials[(w * WARP + lane) * 4 * PRODUCTS + i]
+                for w in range(warps):
+                    s += partials[(w * WARP + lane) * 4 * PRODUCTS + i]
                     if GLU:
                         up += partials[(w * WARP + lane) * 4 * PRODUCTS + 4 + i]
                 if GLU:  # gate and up rounded as the separate path stores them, then silu(gate) * up
@@ -281,20 +247,12 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                                        slot_of[i], y, kv_cache)
                 elif tok < tokens and n < n_rows:
                     y[tok, n] = sums[i]
-        if STATS:
-            tile_stats(sums, warp == 0, g, t, n0, n_rows, tokens, tile_max, tile_index, tile_sum, shuffle_scratch,
-                       index_scratch, tid)
         if SQUARES_OUT:  # each token's sum of squares over the tile's rows, in their order
             cuda.syncthreads()
             if tid < tokens:
-                split_partials[tid * (n_rows // TILE_ROWS) + tile] = tile_squares(tile_values, tid)
-        if NORM_TAIL:  # every block's y is written; the last to arrive norms the wanted rows
-            if arrived_last(counters, 0, cuda.gridDim.x, last, tid):
-                norm_rows(y64, res64, TAIL_RESIDUAL, x_rows, norm64, eps, x_rows.shape[0], res_out64,
-                          y64.shape[1] // (COLUMNS_PER_WARP // 4), squares, shuffle_scratch, tid)
+                row_squares[tid * (n_rows // TILE_ROWS) + tile] = tile_squares(tile_values, tid)
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
-                                                             PREFETCH, max_registers, stats, splits, ALLOW_EARLY,
-                                                             PIN_LOADS, NORM_TAIL, SQUARES_OUT, SQUARES_IN,
-                                                             SQUARES_SCALE, WIDE, ROPE_EARLY)
+                                                             ALLOW_EARLY, PIN_LOADS, SQUARES_OUT, SQUARES_SCALE, WIDE,
+                                                             ROPE_EARLY, FLOAT_OUT)
     return cuda.jit(**options)(gemv_mma)

@@ -12,7 +12,6 @@ import torch
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels.interop import check_tensor
-from protospec.kernels.logit_stats import attach, tile_stats_reference
 
 
 @dataclass(frozen=True)
@@ -68,33 +67,22 @@ class RopeCache:
         return q.contiguous()
 
 
-@dataclass(frozen=True)
-class TailNorm:
-    """The final norm a plain GEMV's last block runs over its output: rms_norm(y[rows] + residual[rows])
-    * norm_weight (gemv_mma's tail_norm; head_norm's arithmetic)."""
-    norm_weight: torch.Tensor        # [N] float16
-    residual: torch.Tensor | None    # [T, N] float16, the residual stream; None: y alone
-    eps: float
-    rows: torch.Tensor               # [T'] int64, the rows whose logits are wanted (T' <= 8)
-
-
 def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                        residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
                        x_rows: torch.Tensor | None = None, rope: RopeCache | None = None,
-                       out_dtype: torch.dtype = torch.float16, dependent_launch: bool = False, max_registers: int = 0,
-                       prefetch_norm: bool | None = None, logit_stats: bool = False, k_splits: int = 1,
-                       allow_early: bool = False, tail_norm: TailNorm | None = None,
-                       residual_squares: torch.Tensor | None = None, row_squares: torch.Tensor | None = None):
-    """gemv_mma in torch (same arguments, same results; dependent_launch, max_registers, prefetch_norm,
-    k_splits and allow_early are launch details, unused; logit_stats attaches the tiles' statistics computed by torch;
-    row_squares' values are unused: the norm is computed from x, as the sums it holds were)."""
+                       out_dtype: torch.dtype = torch.float16, dependent_launch: bool = False,
+                       allow_early: bool = False, residual_squares: torch.Tensor | None = None,
+                       row_squares: torch.Tensor | None = None):
+    """gemv_mma in torch (same arguments, same results; dependent_launch and allow_early are launch
+    details, unused; row_squares' values are unused: the scale is computed from x, as the sums it
+    holds were)."""
     if x_rows is not None:
         x = x[x_rows]
         residual = None if residual is None else residual[x_rows]
     stream = x.float() if residual is None else (x.float() + residual.float()).half().float()
     h = x.float() if norm_weight is None else _rms_normed(stream, norm_weight, eps).float()
     out = h @ weight.float().T
-    if row_squares is not None and norm_weight is None:  # the plain form's rows scaled by 1 / rms(x)
+    if row_squares is not None:  # the plain form's rows scaled by 1 / rms(x)
         out = out * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps)
     if glu:
         gate, up = out.chunk(2, dim=-1)
@@ -102,22 +90,10 @@ def gemv_mma_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch
         out = gate * torch.sigmoid(gate) * up
     out = out.half() if out_dtype != torch.float32 else out  # float32 logits: the accumulator's values
     out = rope.apply(out) if rope is not None else out.to(out_dtype)
-    if logit_stats:
-        attach(out, tile_stats_reference(out))
-    if tail_norm is not None:
-        return out, head_norm_reference(out, tail_norm.residual, tail_norm.norm_weight, tail_norm.eps, tail_norm.rows)
     if residual_squares is not None:  # y + residual as the stream is stored; its 16-column tiles' sums of squares
         out = (out.float() + residual_squares.float()).half()
         return out, out.float().pow(2).view(out.shape[0], -1, 16).sum(-1)
     return (out, stream.half()) if norm_weight is not None else out
-
-
-def head_norm_reference(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                        x_rows: torch.Tensor, dependent_launch: bool = False) -> torch.Tensor:
-    """gemv_mma.head_norm in torch: the normed forms' rows, [len(x_rows), K] float16 (dependent_launch unused)."""
-    x = x[x_rows].float()
-    stream = x if residual is None else (x + residual[x_rows].float()).half().float()
-    return _rms_normed(stream, norm_weight, eps)
 
 
 def _rms_normed(stream: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:

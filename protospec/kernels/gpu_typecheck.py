@@ -102,26 +102,20 @@ def _attention() -> None:
 
     block_size, head_dim, blocks = 16, 64, 8
     tables = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]], dtype=torch.int32)
-    for dtype, heads, kv_heads, query_len, path, splits, fused in [
-            (torch.float16, 4, 4, 6, "mma", None, None),     # verify window, MHA
-            (torch.float16, 8, 2, 1, "mma", None, None),     # decode, GQA rows on tensor cores
-            (torch.float16, 4, 4, 6, "mma", 2, True),        # split-K, combined in the kernel
-            (torch.float16, 4, 2, 1, "by_kv_head", None, None),
-            (torch.float32, 4, 2, 6, "by_kv_head", 2, True),
-            (torch.float32, 4, 4, 1, "by_kv_head", 2, False),  # split-K with the combine kernel
-            (torch.float32, 4, 2, 1, "by_row", None, None)]:
+    for dtype, heads, kv_heads, query_len, path, splits in [
+            (torch.float16, 4, 4, 6, "mma", None),     # verify window, MHA
+            (torch.float16, 8, 2, 1, "mma", None),     # decode, GQA rows on tensor cores
+            (torch.float16, 4, 4, 6, "mma", 2),        # split-K, combined in the kernel
+            (torch.float16, 4, 2, 1, "by_kv_head", None),
+            (torch.float32, 4, 2, 6, "by_kv_head", 2),
+            (torch.float32, 4, 4, 1, "by_kv_head", 2),  # split-K, one row a block
+            (torch.float32, 4, 2, 1, "by_row", None)]:  # its partials, then the combine kernel
         q = torch.zeros(2 * query_len, heads, head_dim, dtype=dtype)
         kv = torch.zeros(2, blocks, block_size, kv_heads, head_dim, dtype=dtype)
         positions = torch.arange(2 * query_len, dtype=torch.int64) + 20
-        paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, fused_combine=fused)
-        if path == "mma":  # the forward's form (a programmatic dependent with early loads), pipelined or not
-            from protospec.kernels import attention_mma
-            chosen = attention_mma.EARLY_LOADS, attention_mma.PIPELINE, attention_mma.EARLY_TILES
-            for attention_mma.PIPELINE, attention_mma.EARLY_TILES in ((False, 1), (True, 1), (True, 2), (True, 3)):
-                attention_mma.EARLY_LOADS = True
-                paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits,
-                                fused_combine=fused, dependent_launch=True)
-            attention_mma.EARLY_LOADS, attention_mma.PIPELINE, attention_mma.EARLY_TILES = chosen
+        paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits)
+        if path == "mma":  # the forward's form: a programmatic dependent, its early loads before the wait
+            paged_attention(q, kv, tables, positions, query_len, 0.125, path=path, splits=splits, dependent_launch=True)
 
 
 def _layers_and_gemv() -> None:

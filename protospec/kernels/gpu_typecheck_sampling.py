@@ -8,8 +8,7 @@ import torch
 
 
 def sampling_and_rejection_forms() -> None:
-    from protospec.kernels import (counter_randoms, dependent_launch, logit_stats, ngram_match, rejection, sampling,
-                                   verify_rejection)
+    from protospec.kernels import counter_randoms, ngram_match, rejection, sampling, verify_rejection
     from protospec.kernels.gumbel_sample import gumbel_sample_into
     from protospec.config import SamplingParams
     from protospec.spec.sampler import SamplingTensors
@@ -18,36 +17,20 @@ def sampling_and_rejection_forms() -> None:
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
                                [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
     logits = torch.zeros(batch, vocab)
-    chosen = (dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE)
-    try:  # every form's kernels (the dependents' with the probabilities' loads after and before the wait)
-        for dependent, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE in (
-                (False, False, "last_block"), (True, False, "last_block"), (True, True, "last_block"),
-                (True, False, "every_block"), (True, True, "every_block")):
-            dependent_launch.STEP_KERNELS = dependent
-            sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
-                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
-            sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1,
-                                dependent)
-            sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
-                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent,
-                                 _advance_launcher(batch))  # the form that advances the decode inputs too
-            tiled = torch.zeros(batch, vocab)  # logits the LM head wrote with its tiles' statistics
-            logit_stats.attach(tiled, logit_stats.LogitStats.empty(batch, vocab, tiled.device))
-            sampling.sample_into(tiled, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
-                                 torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
-        for dependent_launch.STEP_KERNELS in (False, True):  # the one-launch sample (gumbel_sample.py), advancing
-            gumbel_sample_into(logits, st, 0, torch.zeros(batch, k, dtype=torch.int64), torch.ones(batch, k, vocab),
-                               torch.zeros(batch, dtype=torch.int64), True, _advance_launcher(batch))
-        draft = [torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab), torch.zeros(batch, k),
-                 torch.zeros(batch, k, vocab), torch.zeros(batch, vocab)]  # ids, q, u, recovered and bonus noise
-        rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:])
-        tiled = torch.zeros(batch * (k + 1), vocab)  # the verify's logits with the LM head's tiles' statistics
-        logit_stats.attach(tiled, logit_stats.LogitStats.empty(batch * (k + 1), vocab, tiled.device))
-        for dependent_launch.STEP_KERNELS in (False, True):  # the verify's probabilities with the rejection
-            for verify_logits in (torch.zeros(batch * (k + 1), vocab), tiled):  # after the statistics kernel, the head
-                verify_rejection.probs_and_rejection(verify_logits, st, *draft, dependent=True)
-    finally:
-        dependent_launch.STEP_KERNELS, sampling.PROBS_PREFETCH, sampling.STATS_COMBINE = chosen
+    draft = [torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab), torch.zeros(batch, k),
+             torch.zeros(batch, k, vocab), torch.zeros(batch, vocab)]  # ids, q, u, recovered and bonus noise
+    for dependent in (False, True):  # every form's kernels: plain launches, and dependents that load before the wait
+        sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                             torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
+        sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1,
+                            dependent)
+        sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                             torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent,
+                             _advance_launcher(batch))  # the form that advances the decode inputs too
+        gumbel_sample_into(logits, st, 0, torch.zeros(batch, k, dtype=torch.int64), torch.ones(batch, k, vocab),
+                           torch.zeros(batch, dtype=torch.int64), dependent, _advance_launcher(batch))  # one launch
+        verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft, dependent=dependent)
+    rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:])
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))
     ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,

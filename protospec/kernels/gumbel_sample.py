@@ -27,7 +27,7 @@ import torch
 from numba import float32, int64
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import dependent_launch, interop
+from protospec.kernels import interop
 from protospec.kernels.advance_step import advance_stores
 from protospec.kernels.dependent_launch import allow_dependent_launch, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
@@ -155,7 +155,7 @@ def gumbel_sample_into(logits: torch.Tensor, st: "SamplingTensors", step: int, d
     mirror_arg, mirror_stride = mirror_span(one_mirror, rows, device)
     advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(device))
     slices = -(-vocab // VOCAB_PER_BLOCK)
-    dependent = bool(dependent) and dependent_launch.STEP_KERNELS
+    dependent = bool(dependent)
     interop.launch_tensors(_kernel(dependent), rows * slices, THREADS,
                            [logits, st.temperature, st.is_greedy, noise, int(step), logits_out, keep, _key_buffer(rows, device),
                             arrival_counters(device, rows, "gumbel"), draft_ids, mirror_arg, mirror_stride]

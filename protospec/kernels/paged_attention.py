@@ -1,6 +1,6 @@
 """Attention for decode-shaped forwards, read straight from the paged KV cache (Numba kernels).
 
-Three work decompositions and one combine that they share:
+Three work decompositions and the combine of their split-K partials:
   mma         (attention_mma.py)        by_kv_head's blocks with the products on tensor cores (warp
               mma, fp16): chosen for fp16 wherever its tile fits the cache blocks.
   by_kv_head  (attention_by_kv_head.py) a block per (sequence, KV head, row chunk, split), holding
@@ -9,7 +9,8 @@ Three work decompositions and one combine that they share:
   by_row      (attention_by_row.py)     a block per (query token, head, chunk of keys): the fallback
               for head sizes by_kv_head does not take, and a reference to time against.
   combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits
-              (attention_combine.py; folded into the by_kv_head and mma kernels unless FUSED_COMBINE is off).
+              (attention_combine.py): by_row's chunks in a kernel of its own; by_kv_head's and mma's
+              splits in their own kernel, by the last split block of each row group (one launch).
 
 Why by_row loses (bench.attention_cost times both; its runs of record are in data/results): its
 grid follows the block table's width, not the context (at batch 64 a verify layer is 384 tokens x
@@ -40,10 +41,6 @@ from protospec.kernels.attention_combine import attention_combine_kernel
 from protospec.kernels.interop import check_tensor, cuda
 
 PATHS = ATTENTION_PATHS
-# by_kv_head and mma with split-K: the last split block of each row group combines the group's partials
-# (one launch per attention); False runs the combine as a kernel of its own. Read at each call, so
-# set it before CUDA graphs are captured; the bench's --attention-combine sets it.
-FUSED_COMBINE = True
 # by_kv_head's split-K (mma has its own, attention_mma.BLOCKS_PER_SM) spreads a grid that does not fill the GPU until BLOCKS_PER_SM blocks per SM.
 BLOCKS_PER_SM = 2
 
@@ -116,11 +113,10 @@ def arrival_counters(dev: torch.device, groups: int, user: str = "attention") ->
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
                     query_len: int, scale: float, path: str | None = None, splits: int | None = None,
-                    fused_combine: bool | None = None, dependent_launch: bool = False) -> torch.Tensor:
+                    dependent_launch: bool = False) -> torch.Tensor:
     """q [T, h, d] (K/V of these tokens already in the cache) -> [T, h * d].
     path: one of PATHS; None chooses by shape (choose_path).
     splits: the split-K factor of by_kv_head and mma (None: choose_splits); by_row's chunks follow the table width.
-    fused_combine: by_kv_head's and mma's split-K partials combined inside their kernel (None: FUSED_COMBINE).
     dependent_launch: mma's kernel launched as a programmatic dependent (dependent_launch.py)."""
     check_tensor("q", q, q.dtype, 3)
     check_tensor("kv_cache", kv_cache, q.dtype, 5)
@@ -184,17 +180,16 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     else:
         part_acc = torch.empty(tokens * heads, parts, head_dim, dtype=torch.float32, device=dev)
         part_max, part_sum = (torch.empty(tokens * heads, parts, dtype=torch.float32, device=dev) for _ in range(2))
-    fused = path != "by_row" and parts > 1 and (FUSED_COMBINE if fused_combine is None else fused_combine)
     if path == "by_row":
         args = [q, kv_cache, block_tables, positions, part_acc, part_max, part_sum, int(query_len), float(scale)]
     else:
-        counters = arrival_counters(dev, groups)  # read only when fused
+        counters = arrival_counters(dev, groups)  # read only with split-K
         # mma reads fp16 as 8-byte words (4 dims of a query or key per load)
         words = (q.view(torch.int64), kv_cache.view(torch.int64)) if path == "mma" else (q, kv_cache)
         args = [*words, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum,
-                counters, int(fused)]
+                counters]
     interop.launch_tensors(kernel, grid, threads, args, dependent=dependent_launch and path == "mma")
-    if (part_max.shape[1] > 1 and not fused) or path == "by_row":
+    if path == "by_row":
         interop.launch_tensors(attention_combine_kernel, tokens * heads, min(128, head_dim),
                                [part_acc, part_max, part_sum, out])
     return out

@@ -1,8 +1,8 @@
-"""The sampler that advances (sampling.ADVANCE_IN_SAMPLER): device functions with which the
-probabilities kernels' last block of a row, once it has picked the row's token, writes that row's next
-decode inputs as advance_step would (token, position, length, slot), so no advance_step launch follows
-the sample. What the advance reads is loaded at the kernel's start, so the row's last block ends on
-stores, not on a chain of loads.
+"""The sampler that advances: device functions with which the probabilities kernel's last block of a
+row (sampling.py), once it has picked the row's token, writes that row's next decode inputs as
+advance_step would (token, position, length, slot), so no advance_step launch follows the sample.
+What the advance reads is loaded at the kernel's start, so the row's last block ends on stores, not
+on a chain of loads.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The sampling kernels' buffers that are not the caller's: the slices' partials and the rows'
-statistics (written and read within a call, one set per shape), and placeholders for the arguments a
-launch does not use (never an alias of a real argument, never written).
+"""The sampling kernels' buffers that are not the caller's: the slices' statistics and race winners
+(written and read within a call, one set per shape), and placeholders for the arguments a launch does
+not use (never an alias of a real argument, never written).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ _scratches: dict[tuple, tuple] = {}
 
 
 def scratch(rows: int, slices: int, device: torch.device, what: str = "stats") -> tuple:
-    """The slices' partials and the rows' stats ("stats..."), or the slice winners ("winners..."),
-    written and read within a call: one set per shape and name (work on two streams at once takes
-    two names: sampling._launch's `space`)."""
+    """The slices' statistics ("stats...": max [R, S] f32, its index [R, S] int64, sum [R, S] f32) or
+    race winners ("winners...": value [R, S] f32, index [R, S] int64), written and read within a call:
+    one set per shape and name (work on two streams at once takes two names: sampling._launch's `space`)."""
     key = (rows, slices, str(device), what)
     if key not in _scratches:
         f32 = dict(dtype=torch.float32, device=device)
@@ -31,8 +31,7 @@ def scratch(rows: int, slices: int, device: torch.device, what: str = "stats") -
             _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64))
         else:
             _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64),
-                               torch.empty(rows, slices, **f32), torch.empty(rows, **f32), torch.empty(rows, **i64),
-                               torch.empty(rows, **f32))
+                               torch.empty(rows, slices, **f32))
     return _scratches[key]
 
 

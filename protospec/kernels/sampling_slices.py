@@ -15,8 +15,9 @@ from protospec.kernels.reductions import better, block_argmax_or, block_sum_tree
 
 # Threads per block (a power of two, for the tree reductions) and vocabulary entries per block: on a
 # GPU 2 entries a thread, so a 32000-entry row spreads over 63 blocks (at 8 a thread its 16 blocks
-# left most SMs idle); the last block of a row combines the slices with all its threads. The simulator
-# runs a Python thread per CUDA thread: a narrow block, and small slices so its tests span several blocks.
+# left most SMs idle); a block combines its row's slices (their statistics, the last block their
+# winners) with all its threads. The simulator runs a Python thread per CUDA thread: a narrow block,
+# and small slices so its tests span several blocks.
 THREADS = 32 if interop.SIMULATOR else 256
 VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
 PER_THREAD = VOCAB_PER_BLOCK // THREADS  # a slice's entries a thread (the prefetched form's local arrays)

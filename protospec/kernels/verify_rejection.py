@@ -23,7 +23,7 @@ block that was running anyway.
 
 Waits: no block waits for another; the last block to arrive is found by a count each block passes
 once (attention_combine.arrived_last says why that ends). Launched as a dependent, its
-grid_dependency_wait ends when the kernel before it does (dependent_launch.py).
+grid_dependency_wait ends when the statistics kernel before it does (dependent_launch.py).
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ import math
 import torch
 from numba import float32, int32, int64
 
-from protospec.kernels import dependent_launch, interop
-from protospec.kernels.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
+from protospec.kernels import interop
+from protospec.kernels.dependent_launch import allow_dependent_launch, wait_after_issued_loads
 from protospec.kernels.interop import check_tensor, cuda
 from protospec.kernels.paged_attention import arrival_counters
 from protospec.kernels.packed_argmax import EMPTY, argmax_key, key_index
@@ -46,11 +46,10 @@ from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them as constants)
-    """DEPENDENT: launched as a programmatic dependent; PREFETCH (with DEPENDENT): of the statistics
-    kernel, which lets it launch only after its own wait, so each thread loads its slice's logits, q
-    and noise (written by kernels finished by then) before its wait. Without (the LM head wrote the
-    statistics: its dependent) it waits first."""
+def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
+    """DEPENDENT: launched as a programmatic dependent of the statistics kernel, which lets it launch
+    only after its own wait, so each thread loads its slice's logits, q and noise (written by kernels
+    finished by then) before its wait."""
 
     @cuda.jit
     def verify_rejection_kernel(logits, temperature, is_greedy, stat_max, stat_index, stat_sum, probs_out,
@@ -60,7 +59,7 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
         """
         logits, probs_out [B (k + 1), V] f32: row b (k + 1) + i is sequence b's verify position i (out: p)
         temperature [B] f32 (1.0 on greedy rows), is_greedy [B] bool
-        stat_max, stat_sum [B (k + 1), S'] f32, stat_index [.., S'] int64: the slices' statistics
+        stat_max, stat_sum [B (k + 1), S] f32, stat_index [.., S] int64: the slices' statistics
         draft_ids [B, k] int64, draft_probs [B, k, V] f32, uniforms [B, k] f32, recovered_noise [B, k, V]
         f32, bonus_noise [B, V] f32 (Exp(1), > 0), num_proposed [B] int64: as rejection.py's
         out_ids [B, k + 1] int64, num_accepted [B] int64, accepted_mask / passed_mask [B, k] bool,
@@ -69,9 +68,6 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
         best as a packed_argmax key; whether any slice had residual mass), EMPTY / 0 between calls
         counters [>= B] int32, zero between calls; error_flag [1] int32
         """
-        if DEPENDENT and not PREFETCH:
-            grid_dependency_wait()
-            allow_dependent_launch()
         slices = (logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK
         k = draft_ids.shape[1]
         vocab = logits.shape[1]
@@ -100,7 +96,7 @@ def _kernel(DEPENDENT: bool, PREFETCH: bool):  # noqa: N803 (Numba freezes them 
         d = min(max(draft_ids[seq, ii], int64(0)), int64(vocab - 1)) if tests else int64(0)
         uq = uniforms[seq, ii] * draft_probs[seq, ii, d] if tests else float32(0.0)
         x_d = logits[row, d] if tests and not greedy else float32(0.0)
-        if DEPENDENT and PREFETCH:
+        if DEPENDENT:
             wait_after_issued_loads(slices)  # kept below the loads above in the machine code
             allow_dependent_launch()
         best_value = cuda.shared.array(THREADS, float32)
@@ -211,8 +207,8 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
         "probs_and_rejection", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, vocab)
-    dependent = bool(dependent) and dependent_launch.STEP_KERNELS
-    *stats, launched = slice_statistics(logits, st, k + 1, dependent)
+    dependent = bool(dependent)
+    stats = slice_statistics(logits, st, k + 1, dependent)  # [B (k + 1), S] each
     device = logits.device
     probs = torch.empty_like(logits)  # [B (k + 1), V]
     out = RejectionBuffers.empty(batch, k, device)
@@ -220,5 +216,5 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     args = [logits, st.temperature, st.is_greedy, *stats, probs, draft_token_ids, draft_probs, uniforms,
             recovered_noise, bonus_noise, num_proposed, *out.kernel_args, *_row_slots(rows, device),
             arrival_counters(device, batch, "verify_rejection"), flag]
-    interop.launch_tensors(_kernel(dependent, launched), rows * slices, THREADS, args, dependent=dependent)
+    interop.launch_tensors(_kernel(dependent), rows * slices, THREADS, args, dependent=dependent)
     return probs.view(batch, k + 1, vocab), out.result(error_flag is not None)

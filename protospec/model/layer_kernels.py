@@ -5,9 +5,9 @@
           -> add_rms_norm on the logits rows, LM head
     linear="mma_fused" (float16, <= 8 tokens, widths the tensor-core GEMV takes): 5 per layer, the norms
              and residual adds folded into the qkv and gate/up GEMVs, RoPE and the cache store into qkv's
-             epilogue, SiLU x up into gate/up's; the embedding into the first GEMV; the final norm over the
-             wanted rows run by the last down projection's last block (or a one-block kernel before
-             the LM head, or folded into it: HEAD_NORM)
+             epilogue, SiLU x up into gate/up's; the embedding into the first GEMV; the final norm split
+             between the last down projection (its output's sums of squares) and the LM head (its
+             weight times the norm's, its rows scaled by 1 / rms)
 
 The draft loop, the verify and the target's decode feed a few tokens per sequence; at batch 1 such
 a forward costs its kernel count (a few microseconds each on the GPU, plus a gap between kernels
@@ -26,31 +26,12 @@ import torch.nn.functional as F
 from protospec.errors import ConfigError
 from protospec.layout import LINEAR_KERNELS
 from protospec.model.attention import AttentionMetadata
-from protospec.kernels import dependent_launch, gemv_mma, interop, paged_attention as attention_kernel
-from protospec.kernels.gemv_mma_twin import RopeCache, TailNorm
+from protospec.kernels import dependent_launch, gemv_mma, paged_attention as attention_kernel
+from protospec.kernels.gemv_mma_twin import RopeCache
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 from protospec.model.llama import logits_float32
 
-MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path, unless LONG_CHUNKS
-# Uniform chunks longer than MAX_QUERY_LEN (a prefill at batch 1) on the 9-kernel path too (cuBLAS for the
-# linears, the Numba norms, RoPE with the cache store, attention and SiLU x up between them) where their
-# tokens fit `_row_ids`: half the torch path's ~20 kernels a layer. The same logits to rounding (bench and
-# kernel_census: --prefill-kernels). On a GPU by default: timed faster there (data/results/README.md); in
-# the simulator a prompt's every token through simulated kernels would take minutes (its tests switch it on).
-LONG_CHUNKS = not interop.SIMULATOR
-# The fused forward's final norm: "fused" into the LM head GEMV's loads (one kernel, but each of its
-# ~2000 blocks recomputes the norm of the wanted rows), or "separate" (gemv_mma.head_norm: the same
-# arithmetic once, in one block launched as a dependent, then the plain GEMV; the same logits).
-# "separate": timed faster than "fused" (data/results README); or "tail": the same arithmetic run by the
-# last block of the last layer's down projection once every block's output is written (no launch of its
-# own): timed faster than "separate". Or "squares": the last down projection adds the residual and
-# writes its tiles' sums of squares, from which the LM head's normed form takes the norm without a
-# reduction (no launch, no last block's chain; the same logits). Or "folded": the same sums, and the
-# plain LM head over the stream, its weight times the norm's (a copy made once per model), scaling each
-# row by 1 / rms in its epilogue (no norm in its 2000 blocks' prologue; the logits to float16 rounding,
-# not the same bits): timed faster than "tail", so the default. Set before any graph is captured (bench
-# and kernel_census: --head-norm).
-HEAD_NORM = "folded"
+MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path, unless long_chunks
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
@@ -94,7 +75,8 @@ def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: lis
 class LayerKernelForward:
     """The kernel path of one LlamaForCausalLM (holds its RoPE tables in the activations' dtype)."""
 
-    def __init__(self, model, attention_path: str | None = None, linear: str = "cublas", dependent: bool = False):
+    def __init__(self, model, attention_path: str | None = None, linear: str = "cublas", dependent: bool = False,
+                 long_chunks: bool = False):
         cfg = model.config
         self.dtype = model.model.embed_tokens.weight.dtype
         if self.dtype not in ACTIVATION_DTYPES:
@@ -109,17 +91,23 @@ class LayerKernelForward:
             raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
         self.linear = linear  # "mma" / "mma_fused": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
         self.dependent = dependent  # the tensor-core GEMVs as programmatic dependents (kernels/dependent_launch.py)
+        # Uniform chunks longer than MAX_QUERY_LEN (a prefill at batch 1) on the 9-kernel path too (cuBLAS
+        # for the linears, the Numba norms, RoPE with the cache store, attention and SiLU x up between them)
+        # where their tokens fit `_row_ids`: half the torch path's ~20 kernels a layer, the same logits to
+        # rounding (KernelPlan.prefill_kernels: on a GPU; in the simulator a prompt's every token through
+        # simulated kernels would take minutes).
+        self.long_chunks = long_chunks
         self._folded_head = None  # (the weights it was made from, the LM head times the final norm's weight)
         self.fuses = (linear == "mma_fused" and self.dtype == torch.float16 and self.head_dim % 16 == 0
                       and gemv_mma.supports(cfg.hidden_size) and gemv_mma.supports(cfg.intermediate_size))
 
     def folded_head(self, model) -> torch.Tensor:
-        """The LM head's weight times the final norm's, [V, hidden] float16 (HEAD_NORM "folded"): made on
-        first use, which must not be inside a CUDA graph capture (a warm-up forward runs first)."""
+        """The LM head's weight times the final norm's, [V, hidden] float16 (the fused forward's head): made
+        on first use, which must not be inside a CUDA graph capture (a warm-up forward runs first)."""
         head, norm = model.lm_head.weight, model.model.norm.weight
         if self._folded_head is None or self._folded_head[0] != (head.data_ptr(), head._version, norm._version):
             if head.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("HEAD_NORM 'folded': the folded LM head is made outside a graph capture; "
+                raise RuntimeError("the folded LM head is made outside a graph capture; "
                                    "run a forward first")
             self._folded_head = ((head.data_ptr(), head._version, norm._version), (head * norm).contiguous())
         return self._folded_head[1]
@@ -133,17 +121,12 @@ class LayerKernelForward:
             return gemv_mma.gemv_mma(x if x.is_contiguous() else x.contiguous(), weight, dependent_launch=self.dependent)
         return F.linear(x, weight)
 
-    @staticmethod
-    def _splits(splits: int, k: int) -> int:
-        """A linear's K split (gemv_mma.O_K_SPLITS, DOWN_K_SPLITS) where it divides K's warps, else unsplit."""
-        return splits if gemv_mma.warps_for(k) % splits == 0 else 1
-
     def applies(self, meta: AttentionMetadata) -> bool:
         """A host-side decision (no device read): a uniform layout of a few tokens per sequence
         whose context fits the attention kernel."""
         q = meta.uniform_query_len
         keys = meta.block_tables.shape[1] * meta.block_size
-        return (q is not None and (q <= MAX_QUERY_LEN or LONG_CHUNKS) and meta.slot_mapping.shape[0] <= self._row_ids.shape[0]
+        return (q is not None and (q <= MAX_QUERY_LEN or self.long_chunks) and meta.slot_mapping.shape[0] <= self._row_ids.shape[0]
                 and attention_kernel.supports(self.num_heads, self.head_dim, keys))
 
     def forward(self, model, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -178,9 +161,13 @@ class LayerKernelForward:
 
     def _fused_forward(self, model, input_ids, positions, kv_caches, meta, tables, wanted) -> torch.Tensor:
         """linear="mma_fused": 5 kernels a layer (qkv with the norm, RoPE and the cache store; attention;
-        o; gate/up with the norm and SiLU x up; down) and two for the head (the norm of the wanted rows,
-        then the LM head, float32; one with HEAD_NORM "fused" or "tail"): the embedding rows are gathered by the
-        first qkv projection."""
+        o; gate/up with the norm and SiLU x up; down) and the LM head (float32): the embedding rows are
+        gathered by the first qkv projection; the last down projection adds the residual and writes its
+        tiles' sums of squares, from which the LM head, its weight times the final norm's, scales its
+        rows by 1 / rms (no norm in its ~2000 blocks' prologue; the logits to float16 rounding of the
+        separate norm's). The o, gate/up and down projections let the next kernel launch before their
+        wait (its loads before its own wait are weights); qkv does not: the attention after it loads
+        cached keys before its wait."""
         x, x_rows, residual = model.model.embed_tokens.weight, input_ids, None  # [V, hidden]: rows by token id
         dep, norm = self.dependent, model.model.norm
         for layer, kv_cache in zip(model.model.layers, kv_caches):
@@ -191,33 +178,13 @@ class LayerKernelForward:
                                             rope=rope, dependent_launch=dep)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
                                                     path=self.attention_path, dependent_launch=dep)
-            early = gemv_mma.EARLY_ALLOW
-            o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep,
-                                  k_splits=self._splits(gemv_mma.O_K_SPLITS, attn.shape[1]), allow_early="o" in early)
+            o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep, allow_early=True)
             act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True,
-                                              dependent_launch=dep, allow_early="gate_up" in early)
+                                              dependent_launch=dep, allow_early=True)
             last = layer is model.model.layers[-1]
-            tail = TailNorm(norm.weight, residual, norm.eps, wanted) if last and HEAD_NORM == "tail" else None
-            squares = residual if last and HEAD_NORM in ("squares", "folded") else None  # to add, then its squares
-            x = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep,
-                                  k_splits=1 if tail or squares is not None else self._splits(gemv_mma.DOWN_K_SPLITS,
-                                                                                               act.shape[1]),
-                                  allow_early="down" in early, tail_norm=tail, residual_squares=squares)
+            x = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep, allow_early=True,
+                                  residual_squares=residual if last else None)  # the last: (stream, its squares)
             x_rows = None
-        if HEAD_NORM in ("separate", "tail"):
-            # [logits, hidden]: the last down's tail wrote it, or a kernel of its own does
-            h = x[1] if HEAD_NORM == "tail" else gemv_mma.head_norm(x, residual, norm.weight, norm.eps, wanted,
-                                                                     dependent_launch=dep)
-            return gemv_mma.gemv_mma(h, model.lm_head.weight, out_dtype=torch.float32, dependent_launch=dep,
-                                     max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS, logit_stats=gemv_mma.LOGIT_STATS)
-        if HEAD_NORM == "folded":  # [T, hidden] stream, [T, hidden / 16] its tiles' squares
-            return gemv_mma.gemv_mma(x[0], self.folded_head(model), eps=norm.eps, x_rows=wanted, row_squares=x[1],
-                                     out_dtype=torch.float32, dependent_launch=dep,
-                                     max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS, logit_stats=gemv_mma.LOGIT_STATS)
-        x, residual, squares = (x[0], None, x[1]) if HEAD_NORM == "squares" else (x, residual, None)
-        logits, _ = gemv_mma.gemv_mma(x, model.lm_head.weight, norm.weight, residual, norm.eps, x_rows=wanted,
-                                      out_dtype=torch.float32, dependent_launch=dep, row_squares=squares,
-                                      max_registers=gemv_mma.LM_HEAD_MAX_REGISTERS,
-                                      prefetch_norm=gemv_mma.PREFETCH_NORM and gemv_mma.LM_HEAD_PREFETCH_NORM,
-                                      logit_stats=gemv_mma.LOGIT_STATS)
-        return logits
+        stream, squares = x  # [T, hidden] float16, [T, hidden / 16] float32
+        return gemv_mma.gemv_mma(stream, self.folded_head(model), eps=norm.eps, x_rows=wanted, row_squares=squares,
+                                 out_dtype=torch.float32, dependent_launch=dep)

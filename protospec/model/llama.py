@@ -206,15 +206,16 @@ class LlamaForCausalLM(nn.Module):
         self.head = torch.compile(lm_head_logits, dynamic=False)
 
     def enable_layer_kernels(self, attention_path: str | None = None, linear: str = "cublas",
-                             dependent_launch: bool = False) -> None:
+                             dependent_launch: bool = False, long_chunks: bool = False) -> None:
         """Run decode-shaped forwards (a few tokens per sequence) on the Numba layer kernels,
         5-9 kernels per layer instead of ~20 (layer_kernels.py); prefill keeps the torch path.
         attention_path: one of layout.ATTENTION_PATHS, or None to choose by shape; linear: one of
         layout.LINEAR_KERNELS; dependent_launch: the tensor-core GEMVs start while the kernel before
-        them ends (kernels/dependent_launch.py). Call after place()."""
+        them ends (kernels/dependent_launch.py); long_chunks: a prefill at batch 1 on the layer kernels
+        too (LayerKernelForward.applies). Call after place()."""
         from protospec.model.layer_kernels import LayerKernelForward
 
-        self.layer_kernels = LayerKernelForward(self, attention_path, linear, dependent_launch)
+        self.layer_kernels = LayerKernelForward(self, attention_path, linear, dependent_launch, long_chunks)
 
     @torch.inference_mode()
     def forward(

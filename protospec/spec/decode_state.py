@@ -23,7 +23,7 @@ class DraftDecodeState:
         self.sampled_ids = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)  # [n] the sampler writes here
         self.error_row = error_row  # [1] int32: row + 1 of a position past its block table, 0 = fine
         b = self.buffers
-        # dependent: advance_step launched as a programmatic dependent (dependent_launch.STEP_KERNELS)
+        # dependent: advance_step launched as a programmatic dependent of the sampling before it
         self.advance = AdvanceStepLauncher(block_size, self.num_queries, self.sampled_ids, b.input_ids, b.positions,
                                            b.seq_lens, b.slot_mapping, b.block_tables, self.error_row,
                                            dependent=dependent)

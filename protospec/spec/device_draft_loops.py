@@ -13,7 +13,6 @@ import torch
 
 from protospec.device_wait import DEFAULT_TIMEOUT_S
 from protospec.requests.sequence import Sequence
-from protospec.kernels import dependent_launch
 from protospec.model.graphs import bucket
 from protospec.model.inputs import ForwardInputs
 from protospec.model.runner import ModelRunner
@@ -38,8 +37,7 @@ class DeviceAdvanceLoop(DraftLoop):
         error_row = torch.zeros(1, dtype=torch.int32, device=self.device)  # [1] shared: read at each commit
         args = (max_num_seqs, max_blocks, draft.block_size, self.device, error_row)
         # advance_step follows the draft step's sampling: a dependent where the forward's kernels are
-        steps_dependent = draft.launches_dependents and dependent_launch.STEP_KERNELS
-        self.decode = DraftDecodeState(f"{self.name}_decode", *args, dependent=steps_dependent)
+        self.decode = DraftDecodeState(f"{self.name}_decode", *args, dependent=draft.launches_dependents)
         self.first_step = FirstStepState(f"{self.name}_first_step", *args)
 
     def first_inputs(self, s: StepState) -> ForwardInputs:

@@ -19,7 +19,7 @@ def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draf
     mirror: an int64 [B] buffer that also gets the ids (advance_step reads it), or None.
     dependent: the fused kernels launch as programmatic dependents (ModelRunner.launches_dependents).
     then_advance: the AdvanceStepLauncher of the decode inputs the next draft step reads, run after the
-    sample (by the fused sampling kernel itself where it can: sampling.ADVANCE_IN_SAMPLER), or None.
+    sample (by the fused sampling kernel itself where it applies: kernels/sampling_advance.py), or None.
     tokens_to: a [B] int64 view (any stride) that gets the ids too (the verify's column of this step's
     draft tokens, in a spec step graph), or None.
     sample_first: the token alone (kernels/gumbel_sample.py), the logits left in draft_probs[:, step] for

@@ -1,8 +1,7 @@
-"""The final norm from the last down projection's sums of squares (layer_kernels.HEAD_NORM = "squares"):
-the down projection adds the residual stream and writes each 16-column tile's sum of squares a token,
-and the LM head's normed form takes 1 / rms from them instead of reducing across its warps. The pair
-must give the logits of the fused head form bit for bit, which holds only while both sum the squares
-in the same order (gemv_mma_norm.block_inv_rms sums a tile at a time for that reason)."""
+"""The fused forward's final norm, split between the last down projection and the LM head: the down
+projection adds the residual stream and writes each 16-column tile's sum of squares a token (in
+gemv_mma_norm.block_inv_rms's order), and the plain LM head, its weight times the norm's, scales each
+row of logits by 1 / rms from them: no norm in the head's ~2000 blocks' prologue."""
 import pytest
 import torch
 
@@ -12,12 +11,6 @@ from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 ON_GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="minutes in the simulator")]
-
-
-@pytest.fixture(autouse=True)
-def _unpinned_waits(monkeypatch):
-    monkeypatch.setattr(kernel, "PIN_WEIGHT_LOADS", False)
-    monkeypatch.setattr(kernel, "WIDE_WEIGHT_LOADS", False)  # the names below are the unpinned base's
 
 
 def _operands(seed: int, tokens: int, head_warps: int):
@@ -34,43 +27,34 @@ def _operands(seed: int, tokens: int, head_warps: int):
 
 
 @pytest.mark.parametrize("head_warps", [1, pytest.param(2, marks=ON_GPU_ONLY), pytest.param(4, marks=ON_GPU_ONLY)])
-def test_the_norm_from_squares_gives_the_fused_head_forms_logits(head_warps, launched_kernels):
-    """K of the head over one, two and four warps (the models' 768; the sum crosses warps from two on):
-    the same logits as the down projection's plain y fed with the residual to the fused head form;
-    the stream is y + residual as add_rms_norm stores it; the sums are its tiles' squares."""
+def test_the_last_down_projection_adds_the_stream_and_writes_its_tiles_squares(head_warps, launched_kernels):
+    """N over one, two and four warps' columns (the models' 768): the stream is the plain product plus
+    the residual as add_rms_norm stores it, bit for bit; the sums are its 16-column tiles' squares."""
     tokens = 6 if DEV.type == "cuda" else 3
     x, w, residual, g, head = _operands(41 + head_warps, tokens, head_warps)
-    rows = torch.tensor([tokens - 1, 0, 1], device=DEV)
     y = kernel.gemv_mma(x, w, dependent_launch=True)
-    fused, _ = kernel.gemv_mma(y, head, g, residual, 1e-6, x_rows=rows, out_dtype=torch.float32, dependent_launch=True)
     stream, squares = kernel.gemv_mma(x, w, dependent_launch=True, allow_early=True, residual_squares=residual)
-    logits, _ = kernel.gemv_mma(stream, head, g, None, 1e-6, x_rows=rows, out_dtype=torch.float32,
-                                dependent_launch=True, row_squares=squares)
-    assert torch.equal(logits, fused)
     assert torch.equal(stream, (y.float() + residual.float()).half())
-    assert launched_kernels[-2:] == [f"gemv_mma_k{2 * 192}_dep_early_squares",
-                                     f"gemv_mma_k{192 * head_warps}_norm_gather_dep_prefetch_fromsquares"]
+    assert launched_kernels[-1] == f"gemv_mma_k{2 * 192}_dep_early_squares_w16"
     want_stream, want_squares = kernel.gemv_mma_reference(x, w, residual_squares=residual)
     assert squares.shape == (tokens, 12 * head_warps)
     torch.testing.assert_close(squares, stream.float().pow(2).view(tokens, -1, 16).sum(-1), atol=1e-3, rtol=1e-5)
     torch.testing.assert_close(stream.float(), want_stream.float(), atol=1e-2, rtol=3e-3)
     torch.testing.assert_close(squares, want_squares, atol=0.2, rtol=3e-3)
-    want = kernel.gemv_mma_reference(stream, head, g, None, 1e-6, x_rows=rows, out_dtype=torch.float32)[0]
-    torch.testing.assert_close(logits, want, atol=3e-3, rtol=3e-3)
 
 
 def test_the_folded_head_scales_the_plain_products_by_the_rows_norm(launched_kernels):
-    """HEAD_NORM "folded": the plain LM head over the stream with the norm's weight folded into its
-    rows, each logit row scaled by 1 / rms from the sums of squares: the normed head's logits to
-    float16 rounding (not its bits), and the twin's."""
+    """The plain LM head over the stream with the norm's weight folded into its rows, each logit row
+    scaled by 1 / rms from the sums of squares: the normed head's logits (the norm in its loads) to
+    float16 rounding, not its bits, and the twin's."""
     x, w, residual, g, head = _operands(7, 3, 1)
     rows = torch.tensor([2, 0], device=DEV)
     stream, squares = kernel.gemv_mma(x, w, residual_squares=residual)
     folded = (head * g).contiguous()
     got = kernel.gemv_mma(stream, folded, eps=1e-6, x_rows=rows, row_squares=squares, out_dtype=torch.float32,
                           dependent_launch=True)
-    assert launched_kernels[-1] == "gemv_mma_k192_gather_dep_scaled" and got.shape == (2, 37)
-    normed, _ = kernel.gemv_mma(stream, head, g, None, 1e-6, x_rows=rows, out_dtype=torch.float32, row_squares=squares)
+    assert launched_kernels[-1] == "gemv_mma_k192_gather_dep_pin_scaled_w16_f32" and got.shape == (2, 37)
+    normed, _ = kernel.gemv_mma(stream, head, g, None, 1e-6, x_rows=rows, out_dtype=torch.float32)
     torch.testing.assert_close(got, normed, atol=3e-3, rtol=3e-3)
     want = kernel.gemv_mma_reference(stream, folded, eps=1e-6, x_rows=rows, row_squares=squares, out_dtype=torch.float32)
     torch.testing.assert_close(got, want, atol=3e-3, rtol=3e-3)
@@ -89,11 +73,13 @@ def test_the_squares_name_bad_arguments():
         kernel.gemv_mma(x, w, residual_squares=residual[:1])
     with pytest.raises(KernelArgumentError, match="residual_squares: dtype"):
         kernel.gemv_mma(x, w, residual_squares=residual.float())
-    with pytest.raises(KernelArgumentError, match="row_squares takes the normed form without a residual"):
-        kernel.gemv_mma(stream, head, g, residual, 1e-6, row_squares=squares)
-    with pytest.raises(KernelArgumentError, match="row_squares takes the normed form without a residual"):
-        kernel.gemv_mma(stream, torch.cat([head, head]), g, None, 1e-6, glu=True, row_squares=squares)
+    with pytest.raises(KernelArgumentError, match="row_squares takes the plain form"):
+        kernel.gemv_mma(stream, head, g, None, 1e-6, row_squares=squares)
+    with pytest.raises(KernelArgumentError, match="row_squares takes the plain form"):
+        kernel.gemv_mma(stream, torch.cat([head, head]), glu=True, row_squares=squares)
+    with pytest.raises(KernelArgumentError, match="row_squares takes the plain form"):
+        kernel.gemv_mma(x, w, residual_squares=residual, row_squares=squares)
     with pytest.raises(KernelArgumentError, match=r"row_squares \(2, 6\) must be x's rows by its 16-column tiles"):
-        kernel.gemv_mma(stream, head, g, None, 1e-6, row_squares=squares[:, :6].contiguous())
+        kernel.gemv_mma(stream, head, row_squares=squares[:, :6].contiguous())
     with pytest.raises(KernelArgumentError, match="row_squares: dtype"):
-        kernel.gemv_mma(stream, head, g, None, 1e-6, row_squares=squares.half())
+        kernel.gemv_mma(stream, head, row_squares=squares.half())
