@@ -107,6 +107,23 @@ def test_auto_picks_main_on_a_cpu_and_names_the_reason(tiny_target, tiny_draft):
     assert llm.counters["draft"]["fallback:no_cuda_device"] > 0
 
 
+def test_auto_picks_the_fastest_way_the_device_allows():
+    from protospec.spec import registry
+    assert registry.resolve("auto", "cuda", cuda_graphs=True) == ("graph", "")
+    assert registry.resolve("auto", "cuda", cuda_graphs=False) == ("gpu", "")
+    assert registry.resolve("auto", "cpu", cuda_graphs=False) == ("main", "no_cuda_device")
+    assert registry.resolve("gpu", "cuda", cuda_graphs=True) == ("gpu", "disabled_by_user")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_auto_on_cuda_replays_the_draft_loop_as_a_graph(tiny_target, tiny_draft):
+    llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cuda")
+    llm.generate(random_prompts(2), GREEDY)
+    assert llm.engine.draft_loop == "graph"
+    assert llm.counters["draft"]["draft_loop_graph"] > 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("mode", ["main", "gpu"])

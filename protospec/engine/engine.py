@@ -180,7 +180,7 @@ class Engine:
 
     def _build_spec_step(self) -> SpeculativeStep:
         cfg = self.config
-        name, reason = registry.resolve(cfg.draft_loop, self.device.type)
+        name, reason = registry.resolve(cfg.draft_loop, self.device.type, self.use_cuda_graphs)
         kind = registry.DRAFT_LOOPS[name]
         if kind.needs_cuda_graphs and not self.use_cuda_graphs:
             raise ConfigError(f"draft_loop={name!r} replays the draft loop as a CUDA graph: it needs a CUDA device "

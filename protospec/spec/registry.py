@@ -39,7 +39,8 @@ DRAFT_LOOPS: dict[str, DraftLoopKind] = {kind.name: kind for kind in (
     DraftLoopKind(GRAPH, "as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph",
                   on_device=True, needs_cuda_graphs=True, host_sync_per_step=False, builds_first_step=True),
 )}
-AUTO_DOC = "gpu on CUDA, main on a CPU (where the kernels would only run in Numba's simulator)"
+AUTO_DOC = ("graph on CUDA with cuda_graphs on, gpu on CUDA without them, main on a CPU (where the kernels would "
+            "only run in Numba's simulator)")
 DRAFT_LOOP_NAMES = (AUTO, *DRAFT_LOOPS)
 DRAFT_LOOP_DOC = {**{name: kind.doc for name, kind in DRAFT_LOOPS.items()}, AUTO: AUTO_DOC}
 
@@ -68,11 +69,13 @@ DYNAMIC_K_DOC = {
 }
 
 
-def resolve(name: str, device_type: str) -> tuple[str, str]:
-    """(draft loop, fallback reason): `auto` picks by device; the reason labels the CPU-prepared
-    steps 2..k in the counters (why the device path did not run)."""
+def resolve(name: str, device_type: str, cuda_graphs: bool) -> tuple[str, str]:
+    """(draft loop, fallback reason): `auto` picks the fastest way the device allows; the reason labels
+    the CPU-prepared steps 2..k in the counters (why the device path did not run)."""
     if name == AUTO:
-        return (GPU, "") if device_type == "cuda" else (MAIN, "no_cuda_device")
+        if device_type != "cuda":
+            return MAIN, "no_cuda_device"
+        return (GRAPH if cuda_graphs else GPU), ""
     return name, "disabled_by_user"
 
 
