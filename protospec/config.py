@@ -12,7 +12,7 @@ import torch
 from protospec.device_wait import DEFAULT_TIMEOUT_S
 from protospec.errors import ConfigError, SamplingParamsError
 from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
-from protospec.spec import registry
+from protospec import registry
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -125,11 +125,11 @@ class EngineConfig:
     # (kernels/dependent_launch.py). None: on wherever the tensor-core linears run on sm_90 or later
     # (measured faster: data/results/README.md); False: ordinary launches; True: on, or an error.
     dependent_launch: bool | None = None
-    # The commit policy of the device draft loops (spec/commit.py): True = overlapped (the next
+    # The commit policy of the device draft loops (speculation/commit.py): True = overlapped (the next
     # spec step's draft step 1 is built on the device and queued before the commit's host sync, so
     # the device works while the host commits), False = synced. The CPU-prepared loops are synced.
     overlap_commit: bool = True
-    # A spec step the overlapped commit launched runs whole as one CUDA graph (spec/step_graph.py):
+    # A spec step the overlapped commit launched runs whole as one CUDA graph (speculation/step_graph.py):
     # draft steps 1..k, the verify's inputs built on the device, the verify, the rejection sampler and
     # the commit's row. Applies to the graph draft loop with a draft model, k >= 2, fixed k and the
     # overlapped commit. None (default): on wherever it applies (one launch a step leaves the host
@@ -149,7 +149,7 @@ class EngineConfig:
     # path with cuBLAS linears rather than the torch path. None: on a GPU (measured faster there:
     # data/results/README.md); in the CPU simulator every prompt token through simulated kernels takes minutes.
     prefill_kernels: bool | None = None
-    # Which draft tokens a spec step keeps (spec/acceptance.py): "rejection" (lossless) or "typical"
+    # Which draft tokens a spec step keeps (speculation/acceptance.py): "rejection" (lossless) or "typical"
     # (Medusa's typical acceptance, lossy; posterior_threshold and posterior_alpha as vLLM names them).
     acceptance: str = registry.REJECTION
     posterior_threshold: float = 0.09
@@ -158,7 +158,7 @@ class EngineConfig:
     # prompt_lookup_min tokens that occurred before is looked up (kernels/ngram_match.py).
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
-    # Dynamic k (spec/dynamic_k.py): "off", "heuristic" (per-request schedule) or "confidence" (stop
+    # Dynamic k (speculation/dynamic_k.py): "off", "heuristic" (per-request schedule) or "confidence" (stop
     # proposing below draft_confidence_threshold); k above is then the most a step proposes.
     dynamic_k: str = registry.DYNAMIC_K_OFF
     draft_confidence_threshold: float = 0.4

@@ -22,7 +22,7 @@ LINEAR_KERNELS = ("cublas", "mma", "mma_fused")
 
 @dataclass
 class RejectionOutput:
-    """What an acceptance rule (spec/acceptance.py, or the rejection kernel) returns for a batch."""
+    """What an acceptance rule (speculation/acceptance.py, or the rejection kernel) returns for a batch."""
 
     output_token_ids: torch.Tensor  # [B, k + 1] int64, PLACEHOLDER_TOKEN_ID after the last emitted
     num_accepted: torch.Tensor      # [B] int64, accepted draft tokens (0..k)

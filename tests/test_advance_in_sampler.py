@@ -10,7 +10,7 @@ from protospec.kernels import sampling
 from protospec.kernels.advance_step import AdvanceStepLauncher
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
-from protospec.spec.sampler import exponential_noise
+from protospec.speculation.sampler import exponential_noise
 from test_advance_step import NAMES, make_batch
 from test_sampling_kernel import _narrow_slices, _tensors
 

@@ -4,7 +4,7 @@ import ast
 import re
 from pathlib import Path
 
-from protospec.spec import registry
+from protospec import registry
 
 PACKAGE = Path(__file__).resolve().parents[1] / "protospec"
 
@@ -78,14 +78,14 @@ def test_the_kernels_are_the_lowest_layer():
 
 
 # The packages' layers, lowest first: a module imports (at module level) only from its own layer or below.
-# The foundations are single modules everyone uses; spec.registry holds only names.
+# The foundations are single modules everyone uses; speculation.registry holds only names.
 LAYERS = (
-    ("protospec.errors", "protospec.layout", "protospec.device_wait", "protospec.command_line", "protospec.spec.registry",
+    ("protospec.errors", "protospec.layout", "protospec.device_wait", "protospec.command_line", "protospec.registry",
      "protospec.config", "protospec.kernel_plan"),
     ("protospec.kernels",),
     ("protospec.model",),
     ("protospec.requests",),
-    ("protospec.spec",),
+    ("protospec.speculation",),
     ("protospec.engine",),
     ("protospec", "protospec.lab", "protospec.bench", "protospec.train"),
 )
@@ -101,8 +101,7 @@ def _layer(module: str) -> int:
 
 
 def test_the_packages_form_layers():
-    """requests/ sits below spec/ and engine/, spec/ below engine/: no package reaches up (spec and engine
-    used to import each other)."""
+    """requests/ sits below speculation/ and engine/, speculation/ below engine/: no package reaches up."""
     modules = _modules()
     upward = {}
     for name, path in modules.items():
@@ -225,7 +224,7 @@ SET_FROM_OUTSIDE = {
     "protospec.model.inputs.LOOP_MAX_TOKENS", "protospec.model.layer_kernels.MAX_QUERY_LEN",
     "protospec.model.graphs.MAX_PREFILL_GRAPHS",
     "protospec.kernels.interop.KERNEL_DEVICE_TYPE",
-    "protospec.spec.randoms.BATCHED",
+    "protospec.speculation.randoms.BATCHED",
 }
 
 

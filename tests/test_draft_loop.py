@@ -6,10 +6,10 @@ import torch
 from tiny import random_prompts, tiny_llm
 
 from protospec import ConfigError, SamplingParams
-from protospec.spec.sync_guard import HostSyncError, forbid_host_sync
+from protospec.speculation.sync_guard import HostSyncError, forbid_host_sync
 
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE  # noqa: E402
-from protospec.spec.device_draft_loops import DeviceAdvanceLoop  # noqa: E402
+from protospec.speculation.device_draft_loops import DeviceAdvanceLoop  # noqa: E402
 
 KERNEL_DEVICES = [KERNEL_DEVICE_TYPE]  # "gpu" mode: cuda on a GPU machine, cpu in the simulator
 ON_GPU = KERNEL_DEVICE_TYPE == "cuda"
@@ -108,7 +108,7 @@ def test_auto_picks_main_on_a_cpu_and_names_the_reason(tiny_target, tiny_draft):
 
 
 def test_auto_picks_the_fastest_way_the_device_allows():
-    from protospec.spec import registry
+    from protospec import registry
     assert registry.resolve("auto", "cuda", cuda_graphs=True) == ("graph", "")
     assert registry.resolve("auto", "cuda", cuda_graphs=False) == ("gpu", "")
     assert registry.resolve("auto", "cpu", cuda_graphs=False) == ("main", "no_cuda_device")

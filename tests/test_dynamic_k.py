@@ -7,7 +7,7 @@ from protospec import ConfigError, SamplingParams
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 
 DEVICE_WAYS = ["gpu"] + (["graph"] if KERNEL_DEVICE_TYPE == "cuda" else [])  # graph: CUDA graphs, a GPU only
-from protospec.spec.dynamic_k import HeuristicK
+from protospec.speculation.dynamic_k import HeuristicK
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
 

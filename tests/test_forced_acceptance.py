@@ -5,7 +5,7 @@ import torch
 from protospec import ConfigError, SamplingParams
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.lab.forced_acceptance import force_acceptance
-from protospec.spec.randoms import force_acceptance as force_uniforms
+from protospec.speculation.randoms import force_acceptance as force_uniforms
 from tiny import random_prompts, tiny_llm
 
 PARAMS = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=4)

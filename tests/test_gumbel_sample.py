@@ -2,7 +2,7 @@
 against the exponential race of the two-launch sampler: the same ids on sampled and greedy rows (a tie
 to the first index, a row of -inf to 0), the same decode inputs written by its advance, and bad
 arguments refused. Then the captured draft loop with the probabilities on a branch of their own
-(spec/probs_branch.py): the same tokens as without it. Simulator on CPU, the GPU where there is one."""
+(speculation/probs_branch.py): the same tokens as without it. Simulator on CPU, the GPU where there is one."""
 import pytest
 import torch
 
@@ -12,7 +12,7 @@ from protospec.kernels.advance_step import AdvanceStepLauncher
 from protospec.kernels.gumbel_sample import gumbel_reference, gumbel_sample_into
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.layout import NULL_BLOCK
-from protospec.spec.sampler import exponential_noise
+from protospec.speculation.sampler import exponential_noise
 from test_advance_step import NAMES, make_batch
 from test_sampling_kernel import _narrow_slices, _tensors
 
@@ -103,8 +103,8 @@ def test_draft_steps_sampled_first_then_their_probabilities_in_one_pass_write_wh
     """k draft steps through sample_draft_step with sample_first (the token alone, the logits kept in
     draft_probs), then ProbsBranch.probabilities over all k rows in place: the same ids, the very same
     probabilities as sampling each step with the two launches (on a CPU the branch runs in place)."""
-    from protospec.spec.draft_sampling import sample_draft_step
-    from protospec.spec.probs_branch import ProbsBranch
+    from protospec.speculation.draft_sampling import sample_draft_step
+    from protospec.speculation.probs_branch import ProbsBranch
 
     width = _narrow(monkeypatch)
     rows, k, vocab = 3, 3, 2 * width + 7

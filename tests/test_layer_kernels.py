@@ -10,6 +10,7 @@ from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
+from protospec.model.layer_kernels import enable_layer_kernels
 from protospec.model.llama import LlamaForCausalLM, apply_rope, rms_norm
 from protospec.model.config import LlamaArchConfig
 
@@ -98,7 +99,7 @@ def test_a_decode_shaped_forward_gives_the_torch_paths_logits_and_cache(query_le
               for i in range(cfg.num_hidden_layers)]
     torch_caches = [c.clone() for c in caches]
     expected = model(inputs.input_ids, inputs.positions, torch_caches, inputs.meta)
-    model.enable_layer_kernels()
+    enable_layer_kernels(model)
     assert model.layer_kernels.applies(inputs.meta)
     got = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
@@ -120,7 +121,7 @@ def test_a_forced_attention_kernel_runs_in_every_layer(monkeypatch):
     expected = model(inputs.input_ids, inputs.positions, [c.clone() for c in caches], inputs.meta)
     paths, original = [], attention_kernels.paged_attention
     monkeypatch.setattr(attention_kernels, "paged_attention", lambda *a, path=None, **kw: paths.append(path) or original(*a, path=path, **kw))
-    model.enable_layer_kernels("by_row")
+    enable_layer_kernels(model, "by_row")
     got = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
     assert paths == ["by_row"] * cfg.num_hidden_layers
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
@@ -148,9 +149,9 @@ def test_a_prefill_on_the_long_chunk_kernels_gives_the_torch_paths_logits_and_ca
               for _ in range(cfg.num_hidden_layers)]
     torch_caches = [c.clone() for c in caches]
     expected = model(inputs.input_ids, inputs.positions, torch_caches, inputs.meta)
-    model.enable_layer_kernels()
+    enable_layer_kernels(model)
     assert not model.layer_kernels.applies(inputs.meta)  # off: the torch path's
-    model.enable_layer_kernels(long_chunks=True)
+    enable_layer_kernels(model, long_chunks=True)
     assert model.layer_kernels.applies(inputs.meta)
     got = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
@@ -169,13 +170,13 @@ def test_prefill_and_ragged_batches_keep_the_torch_path():
     """Without long_chunks (KernelPlan.prefill_kernels: on a GPU only) a prefill keeps the torch path; a
     ragged batch always."""
     model = LlamaForCausalLM(LlamaArchConfig.from_dict(TARGET_CFG)).place(DEV, torch.float32)
-    model.enable_layer_kernels()
+    enable_layer_kernels(model)
     prefill = prepare_inputs([list(range(3, 40))], [0], [list(range(1, 11))], 4, 1, torch.device(DEV))
     ragged = prepare_inputs([[5], [6, 7]], [3, 4], [[1, 2], [3, 4]], 4, 1, torch.device(DEV))
     assert not model.layer_kernels.applies(prefill.meta) and not model.layer_kernels.applies(ragged.meta)
     decode = prepare_inputs([[5], [6]], [3, 4], [[1, 2], [3, 4]], 4, 1, torch.device(DEV))
     assert model.layer_kernels.applies(decode.meta)
-    model.enable_layer_kernels(long_chunks=True)
+    enable_layer_kernels(model, long_chunks=True)
     assert model.layer_kernels.applies(prefill.meta) and not model.layer_kernels.applies(ragged.meta)
 
 

@@ -12,7 +12,7 @@ from tiny import DRAFT_CFG, TARGET_CFG, random_prompts, tiny_llm, write_config
 from protospec import SamplingParams
 from protospec.bench import load, turnover
 from protospec.errors import DeviceWaitError
-from protospec.spec import registry
+from protospec import registry
 
 GPU = torch.cuda.is_available()
 needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs a CUDA device")]
@@ -149,7 +149,7 @@ def test_a_host_wait_that_cannot_complete_raises_and_leaves_the_engine_usable(ti
     """The commit's wait on an event that never completes: DeviceWaitError within the bound, every
     block back in the pool, and the next call gives the tokens a fresh engine gives."""
     from protospec import device_wait
-    from protospec.spec import step as step_module
+    from protospec.speculation import step as step_module
 
     prompts, params = random_prompts(2), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     llm = tiny_llm(tiny_target, tiny_draft, k=3, device_wait_timeout_s=0.2)

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from protospec import SamplingParams
-from protospec.spec import randoms
+from protospec.speculation import randoms
 from protospec.kernels import counter_randoms
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.spec.randoms import SpecStepRandoms, step_key
-from protospec.spec.sampler import SamplingTensors
+from protospec.speculation.randoms import SpecStepRandoms, step_key
+from protospec.speculation.sampler import SamplingTensors
 from tiny import random_prompts, tiny_llm
 
 DEV = KERNEL_DEVICE_TYPE

@@ -1,7 +1,7 @@
 """The rejection sampler is lossless: emitted tokens follow the target distribution."""
 import torch
 
-from protospec.spec.rejection import rejection_sample, residual_probs
+from protospec.speculation.rejection import rejection_sample, residual_probs
 from protospec.layout import PLACEHOLDER_TOKEN_ID
 
 VOCAB, N = 12, 200_000

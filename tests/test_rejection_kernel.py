@@ -7,7 +7,7 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels import paged_attention
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.rejection import rejection_sample_fused
-from protospec.spec.rejection import rejection_sample
+from protospec.speculation.rejection import rejection_sample
 
 DEV = KERNEL_DEVICE_TYPE
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from protospec import ConfigError, SamplingParams
-from protospec.spec.sampler import SamplingTensors, compute_probs, exponential_noise, sample
+from protospec.speculation.sampler import SamplingTensors, compute_probs, exponential_noise, sample
 
 V = 10
 
@@ -66,7 +66,7 @@ def test_unit_temperature_is_a_host_fact_and_parts_the_captured_draft_loops():
     """SamplingTensors.unit_temperature (every row greedy or at T = 1: the LM head's tile statistics
     apply) follows the batch's settings, and the captured draft loop's key holds it, so a loop captured
     with the statistics' sampling is never replayed for a batch at another temperature."""
-    from protospec.spec.draft_graph import DraftLoopGraph
+    from protospec.speculation.draft_graph import DraftLoopGraph
 
     def tensors(*temperatures):
         params = [SamplingParams(temperature=t) for t in temperatures]

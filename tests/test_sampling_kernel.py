@@ -7,7 +7,7 @@ from protospec.config import SamplingParams
 from protospec.errors import KernelArgumentError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.sampling import fused_applies, probs_into, sample_into
-from protospec.spec.sampler import SamplingTensors, compute_probs, exponential_noise, sample
+from protospec.speculation.sampler import SamplingTensors, compute_probs, exponential_noise, sample
 
 DEV = KERNEL_DEVICE_TYPE
 

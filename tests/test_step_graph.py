@@ -11,9 +11,9 @@ from protospec.errors import ConfigError, KernelArgumentError
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID, RejectionOutput
 from protospec.model.inputs import prepare_inputs
 from protospec.model.persistent_inputs import PersistentInputs
-from protospec.spec import registry
-from protospec.spec.step_graph import commit_row, step_graph_applies
-from protospec.spec.verify_inputs import build_verify_inputs
+from protospec import registry
+from protospec.speculation.step_graph import commit_row, step_graph_applies
+from protospec.speculation.verify_inputs import build_verify_inputs
 
 ON_GPU = torch.cuda.is_available()
 # Where the verify-inputs kernel runs: the simulator takes host tensors, a real device wants its own.

@@ -7,7 +7,7 @@ import torch
 from tiny import random_prompts, tiny_llm
 
 from protospec import ConfigError, SamplingParams
-from protospec.spec.acceptance import entropy, typical_acceptance
+from protospec.speculation.acceptance import entropy, typical_acceptance
 from protospec.layout import PLACEHOLDER_TOKEN_ID
 
 

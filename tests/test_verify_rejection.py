@@ -10,8 +10,8 @@ from protospec.kernels import paged_attention, verify_rejection
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.packed_argmax import EMPTY
 from protospec.kernels.sampling import probs_into
-from protospec.spec.rejection import rejection_sample
-from protospec.spec.sampler import SamplingTensors
+from protospec.speculation.rejection import rejection_sample
+from protospec.speculation.sampler import SamplingTensors
 
 DEV = KERNEL_DEVICE_TYPE
 
@@ -105,7 +105,7 @@ def test_bad_arguments_are_named():
 
 
 def test_it_applies_to_the_fused_rejection_sampler_only():
-    from protospec.spec.acceptance import RejectionSampling, TypicalAcceptance
+    from protospec.speculation.acceptance import RejectionSampling, TypicalAcceptance
 
     st = _case(8, [1.0], 2, 50)[1]
     assert verify_rejection.applies(st, RejectionSampling(fused=True))

@@ -1,10 +1,10 @@
 """The ablation: the draft-loop modes and the peers, in one process, on the same prompts and seeds.
 
-modes   the arms of spec/registry.ARMS (a draft loop and a commit policy each; graph needs CUDA): one
+modes   the arms of registry.ARMS (a draft loop and a commit policy each; graph needs CUDA): one
         engine (same weights, KV pool and CUDA graphs), switched between generate() calls with
         Engine.set_draft_loop. gpu_sync_commit is vLLM's change as it was (draft step 1 CPU-prepared
         after the commit's host sync); gpu and graph also build draft step 1 on the device and overlap
-        the commit (spec/commit.py)
+        the commit (speculation/commit.py)
 peers   target_only     protospec without a draft (several decode steps per CUDA graph replay on a GPU);
                         with several rounds it runs in each, after the modes, and the report gives
                         p50(target_only) / p50(fastest mode) per round
@@ -32,8 +32,8 @@ from protospec.config import SamplingParams
 from protospec.errors import ConfigError
 from protospec.engine.llm import LLM
 from protospec.requests.metrics import RATE_KEYS
-from protospec.spec import registry
-from protospec.spec.phase_timer import NULL_TIMER, PhaseTimer
+from protospec import registry
+from protospec.speculation.phase_timer import NULL_TIMER, PhaseTimer
 
 MODES = tuple(registry.ARMS)  # the ablation's arms, in table order
 PEERS = PEER_NAMES
@@ -59,12 +59,12 @@ class BenchSetup:
     layer_kernels: bool | None = None  # None: the engine's default (on CUDA unless compile)
     enforce_eager: bool = False        # no CUDA graphs
     max_model_len: int | None = None   # None: the target's max_position_embeddings
-    acceptance: str = registry.REJECTION  # spec/acceptance.py
+    acceptance: str = registry.REJECTION  # speculation/acceptance.py
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
     prompt_lookup_min: int = 1         # the n-gram proposer (speculative_model "[ngram]")
     prompt_lookup_max: int = 4
-    dynamic_k: str = registry.DYNAMIC_K_OFF  # spec/dynamic_k.py
+    dynamic_k: str = registry.DYNAMIC_K_OFF  # speculation/dynamic_k.py
     draft_confidence_threshold: float = 0.4
     speculative_disable_by_batch_size: int | None = None
     attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)

@@ -11,7 +11,7 @@ from protospec.bench.ablation import MODES, PEERS, BenchSetup
 from protospec.bench.compare import TRAINED_PAIR
 from protospec.bench.engine_flags import add_engine_flags, engine_switches
 from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
-from protospec.spec import registry
+from protospec import registry
 
 RUNS_DIR = "runs"             # ignored by git: where runs go unless recorded on purpose
 RECORD_DIR = "data/results"   # the runs of record (--record)
@@ -102,7 +102,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                    help="torch CPU threads (default: 1 on a CPU, where more made timings swing)")
     p.add_argument("--draft-loop", default=registry.AUTO, choices=[registry.AUTO, *MODES], metavar="MODE",
                    help=f"{' | '.join([registry.AUTO, *MODES])}: where the draft's inputs are built and when the "
-                        f"host syncs (spec/registry.py says each; {registry.AUTO}: {registry.AUTO_DOC})")
+                        f"host syncs (registry.py says each; {registry.AUTO}: {registry.AUTO_DOC})")
     p.add_argument("--proposer", default=None, choices=list(registry.PROPOSER_DOC),
                    help="; ".join(f"{name}: {doc}" for name, doc in registry.PROPOSER_DOC.items())
                         + f" (ngram = --speculative-model '{registry.NGRAM_MODEL}'; unset: as --speculative-model says)")

@@ -21,7 +21,7 @@ import numpy as np
 from protospec.config import SamplingParams
 from protospec.engine.llm import LLM
 from protospec.requests.metrics import RATE_KEYS, RequestMetrics
-from protospec.spec import registry
+from protospec import registry
 
 TRAINED_PAIR = "data/models"
 TEMPERATURES = (0.0, 1.0)

@@ -21,7 +21,7 @@ from collections import Counter
 
 import torch
 
-from protospec.spec import registry
+from protospec import registry
 from protospec.bench.ablation import MODES, BenchSetup, apply_mode
 from protospec.bench.args import ON_OFF, auto_as_none
 from protospec.layout import LINEAR_KERNELS
@@ -29,7 +29,7 @@ from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.engine_flags import add_engine_flags, engine_switches
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.layout import ATTENTION_PATHS
-from protospec.spec.phase_timer import NULL_TIMER, ProfilerPhases
+from protospec.speculation.phase_timer import NULL_TIMER, ProfilerPhases
 
 
 def engine_spec_steps(phases: list[tuple[float, float, str]], request_steps: int) -> int:

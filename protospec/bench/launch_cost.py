@@ -15,7 +15,7 @@ import time
 import torch
 
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.spec.decode_state import DraftDecodeState
+from protospec.speculation.decode_state import DraftDecodeState
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels import interop
 from protospec.kernels.advance_step import advance_step, advance_step_kernel

@@ -74,7 +74,7 @@ def _sampling_cases(vocab: int, tokens: int, dev) -> dict[str, tuple]:
     """tokens == 1: a draft step's sample into the spec step's buffers; else the verify's probs."""
     from protospec.config import SamplingParams
     from protospec.kernels.sampling import probs_into, sample_into
-    from protospec.spec.sampler import SamplingTensors, compute_probs, sample
+    from protospec.speculation.sampler import SamplingTensors, compute_probs, sample
 
     k = 5
     st = SamplingTensors.build([SamplingParams(temperature=1.0)], [torch.Generator(device=dev)], vocab, dev)
@@ -117,7 +117,7 @@ def _forward_case(model, inputs):
 def _mma_linear_case(model, inputs, linear: str):
     """The layer kernels' forward with its linear layers on the tensor-core GEMV (kernels/gemv_mma.py;
     mma_fused: the norms and SiLU folded into it), beside the same forward on cuBLAS (the "torch" column)."""
-    from protospec.model.layer_kernels import LayerKernelForward
+    from protospec.model.layer_kernels import LayerKernelForward, enable_layer_kernels
 
     on_cublas = _forward_case(model, inputs)[0]
     kernels = model.layer_kernels
@@ -143,7 +143,7 @@ def main(argv=None) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("layer_kernel_cost needs a CUDA device")
     model = load_model(args.model, load_format="dummy", dtype=torch.float16, device=torch.device("cuda"), extra_positions=8)
-    model.enable_layer_kernels()
+    enable_layer_kernels(model)
     report = provenance(torch.device("cuda"), argv, "protospec.bench.layer_kernel_cost") | {"config": vars(args), "us_per_call": {}}
     for tokens in args.tokens:
         rows = {}

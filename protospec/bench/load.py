@@ -30,7 +30,7 @@ import torch
 from protospec import LLM, SamplingParams
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.errors import ProtospecError
-from protospec.spec import registry
+from protospec import registry
 
 TARGET_ONLY = "target_only"
 MODES = (registry.MAIN, registry.GPU, registry.GRAPH, TARGET_ONLY)

@@ -17,7 +17,7 @@ import json
 
 from matplotlib.figure import Figure
 
-from protospec.spec import registry
+from protospec import registry
 
 GROUPS = {"draft forwards": ("draft_forward", "draft_loop_graph"), "verify": ("verify",), "sampling": ("sampling",),
           "rejection": ("rejection",), "whole step graph": ("step_graph",), "rest": ("prepare", "commit", "begin", "outside_spec_step")}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from protospec.spec import registry
+from protospec import registry
 
 # In the order they run: the compiled ones last, as torch.compile's CUDA graphs break later captures in the process.
 PEER_NAMES = ("target_only", "unfused", "hf_assisted", "hf_target_only", "hf_static_loop", "hf_compiled")
@@ -146,7 +146,7 @@ def plot_latency(report: dict):
 def plot_breakdown(report: dict):
     """Stacked per-phase time per mode (CPU wall time, and GPU time from CUDA events on a GPU);
     None when the report has no breakdown."""
-    from protospec.spec.phase_timer import PHASES
+    from protospec.speculation.phase_timer import PHASES
 
     rows = [(n, e["breakdown_ms_per_call"]) for n, e in report["modes"].items() if "breakdown_ms_per_call" in e]
     if not rows:

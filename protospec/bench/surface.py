@@ -29,7 +29,7 @@ from protospec.bench.ablation import BenchSetup, _release_memory
 from protospec.bench.latency import time_generate
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.lab.forced_acceptance import force_acceptance
-from protospec.spec import registry
+from protospec import registry
 
 PAIRS = {
     "seed": ("JackFram/llama-160m", "JackFram/llama-68m"),

@@ -24,7 +24,7 @@ from protospec.bench.load import add_engine_args, engine_kwargs
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.requests.sequence import Sequence
 from protospec.errors import ProtospecError
-from protospec.spec import registry
+from protospec import registry
 
 SETUPS = (("draft", registry.DYNAMIC_K_OFF), ("draft", registry.DYNAMIC_K_HEURISTIC),
           (registry.NGRAM_MODEL, registry.DYNAMIC_K_OFF), (registry.NGRAM_MODEL, registry.DYNAMIC_K_HEURISTIC))

@@ -39,9 +39,9 @@ from protospec.model.graphs import bucket, sync_allowed
 from protospec.model.inputs import host_to_device
 from protospec.model.persistent_inputs import PersistentInputs
 from protospec.model.runner import ModelRunner
-from protospec.spec.draft_sampling import sample_draft_step
-from protospec.spec.randoms import step_key
-from protospec.spec.sampler import SamplingTensors
+from protospec.speculation.draft_sampling import sample_draft_step
+from protospec.speculation.randoms import step_key
+from protospec.speculation.sampler import SamplingTensors
 
 # Tokens a request per replay: enough that the host's work per replay (launch, copy, commit) hides
 # behind the device's, few enough that a request stopping early wastes little (its frozen steps).

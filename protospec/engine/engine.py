@@ -18,26 +18,27 @@ from protospec.engine.prefill import Prefill
 from protospec.config import EngineConfig, resolve_device, resolve_dtype
 from protospec.kernel_plan import KernelPlan
 from protospec.device_wait import read_back
-from protospec.spec import registry
-from protospec.spec.acceptance import make_acceptance
-from protospec.spec.commit import make_commit_policy
-from protospec.spec.draft_loop import DraftLoop
-from protospec.spec.draft_loops import make_draft_loop
-from protospec.spec.draft_sampling import sample_tokens
-from protospec.spec.dynamic_k import make_dynamic_k
-from protospec.spec.lookahead import Lookahead
-from protospec.spec.ngram_loop import NgramLoop
+from protospec import registry
+from protospec.speculation.acceptance import make_acceptance
+from protospec.speculation.commit import make_commit_policy
+from protospec.speculation.draft_loop import DraftLoop
+from protospec.speculation.draft_loops import make_draft_loop
+from protospec.speculation.draft_sampling import sample_tokens
+from protospec.speculation.dynamic_k import make_dynamic_k
+from protospec.speculation.lookahead import Lookahead
+from protospec.speculation.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, ModelOutputError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.layer_ops import ACTIVATION_DTYPES
-from protospec.model.layer_kernels import check_attention_kernel, check_linear_kernel, resolve_dependent_launch
+from protospec.model.layer_kernels import (check_attention_kernel, check_linear_kernel, enable_layer_kernels,
+                                          resolve_dependent_launch)
 from protospec.model.loader import load_model
 from protospec.model.runner import ModelRunner
-from protospec.spec.sampler import SamplingTensors
+from protospec.speculation.sampler import SamplingTensors
 from protospec.requests.sequence import Sequence
-from protospec.spec.step import SpeculativeStep
-from protospec.spec.step_graph import step_graph_applies
-from protospec.spec.sync_guard import forbid_host_sync
+from protospec.speculation.step import SpeculativeStep
+from protospec.speculation.step_graph import step_graph_applies
+from protospec.speculation.sync_guard import forbid_host_sync
 
 
 class Engine:
@@ -72,7 +73,7 @@ class Engine:
         if self.plan.layer_kernels:
             for m in (target, draft):
                 if m is not None:
-                    m.enable_layer_kernels(self.plan.attention_kernel, self.plan.linear_kernel,
+                    enable_layer_kernels(m, self.plan.attention_kernel, self.plan.linear_kernel,
                                            self.plan.dependent_launch, self.plan.prefill_kernels)
         self.num_blocks = size_kv_pool(config, self.device, self.dtype, self.max_model_len + self.look.extra_positions,
                                        [m for m in (target, draft) if m is not None])

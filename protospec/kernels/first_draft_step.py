@@ -12,7 +12,7 @@ its accepted count and out[r] = [d_1 .. d_a, x, placeholders...] the rejection o
     slot_mapping        = block_tables[r, pos // block_size] * block_size + pos % block_size
     seq_lens[r]         = L'
 
-The same two-token layout as the CPU's "first_draft_step" prepare (spec/draft_loop.py). L, t_{L-1}
+The same two-token layout as the CPU's "first_draft_step" prepare (speculation/draft_loop.py). L, t_{L-1}
 and the block tables (covering L + k + 1 positions, reserved by the host before the launch) come
 in one staged int64 tensor: [batch * width table entries | batch lengths | batch last tokens];
 the kernel also copies the tables into the persistent int32 buffer the forward reads. Padding rows

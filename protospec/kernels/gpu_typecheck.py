@@ -170,6 +170,7 @@ def _forwards() -> None:
     """A tiny GQA model's forwards through the layer kernels, for decode and verify batches."""
     from protospec.model.config import LlamaArchConfig
     from protospec.model.inputs import prepare_inputs
+    from protospec.model.layer_kernels import enable_layer_kernels
     from protospec.model.llama import LlamaForCausalLM
 
     cfg = LlamaArchConfig.from_dict(dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -180,7 +181,7 @@ def _forwards() -> None:
     for dtype in (torch.float16, torch.float32):
         model = LlamaForCausalLM(cfg).place("cpu", dtype)
         kv = torch.zeros(cfg.num_hidden_layers, 2, blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
-        model.enable_layer_kernels()
+        enable_layer_kernels(model)
         for tokens in ([[5], [6]], [[5] * 6, [6] * 6]):
             inputs = prepare_inputs(tokens, [20, 30], [[1, 2, 3], [4, 5, 6]], block_size, len(tokens[0]), torch.device("cpu"))
             model(inputs.input_ids, inputs.positions, list(kv.unbind(0)), inputs.meta)

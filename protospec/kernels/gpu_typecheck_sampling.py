@@ -11,7 +11,7 @@ def sampling_and_rejection_forms() -> None:
     from protospec.kernels import counter_randoms, ngram_match, rejection, sampling, verify_rejection
     from protospec.kernels.gumbel_sample import gumbel_sample_into
     from protospec.config import SamplingParams
-    from protospec.spec.sampler import SamplingTensors
+    from protospec.speculation.sampler import SamplingTensors
 
     batch, k, vocab = 2, 3, 512
     st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],

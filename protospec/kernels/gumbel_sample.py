@@ -12,7 +12,7 @@ block of a row to finish (an arrival count) reading the row's best from it, then
 next decode inputs (sampling_advance.py) as the probabilities kernel writes them, in one thread. The same token
 as the race unless two candidates tie to float32 rounding. The draft's probabilities (the rejection
 sampler's q) still come from sampling.py's kernels, later and off the draft loop's chain of kernels,
-from the copy of the logits this kernel leaves in their buffer (spec/probs_branch.py).
+from the copy of the logits this kernel leaves in their buffer (speculation/probs_branch.py).
 
 Waits: no block waits for another (the last of a row's blocks is found by a count each passes once:
 attention_combine.arrived_last); as a dependent, its wait ends with the kernel before it.
@@ -40,7 +40,7 @@ from protospec.kernels.sampling_slices import PER_THREAD, THREADS, VOCAB_PER_BLO
 
 if TYPE_CHECKING:
     from protospec.kernels.advance_step import AdvanceStepLauncher
-    from protospec.spec.sampler import SamplingTensors
+    from protospec.speculation.sampler import SamplingTensors
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,6 +1,6 @@
 """The rejection sampler as one Numba kernel: each sequence's vocabulary split over several blocks.
 
-protospec.spec.rejection.rejection_sample is the reference: ~25 small torch ops (gathers, cumprod, the
+protospec.speculation.rejection.rejection_sample is the reference: ~25 small torch ops (gathers, cumprod, the
 residual, two exponential races, the output layout). On a GPU each op costs the host a launch
 that takes longer than the device needs for the op, so the device waits for the host. This kernel does
 the same work in one launch and computes the very same float32 values (u * q < p, max(0, p - q) / noise,
@@ -157,7 +157,7 @@ _partials: dict[tuple, tuple] = {}  # (batch, slices, device) -> the slices' win
 
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
                            bonus_noise, num_proposed=None, error_flag=None, dependent=False) -> RejectionOutput:
-    """Same arguments and result as protospec.spec.rejection.rejection_sample, in one kernel launch.
+    """Same arguments and result as protospec.speculation.rejection.rejection_sample, in one kernel launch.
     error_flag: [1] int32 the step's device-built inputs' flag, or None; given, the result's
     commit_flagged is the commit's row with it (RejectionOutput). dependent: the kernel before it
     launches dependents (ModelRunner.launches_dependents); this kernel is an ordinary launch after it,

@@ -43,7 +43,7 @@ from protospec.kernels.sampling_stats import launch_stats, stats_kernel
 
 if TYPE_CHECKING:
     from protospec.kernels.advance_step import AdvanceStepLauncher
-    from protospec.spec.sampler import SamplingTensors
+    from protospec.speculation.sampler import SamplingTensors
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,5 +1,5 @@
 """verify_inputs: the verify's inputs of a launched spec step, built on the device in one launch from
-draft step 1's buffers and the k draft ids (spec/verify_inputs.py holds the layout and its torch twin).
+draft step 1's buffers and the k draft ids (speculation/verify_inputs.py holds the layout and its torch twin).
 
 One thread per verify token (row r, offset i in 0..k). For a real row (L' = first_seq_lens[r] > 0):
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.spec.rejection import rejection_sample
+from protospec.speculation.rejection import rejection_sample
 
 
 def tv_distance(p: torch.Tensor, q: torch.Tensor) -> float:

@@ -27,7 +27,7 @@ from protospec.model.inputs import prepare_inputs
 from protospec.engine.llm import LLM
 from protospec.layout import PLACEHOLDER_TOKEN_ID
 from protospec.requests.sequence import Sequence
-from protospec.spec import registry
+from protospec import registry
 
 INPUT_FIELDS = ("input_ids", "positions", "seq_lens", "slot_mapping")
 

@@ -2,7 +2,7 @@
 
 force_acceptance(llm, alpha) makes the rejection sampler keep each draft token with probability alpha,
 independently of the models: the accept tests' uniforms become 0 (every test passes) with probability
-alpha and 1 (none passes) otherwise (spec/randoms.force_acceptance). Everything else is the real step:
+alpha and 1 (none passes) otherwise (speculation/randoms.force_acceptance). Everything else is the real step:
 the same draft forwards, verify, probabilities and rejection kernels, in the same CUDA graphs, so a spec
 step costs what it costs at that acceptance. The tokens are NOT the target's distribution; this is for
 timing (the speed-up surface, bench/surface.py) and never for output, and it is reachable only here,
@@ -11,7 +11,7 @@ not through LLM's or the bench's serving options.
 from __future__ import annotations
 
 from protospec.errors import ConfigError
-from protospec.spec import registry
+from protospec import registry
 
 
 def force_acceptance(llm, alpha: float | None) -> None:

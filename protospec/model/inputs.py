@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from protospec.model.attention import AttentionMetadata
 from protospec.layout import NULL_BLOCK
-
-if TYPE_CHECKING:
-    from protospec.model.persistent_inputs import PersistentInputs
 
 
 @dataclass
@@ -33,7 +29,9 @@ class ForwardInputs:
     # every sequence feeds `query_len` tokens and wants `logits_per_seq` logits; None = ragged.
     query_len: int | None = None
     logits_per_seq: int | None = None
-    persistent: PersistentInputs | None = None  # set when these are views of persistent buffers
+    # The persistent_inputs.PersistentInputs these are views of (None: built for this forward alone);
+    # typed loosely because that module builds on this one.
+    persistent: object | None = None
 
 
 def host_to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

@@ -72,6 +72,17 @@ def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: lis
                               f"block_size {block_size}")
 
 
+def enable_layer_kernels(model, attention_path: str | None = None, linear: str = "cublas",
+                         dependent_launch: bool = False, long_chunks: bool = False) -> None:
+    """Run `model`'s decode-shaped forwards (a few tokens per sequence) on the Numba layer kernels,
+    5-9 kernels per layer instead of ~20; prefill keeps the torch path. attention_path: one of
+    layout.ATTENTION_PATHS, or None to choose by shape; linear: one of layout.LINEAR_KERNELS;
+    dependent_launch: the tensor-core GEMVs start while the kernel before them ends
+    (kernels/dependent_launch.py); long_chunks: a prefill at batch 1 on the layer kernels too
+    (LayerKernelForward.applies). Call after model.place()."""
+    model.layer_kernels = LayerKernelForward(model, attention_path, linear, dependent_launch, long_chunks)
+
+
 class LayerKernelForward:
     """The kernel path of one LlamaForCausalLM (holds its RoPE tables in the activations' dtype)."""
 

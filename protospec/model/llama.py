@@ -182,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
         self.prologue = forward_prologue
         self.blocks = (pre_attention, post_attention)
         self.head = lm_head_logits
-        self.layer_kernels = None  # a LayerKernelForward once enable_layer_kernels() ran
+        self.layer_kernels = None  # set by layer_kernels.enable_layer_kernels: decode-shaped forwards on the Numba kernels
 
     def place(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaForCausalLM":
         """Move weights to device/dtype (the RoPE tables stay float32, as HF computes them), then fuse
@@ -204,18 +204,6 @@ class LlamaForCausalLM(nn.Module):
         self.prologue = torch.compile(forward_prologue, dynamic=False)  # the mask's ~8 ops and the RoPE lookup
         self.blocks = (torch.compile(pre_attention, dynamic=False), torch.compile(post_attention, dynamic=False))
         self.head = torch.compile(lm_head_logits, dynamic=False)
-
-    def enable_layer_kernels(self, attention_path: str | None = None, linear: str = "cublas",
-                             dependent_launch: bool = False, long_chunks: bool = False) -> None:
-        """Run decode-shaped forwards (a few tokens per sequence) on the Numba layer kernels,
-        5-9 kernels per layer instead of ~20 (layer_kernels.py); prefill keeps the torch path.
-        attention_path: one of layout.ATTENTION_PATHS, or None to choose by shape; linear: one of
-        layout.LINEAR_KERNELS; dependent_launch: the tensor-core GEMVs start while the kernel before
-        them ends (kernels/dependent_launch.py); long_chunks: a prefill at batch 1 on the layer kernels
-        too (LayerKernelForward.applies). Call after place()."""
-        from protospec.model.layer_kernels import LayerKernelForward
-
-        self.layer_kernels = LayerKernelForward(self, attention_path, linear, dependent_launch, long_chunks)
 
     @torch.inference_mode()
     def forward(

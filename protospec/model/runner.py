@@ -15,7 +15,7 @@ class ModelRunner:
     `cpu_prepare:<why>` (prefill, first_draft_step, verify, decode); a draft step 2..k that could
     have been advanced on the GPU but was CPU-prepared counts as `fallback:<reason>`. The draft
     loops count their device-built inputs here too: `gpu_advance` per advance_step launch,
-    `gpu_first_step` per draft step 1 built on the device (spec/device_draft_loops.py)."""
+    `gpu_first_step` per draft step 1 built on the device (speculation/device_draft_loops.py)."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int):
         cfg = model.config

@@ -14,7 +14,7 @@ from collections import defaultdict
 import torch
 
 from protospec.bench.ablation import BenchSetup, apply_mode
-from protospec.spec.phase_timer import NULL_TIMER
+from protospec.speculation.phase_timer import NULL_TIMER
 
 
 class GapObserver:

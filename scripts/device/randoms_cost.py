@@ -7,8 +7,8 @@ import time
 import torch
 
 from protospec import SamplingParams
-from protospec.spec.randoms import SpecStepRandoms
-from protospec.spec.sampler import SamplingTensors
+from protospec.speculation.randoms import SpecStepRandoms
+from protospec.speculation.sampler import SamplingTensors
 
 p = argparse.ArgumentParser()
 p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])

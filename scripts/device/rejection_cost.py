@@ -7,7 +7,7 @@ import torch
 
 from protospec.bench.layer_kernel_cost import graph_us
 from protospec.kernels.rejection import rejection_sample_fused
-from protospec.spec.rejection import rejection_sample
+from protospec.speculation.rejection import rejection_sample
 
 p = argparse.ArgumentParser()
 p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])

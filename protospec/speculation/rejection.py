@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
-from protospec.spec.sampler import sample_from_probs
+from protospec.speculation.sampler import sample_from_probs
 
 def residual_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
     """max(0, p - q) over the last dim, unnormalised; where it is all zero (p == q), p itself.

@@ -16,15 +16,15 @@ from protospec.requests.sequence import Sequence
 from protospec.model.graphs import bucket
 from protospec.model.inputs import ForwardInputs
 from protospec.model.runner import ModelRunner
-from protospec.spec import registry
-from protospec.spec.decode_state import DraftDecodeState
-from protospec.spec.draft_graph import DraftLoopGraph
-from protospec.spec.draft_loop import DraftLoop, DrawRandoms
-from protospec.spec.first_step_state import FirstStepState
-from protospec.spec.lookahead import Lookahead
+from protospec import registry
+from protospec.speculation.decode_state import DraftDecodeState
+from protospec.speculation.draft_graph import DraftLoopGraph
+from protospec.speculation.draft_loop import DraftLoop, DrawRandoms
+from protospec.speculation.first_step_state import FirstStepState
+from protospec.speculation.lookahead import Lookahead
 from protospec.layout import RejectionOutput
-from protospec.spec.sampler import SamplingTensors
-from protospec.spec.step_state import StepState
+from protospec.speculation.sampler import SamplingTensors
+from protospec.speculation.step_state import StepState
 
 
 class DeviceAdvanceLoop(DraftLoop):

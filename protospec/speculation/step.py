@@ -17,18 +17,18 @@ from protospec.requests.sequence import Sequence
 from protospec.device_wait import DEFAULT_TIMEOUT_S, copy_to_host, wait_for
 from protospec.errors import AdvanceStepError, ConfigError
 from protospec.model.runner import ModelRunner
-from protospec.spec.commit import SyncedCommit
-from protospec.spec.draft_loop import DraftLoop
-from protospec.spec.draft_sampling import target_probs
-from protospec.spec.dynamic_k import FixedK
-from protospec.spec.lookahead import Lookahead
-from protospec.spec.phase_timer import NULL_TIMER
-from protospec.spec.randoms import SpecStepRandoms, force_acceptance
-from protospec.spec.acceptance import RejectionSampling
+from protospec.speculation.commit import SyncedCommit
+from protospec.speculation.draft_loop import DraftLoop
+from protospec.speculation.draft_sampling import target_probs
+from protospec.speculation.dynamic_k import FixedK
+from protospec.speculation.lookahead import Lookahead
+from protospec.speculation.phase_timer import NULL_TIMER
+from protospec.speculation.randoms import SpecStepRandoms, force_acceptance
+from protospec.speculation.acceptance import RejectionSampling
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
-from protospec.spec.sampler import SamplingTensors
-from protospec.spec.step_graph import SpecStepGraph, commit_row
-from protospec.spec.step_state import StepState
+from protospec.speculation.sampler import SamplingTensors
+from protospec.speculation.step_graph import SpecStepGraph, commit_row
+from protospec.speculation.step_state import StepState
 
 
 def check_forced_acceptance(st: SamplingTensors) -> None:

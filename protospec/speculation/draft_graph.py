@@ -24,10 +24,10 @@ import torch
 from protospec.model.graphs import sync_allowed
 from protospec.model.persistent_inputs import PersistentInputs
 from protospec.model.runner import ModelRunner
-from protospec.spec.decode_state import DraftDecodeState
-from protospec.spec import probs_branch
-from protospec.spec.draft_sampling import sample_draft_step
-from protospec.spec.sampler import SamplingTensors
+from protospec.speculation.decode_state import DraftDecodeState
+from protospec.speculation import probs_branch
+from protospec.speculation.draft_sampling import sample_draft_step
+from protospec.speculation.sampler import SamplingTensors
 
 
 class DraftLoopGraph:

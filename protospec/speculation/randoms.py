@@ -22,7 +22,7 @@ import torch
 from protospec.model.inputs import host_to_device
 from protospec.kernels import counter_randoms
 from protospec.kernels.counter_randoms import split_key
-from protospec.spec.sampler import SamplingTensors, exponential_noise
+from protospec.speculation.sampler import SamplingTensors, exponential_noise
 
 
 # None: batched draws on a GPU, at every batch size (a request's stream must not depend on how many

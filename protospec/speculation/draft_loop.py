@@ -20,14 +20,14 @@ import torch
 from protospec.device_wait import DEFAULT_TIMEOUT_S, read_back
 from protospec.model.inputs import ForwardInputs
 from protospec.model.runner import ModelRunner
-from protospec.spec import registry
-from protospec.spec.draft_sampling import sample_draft_step
-from protospec.spec.lookahead import Lookahead
-from protospec.spec.phase_timer import NULL_TIMER
-from protospec.spec.randoms import SpecStepRandoms
+from protospec import registry
+from protospec.speculation.draft_sampling import sample_draft_step
+from protospec.speculation.lookahead import Lookahead
+from protospec.speculation.phase_timer import NULL_TIMER
+from protospec.speculation.randoms import SpecStepRandoms
 from protospec.layout import RejectionOutput
-from protospec.spec.sampler import SamplingTensors
-from protospec.spec.step_state import StepState
+from protospec.speculation.sampler import SamplingTensors
+from protospec.speculation.step_state import StepState
 from protospec.requests.sequence import Sequence
 
 DrawRandoms = Callable[[StepState], SpecStepRandoms]

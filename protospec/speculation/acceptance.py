@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from protospec.spec import registry
-from protospec.spec.rejection import rejection_sample
+from protospec import registry
+from protospec.speculation.rejection import rejection_sample
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
-from protospec.spec.sampler import sample_from_probs
+from protospec.speculation.sampler import sample_from_probs
 
 DEFAULT_POSTERIOR_THRESHOLD = 0.09  # vLLM's defaults
 DEFAULT_POSTERIOR_ALPHA = 0.3

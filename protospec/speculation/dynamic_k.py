@@ -20,8 +20,8 @@ import torch
 
 from protospec.requests.sequence import Sequence
 from protospec.model.inputs import host_to_device
-from protospec.spec import registry
-from protospec.spec.step_state import StepState
+from protospec import registry
+from protospec.speculation.step_state import StepState
 
 
 def apply_limit(s: StepState, limit: torch.Tensor) -> None:

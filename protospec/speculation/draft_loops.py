@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from protospec.model.runner import ModelRunner
-from protospec.spec import registry
-from protospec.spec.device_draft_loops import DeviceAdvanceLoop, DeviceGraphLoop
-from protospec.spec.draft_loop import CpuPrepareLoop, CpuPrepareSyncedLoop, DraftLoop
-from protospec.spec.lookahead import Lookahead
+from protospec import registry
+from protospec.speculation.device_draft_loops import DeviceAdvanceLoop, DeviceGraphLoop
+from protospec.speculation.draft_loop import CpuPrepareLoop, CpuPrepareSyncedLoop, DraftLoop
+from protospec.speculation.lookahead import Lookahead
 
 DRAFT_LOOP_CLASSES: dict[str, type[DraftLoop]] = {cls.kind.name: cls for cls in (
     CpuPrepareSyncedLoop, CpuPrepareLoop, DeviceAdvanceLoop, DeviceGraphLoop)}

@@ -1,4 +1,4 @@
-"""What one spec step carries between its stages (spec/step.py), whichever draft loop made it."""
+"""What one spec step carries between its stages (speculation/step.py), whichever draft loop made it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,9 +7,9 @@ import torch
 
 from protospec.requests.sequence import Sequence
 from protospec.model.inputs import ForwardInputs
-from protospec.spec.randoms import SpecStepRandoms
+from protospec.speculation.randoms import SpecStepRandoms
 from protospec.layout import RejectionOutput
-from protospec.spec.sampler import SamplingTensors
+from protospec.speculation.sampler import SamplingTensors
 
 
 @dataclass

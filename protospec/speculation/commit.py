@@ -14,20 +14,34 @@ overlapped  after the rejection sampler and the commit's copy are queued, the NE
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from protospec.requests.block_manager import BlockManager
 from protospec.requests.sequence import Sequence
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.model.inputs import host_to_device
-from protospec.spec import registry
-from protospec.spec.lookahead import Lookahead
-from protospec.spec.sampler import SamplingTensors
-from protospec.spec.step_state import StepState
+from protospec import registry
+from protospec.speculation.draft_loop import DraftLoop
+from protospec.speculation.lookahead import Lookahead
+from protospec.speculation.phase_timer import PhaseTimer
+from protospec.speculation.randoms import SpecStepRandoms
+from protospec.speculation.sampler import SamplingTensors
+from protospec.speculation.step_state import StepState
 
-if TYPE_CHECKING:
-    from protospec.spec.step import SpeculativeStep
+
+class StepCallbacks(Protocol):
+    """What a commit policy uses of the spec step (step.py) to launch the next one: the step holds its
+    commit policy and the policy calls back into the step, so the policy names only this much."""
+    block_manager: BlockManager
+    device: torch.device
+    draft_loop: DraftLoop
+    timer: PhaseTimer
+
+    def draw_randoms(self, s: StepState) -> SpecStepRandoms: ...
+
+    def launch_step_graph(self, s: StepState) -> bool: ...
 
 class SyncedCommit:
     name = registry.SYNCED
@@ -37,14 +51,14 @@ class SyncedCommit:
         """A spec step launched ahead for this batch, if any."""
         return None
 
-    def launch_next(self, step: SpeculativeStep, s: StepState) -> None:
+    def launch_next(self, step: StepCallbacks, s: StepState) -> None:
         """Queue work of the next spec step before the commit's host sync (nothing, here)."""
 
-    def launch_after_prefill(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors,
+    def launch_after_prefill(self, step: StepCallbacks, seqs: list[Sequence], st: SamplingTensors,
                              sampled: torch.Tensor) -> None:
         """Queue the first spec step's work before the host reads the prefill's tokens (nothing, here)."""
 
-    def launch_now(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
+    def launch_now(self, step: StepCallbacks, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
         """A spec step for this batch built and launched now, from the committed state, where none was
         launched ahead (None here: the step is prepared on the CPU)."""
         return None
@@ -77,14 +91,14 @@ class OverlappedCommit(SyncedCommit):
         # seq_id -> (uniforms [k], noise [2k + 1, V]) drawn by a discarded step for that request
         self._kept_randoms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def launch_next(self, step: SpeculativeStep, s: StepState) -> None:
+    def launch_next(self, step: StepCallbacks, s: StepState) -> None:
         """Not when a sequence may reach max_tokens in this step: it may have no next step, and the
         next step's lookahead could pass the blocks its admission promised."""
         if any(self.look.may_finish_within_step(seq.num_remaining) for seq in s.seqs):
             return
         self._launch(step, list(s.seqs), s.st, s.result, self.look.next_step_slots)
 
-    def launch_after_prefill(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors,
+    def launch_after_prefill(self, step: StepCallbacks, seqs: list[Sequence], st: SamplingTensors,
                              sampled: torch.Tensor) -> None:
         """The first spec step launched from the prefill's sampled tokens (sampled: [B] int64 on the
         device) before the host reads them, as if a spec step had accepted nothing and emitted that
@@ -94,7 +108,7 @@ class OverlappedCommit(SyncedCommit):
             return
         self._launch(step, list(seqs), st, _emitted_only(sampled, self.look.k), self.look.k + 1)
 
-    def launch_now(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
+    def launch_now(self, step: StepCallbacks, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
         """No step was launched ahead for this batch (a request joined or ended, or one may reach
         max_tokens within the step before): build draft step 1 on the device from the committed state
         anyway, as a result that accepted nothing and emitted each sequence's last token, and launch it
@@ -108,7 +122,7 @@ class OverlappedCommit(SyncedCommit):
         self._launch(step, list(seqs), st, _emitted_only(last, self.look.k), self.look.slots_past_end, committed=True)
         return self.take(seqs, st)
 
-    def _launch(self, step: SpeculativeStep, seqs: list[Sequence], st: SamplingTensors, result: RejectionOutput,
+    def _launch(self, step: StepCallbacks, seqs: list[Sequence], st: SamplingTensors, result: RejectionOutput,
                 slots_past_end: int, committed: bool = False) -> None:
         """Reserve slots_past_end slots past each sequence's current end, build the next draft step 1
         on the device from `result`, and launch it (or the whole step, where a step graph applies).

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.spec.sampler import SamplingTensors, compute_probs, exponential_noise, sample
+from protospec.speculation.sampler import SamplingTensors, compute_probs, exponential_noise, sample
 
 
 def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draft_ids: torch.Tensor,

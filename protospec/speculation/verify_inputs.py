@@ -8,7 +8,7 @@ and t_{L'-1} the last token draft step 1 fed (first.input_ids[2r + 1]):
     slot_mapping  = block_tables[r, pos // block_size] * block_size + pos % block_size
     seq_lens[r]   = L' + k                        block_tables[r] = the first step's row
 
-the layout the CPU's "verify" prepare builds (spec/step.py). Padding rows (seq_lens 0) get slot -1,
+the layout the CPU's "verify" prepare builds (speculation/step.py). Padding rows (seq_lens 0) get slot -1,
 so a replay never writes K/V for them. A position past the table, or on the null block, gets slot -1
 and sets error_row to row + 1 (the first_draft_step and advance_step kernels do the same): the host
 reads it with the commit's copy.

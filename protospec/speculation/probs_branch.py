@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.spec.sampler import SamplingTensors
+from protospec.speculation.sampler import SamplingTensors
 
 
 class ProbsBranch:

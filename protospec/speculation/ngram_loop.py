@@ -17,12 +17,12 @@ import torch
 from protospec.requests.sequence import Sequence
 from protospec.kernels.ngram_match import ngram_match, propose
 from protospec.model.inputs import ForwardInputs, host_to_device
-from protospec.spec import registry
-from protospec.spec.draft_loop import DraftLoop, DrawRandoms
-from protospec.spec.lookahead import Lookahead
-from protospec.spec.phase_timer import NULL_TIMER
-from protospec.spec.sampler import SamplingTensors
-from protospec.spec.step_state import StepState
+from protospec import registry
+from protospec.speculation.draft_loop import DraftLoop, DrawRandoms
+from protospec.speculation.lookahead import Lookahead
+from protospec.speculation.phase_timer import NULL_TIMER
+from protospec.speculation.sampler import SamplingTensors
+from protospec.speculation.step_state import StepState
 
 
 class NgramLoop(DraftLoop):

@@ -33,13 +33,13 @@ from protospec.layout import RejectionOutput
 from protospec.model.graphs import sync_allowed
 from protospec.model.persistent_inputs import PersistentInputs
 from protospec.model.runner import ModelRunner
-from protospec.spec.draft_graph import DraftLoopGraph
-from protospec.spec.draft_sampling import target_probs
-from protospec.spec import registry
+from protospec.speculation.draft_graph import DraftLoopGraph
+from protospec.speculation.draft_sampling import target_probs
+from protospec import registry
 from protospec.kernels import counter_randoms, verify_rejection
-from protospec.spec.randoms import SpecStepRandoms, batched_draws, force_acceptance
-from protospec.spec.sampler import SamplingTensors
-from protospec.spec.verify_inputs import build_verify_inputs
+from protospec.speculation.randoms import SpecStepRandoms, batched_draws, force_acceptance
+from protospec.speculation.sampler import SamplingTensors
+from protospec.speculation.verify_inputs import build_verify_inputs
 
 
 
@@ -80,7 +80,7 @@ class SpecStepGraph:
     def __init__(self, draft_graph: DraftLoopGraph, target: ModelRunner, acceptance, fused_sampling: bool,
                  error_row: torch.Tensor, forced_acceptance: float | None = None):
         """draft_graph: the steps 1..k graph (its `first` buffers set); acceptance: the step's rule
-        (spec/acceptance.py), called on the padded batch; error_row: [1] int32 the step's device-built
+        (speculation/acceptance.py), called on the padded batch; error_row: [1] int32 the step's device-built
         inputs flag a bad position in; forced_acceptance: for timing only, each draft token kept with
         this probability (randoms.force_acceptance, applied to the uniforms inside the replay)."""
         self.forced_acceptance = forced_acceptance
