@@ -97,7 +97,7 @@ class EngineConfig:
     check_no_sync: bool = False          # trip on any host sync inside the draft loop (debugging)
     cuda_graphs: bool | None = None      # replay fixed-shape forwards as CUDA graphs; None = on CUDA
     compile: bool = False                # torch.compile the per-layer op chains (fewer, fused kernels)
-    # The rejection sampler as one Numba kernel (kernels/rejection.py) instead of ~25 torch ops;
+    # The rejection sampler as one Numba kernel (kernels/sampling/rejection.py) instead of ~25 torch ops;
     # None = on CUDA. Same tokens either way (a test checks); on a CPU the torch ops are faster
     # than the simulator.
     fused_rejection: bool | None = None
@@ -110,19 +110,19 @@ class EngineConfig:
     # float16 in whole 16-key tiles, by_kv_head otherwise). The ablation's attention switch.
     attention_kernel: str | None = None
     # Softmax + exponential-race sample of each draft step (and the verify's softmax) as two Numba
-    # kernels over vocabulary slices writing into the spec step's buffers (kernels/sampling.py) instead
+    # kernels over vocabulary slices writing into the spec step's buffers (kernels/sampling/softmax_sample.py) instead
     # of torch's ops. None: on a CUDA device with the layer kernels (measured faster there, with the
     # step graph: data/results/README.md); False: torch's ops; True: the kernels (the simulator's on a CPU).
     fused_sampling: bool | None = None
     # The layer kernels' linear layers: "cublas" (torch's) or "mma", the tensor-core GEMV
-    # (kernels/gemv_mma.py) wherever it applies (float16, <= 8 token rows, K a multiple of 192);
+    # (kernels/linear/gemv_mma.py) wherever it applies (float16, <= 8 token rows, K a multiple of 192);
     # "mma_fused" also folds the norms, residual adds, RoPE with the cache store, SiLU x up, the embedding
     # and the final norm into it (layout.LINEAR_KERNELS). None: "mma_fused" with the layer kernels (the
     # fastest, measured: data/results/README.md), "cublas" without. "cublas" is the fusion's off switch.
     linear_kernel: str | None = None
     # The tensor-core GEMVs launched as programmatic dependents (sm_90 and later): each starts while
     # the kernel before it ends and loads its weights before it waits for that kernel's output
-    # (kernels/dependent_launch.py). None: on wherever the tensor-core linears run on sm_90 or later
+    # (kernels/launch/dependent_launch.py). None: on wherever the tensor-core linears run on sm_90 or later
     # (measured faster: data/results/README.md); False: ordinary launches; True: on, or an error.
     dependent_launch: bool | None = None
     # The commit policy of the device draft loops (speculation/commit.py): True = overlapped (the next
@@ -155,7 +155,7 @@ class EngineConfig:
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
     # The n-gram proposer (speculative_model="[ngram]"): the longest suffix of prompt_lookup_max ..
-    # prompt_lookup_min tokens that occurred before is looked up (kernels/ngram_match.py).
+    # prompt_lookup_min tokens that occurred before is looked up (kernels/inputs/ngram_match.py).
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     # Dynamic k (speculation/dynamic_k.py): "off", "heuristic" (per-request schedule) or "confidence" (stop

@@ -1,5 +1,5 @@
 """pytest setup: pick Numba's CUDA target before anything imports numba; tiny checkpoint fixtures."""
-from protospec.kernels.simulator import choose_numba_cuda_target
+from protospec.kernels.launch.simulator import choose_numba_cuda_target
 
 choose_numba_cuda_target()  # simulator on CPU-only machines
 
@@ -33,7 +33,7 @@ def tiny_draft_other_vocab(tmp_path_factory):
 def launched_kernels(monkeypatch):
     """The names of the Numba kernels launched through interop.launch_tensors while the test runs, in
     order (each still launches)."""
-    from protospec.kernels import interop
+    from protospec.kernels.launch import interop
 
     names, launch = [], interop.launch_tensors
 

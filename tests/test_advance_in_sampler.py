@@ -1,4 +1,4 @@
-"""The draft step's advance done by the probabilities kernel (kernels/sampling_advance.py) against the
+"""The draft step's advance done by the probabilities kernel (kernels/sampling/advance.py) against the
 sample followed by the advance_step kernel: the same ids and probabilities, and the same decode inputs
 (tokens, positions, lengths, slots), padding rows and a position past its block table included; the
 advance kernel is not launched when the sampler does its work. Simulator on CPU, the GPU where there is one."""
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import sampling
-from protospec.kernels.advance_step import AdvanceStepLauncher
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.sampling import softmax_sample as sampling
+from protospec.kernels.inputs.advance_step import AdvanceStepLauncher
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.speculation.sampler import exponential_noise
 from test_advance_step import NAMES, make_batch

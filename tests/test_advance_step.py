@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
-from protospec.kernels.advance_step import AdvanceStepLauncher, advance_step, advance_step_reference
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.inputs.advance_step import AdvanceStepLauncher, advance_step, advance_step_reference
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 NAMES = ("num_queries", "sampled_ids", "input_ids", "positions", "seq_lens", "slot_mapping", "block_tables", "error_row")

@@ -82,12 +82,14 @@ def test_the_kernels_are_the_lowest_layer():
 LAYERS = (
     ("protospec.errors", "protospec.layout", "protospec.device_wait", "protospec.command_line", "protospec.registry",
      "protospec.config", "protospec.kernel_plan"),
+    ("protospec.kernels.launch",),
+    ("protospec.kernels.primitives",),
     ("protospec.kernels",),
     ("protospec.model",),
     ("protospec.requests",),
     ("protospec.speculation",),
     ("protospec.engine",),
-    ("protospec", "protospec.lab", "protospec.bench", "protospec.train"),
+    ("protospec", "protospec.lab", "protospec.bench", "protospec.train", "protospec.tools"),
 )
 
 
@@ -219,11 +221,11 @@ def _outside_global_writes(path: Path, known: set[str]) -> list[str]:
 # package to Numba's compiler on a machine without a GPU; the randoms' draw choice, which a test forces
 # to run the GPU's batched draws on a CPU (not yet a KernelPlan field).
 SET_FROM_OUTSIDE = {
-    "protospec.kernels.rejection.THREADS", "protospec.kernels.reductions.SHUFFLE_LANES",
-    "protospec.kernels.gumbel_sample.THREADS", "protospec.kernels.gumbel_sample.VOCAB_PER_BLOCK",
+    "protospec.kernels.sampling.rejection.THREADS", "protospec.kernels.primitives.reductions.SHUFFLE_LANES",
+    "protospec.kernels.sampling.gumbel_sample.THREADS", "protospec.kernels.sampling.gumbel_sample.VOCAB_PER_BLOCK",
     "protospec.model.inputs.LOOP_MAX_TOKENS", "protospec.model.layer_kernels.MAX_QUERY_LEN",
     "protospec.model.graphs.MAX_PREFILL_GRAPHS",
-    "protospec.kernels.interop.KERNEL_DEVICE_TYPE",
+    "protospec.kernels.launch.interop.KERNEL_DEVICE_TYPE",
     "protospec.speculation.randoms.BATCHED",
 }
 

@@ -1,4 +1,4 @@
-"""Attention on tensor cores (kernels/attention_mma.py): the warp product against numpy, then the
+"""Attention on tensor cores (kernels/attention/mma.py): the warp product against numpy, then the
 kernel against the torch path for decode and verify windows, GQA rows in 8- and 16-row chunks,
 split-K (the last split block combining), walks of several tiles a warp, stale NaN slots and padding
 rows. On CPU the simulator's Python twin of the product runs (a few cases: each costs seconds there);
@@ -9,9 +9,9 @@ import torch
 from numba import float32, uint32
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import attention_mma as by_mma, paged_attention as kernel
-from protospec.kernels.interop import SIMULATOR, cuda, launch_tensors
-from protospec.kernels.warp_mma import mma_f16, scratch_size
+from protospec.kernels.attention import mma as by_mma, paged_attention as kernel
+from protospec.kernels.launch.interop import SIMULATOR, cuda, launch_tensors
+from protospec.kernels.primitives.warp_mma import mma_f16, scratch_size
 from tests.test_paged_attention import DEV, TOL, _case, _kernel, _poisoned, _torch_reference
 
 SCRATCH = scratch_size(1)

@@ -6,7 +6,7 @@ from tiny import random_prompts, tiny_llm
 
 from protospec import SamplingParams
 from protospec.lab.debug import DraftLoopDebugger
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.lab.viz import plot_block_pool
 
 DEV = KERNEL_DEVICE_TYPE  # the gpu mode's advance_step runs here: cuda on a GPU machine, cpu in the simulator

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from protospec import SamplingParams
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.layout import PAD_SLOT_ID, PLACEHOLDER_TOKEN_ID
 from tiny import random_prompts, tiny_llm
 
@@ -118,7 +118,7 @@ def _advance_buffers(rows=3, steps=2, max_blocks=4):
 
 
 def test_decode_advance_records_advances_and_freezes():
-    from protospec.kernels.decode_advance import decode_advance, position_keys
+    from protospec.kernels.inputs.decode_advance import decode_advance, position_keys
 
     b = _advance_buffers()
     decode_advance(1, 16, **b)
@@ -135,7 +135,7 @@ def test_decode_advance_records_advances_and_freezes():
 
 
 def test_decode_advance_flags_a_position_its_table_does_not_cover():
-    from protospec.kernels.decode_advance import decode_advance
+    from protospec.kernels.inputs.decode_advance import decode_advance
 
     b = _advance_buffers()
     b["positions"][0] = 31  # the next position, 32, is in block column 2: the null block
@@ -145,7 +145,7 @@ def test_decode_advance_flags_a_position_its_table_does_not_cover():
 
 def test_decode_advance_refuses_wrong_dtypes():
     from protospec.errors import KernelArgumentError
-    from protospec.kernels.decode_advance import decode_advance
+    from protospec.kernels.inputs.decode_advance import decode_advance
 
     b = _advance_buffers()
     b["seq_lens"] = b["seq_lens"].long()

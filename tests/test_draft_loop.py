@@ -8,7 +8,7 @@ from tiny import random_prompts, tiny_llm
 from protospec import ConfigError, SamplingParams
 from protospec.speculation.sync_guard import HostSyncError, forbid_host_sync
 
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE  # noqa: E402
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE  # noqa: E402
 from protospec.speculation.device_draft_loops import DeviceAdvanceLoop  # noqa: E402
 
 KERNEL_DEVICES = [KERNEL_DEVICE_TYPE]  # "gpu" mode: cuda on a GPU machine, cpu in the simulator

@@ -4,7 +4,7 @@ import pytest
 from tiny import random_prompts, tiny_llm
 
 from protospec import ConfigError, SamplingParams
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 
 DEVICE_WAYS = ["gpu"] + (["graph"] if KERNEL_DEVICE_TYPE == "cuda" else [])  # graph: CUDA graphs, a GPU only
 from protospec.speculation.dynamic_k import HeuristicK

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import gemv_mma as kernel
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.linear import gemv_mma as kernel
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 ON_GPU_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="minutes in the simulator")]

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from protospec import ConfigError, SamplingParams
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.lab.forced_acceptance import force_acceptance
 from protospec.speculation.randoms import force_acceptance as force_uniforms
 from tiny import random_prompts, tiny_llm

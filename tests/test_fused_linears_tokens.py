@@ -13,7 +13,7 @@ from protospec.bench.ablation import BenchSetup
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the tensor-core GEMV runs a minute per forward in the simulator")
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded"])
 def test_fused_and_unfused_linears_decode_the_same_tokens(temperature):
-    from protospec.kernels import dependent_launch
+    from protospec.kernels.launch import dependent_launch
 
     runs = {}
     configs = [("cublas", False), ("mma_fused", False)]

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import gemv_mma as kernel
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.linear import gemv_mma as kernel
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 
@@ -120,7 +120,7 @@ def test_gemv_mma_rope_epilogue_matches_the_separate_rope_and_cache(launched_ker
     """The qkv projection with RoPE and the cache store in its epilogue: q, the stored K/V, and nothing
     stored for slot -1, against (1) the twin and (2) linear + layer_ops.rope_and_cache, the unfused path;
     with the epilogue's inputs (positions, slots, cos / sin rows) loaded before the wait or after it."""
-    from protospec.kernels.layer_ops import rope_and_cache
+    from protospec.kernels.linear.layer_ops import rope_and_cache
 
     x, w, cos, sin, cache, positions, slots, heads = _rope_case(tokens=5, seed=11)
     unfused_cache = cache.clone()
@@ -217,7 +217,7 @@ def test_a_dependent_launch_config_has_the_drivers_layout():
     the driver's (attribute 72 bytes, its value at 8; config 56 bytes, stream at 32, attrs at 40)."""
     import ctypes
 
-    from protospec.kernels import driver_launch as dl
+    from protospec.kernels.launch import driver_launch as dl
 
     assert ctypes.sizeof(dl._LaunchAttribute) == 72 and dl._LaunchAttribute.value.offset == 8
     assert ctypes.sizeof(dl._LaunchConfig) == 56

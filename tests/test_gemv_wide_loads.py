@@ -4,8 +4,8 @@ reach the same products, so both give the same bits."""
 import pytest
 import torch
 
-from protospec.kernels import gemv_mma as kernel
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.linear import gemv_mma as kernel
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 
 DEV = torch.device(KERNEL_DEVICE_TYPE)
 

@@ -13,7 +13,7 @@ import pytest
 from tiny import DRAFT_CFG, TARGET_CFG, random_prompts, tiny_llm, write_config
 
 from protospec import SamplingParams
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 
 GOLDEN = Path(__file__).parent / "golden" / "draft_loop_outputs.json"
 # (draft loop, overlap_commit): the device ways run where the kernels do (the simulator on a CPU).
@@ -50,7 +50,7 @@ def test_seeded_outputs_match_the_pinned_tokens(tmp_path, way):
 if __name__ == "__main__" and "--write" in sys.argv:
     import tempfile
 
-    from protospec.kernels.simulator import choose_numba_cuda_target
+    from protospec.kernels.launch.simulator import choose_numba_cuda_target
 
     choose_numba_cuda_target()
     with tempfile.TemporaryDirectory() as tmp:

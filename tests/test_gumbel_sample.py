@@ -1,4 +1,4 @@
-"""The draft step's token in one Gumbel-max launch (kernels/gumbel_sample.py) against its torch twin and
+"""The draft step's token in one Gumbel-max launch (kernels/sampling/gumbel_sample.py) against its torch twin and
 against the exponential race of the two-launch sampler: the same ids on sampled and greedy rows (a tie
 to the first index, a row of -inf to 0), the same decode inputs written by its advance, and bad
 arguments refused. Then the captured draft loop with the probabilities on a branch of their own
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels import gumbel_sample, sampling
-from protospec.kernels.advance_step import AdvanceStepLauncher
-from protospec.kernels.gumbel_sample import gumbel_reference, gumbel_sample_into
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.sampling import gumbel_sample, softmax_sample as sampling
+from protospec.kernels.inputs.advance_step import AdvanceStepLauncher
+from protospec.kernels.sampling.gumbel_sample import gumbel_reference, gumbel_sample_into
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.layout import NULL_BLOCK
 from protospec.speculation.sampler import exponential_noise
 from test_advance_step import NAMES, make_batch
@@ -22,7 +22,7 @@ BLOCK_SIZE = 4
 
 def _narrow(monkeypatch) -> int:
     width = _narrow_slices(monkeypatch)
-    from protospec.kernels import interop
+    from protospec.kernels.launch import interop
 
     if interop.SIMULATOR:
         monkeypatch.setattr(gumbel_sample, "THREADS", 8)

@@ -8,8 +8,8 @@ from tiny import TARGET_CFG
 from protospec.model.attention import write_kv
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.linear.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from protospec.model.layer_kernels import enable_layer_kernels
 from protospec.model.llama import LlamaForCausalLM, apply_rope, rms_norm
 from protospec.model.config import LlamaArchConfig
@@ -110,7 +110,7 @@ def test_a_decode_shaped_forward_gives_the_torch_paths_logits_and_cache(query_le
 def test_a_forced_attention_kernel_runs_in_every_layer(monkeypatch):
     """EngineConfig.attention_kernel reaches paged_attention in each layer, and the forward with it
     still gives the torch path's logits."""
-    from protospec.kernels import paged_attention as attention_kernels
+    from protospec.kernels.attention import paged_attention as attention_kernels
 
     cfg = LlamaArchConfig.from_dict(TARGET_CFG)
     torch.manual_seed(0)
@@ -133,7 +133,7 @@ def test_a_forced_attention_kernel_runs_in_every_layer(monkeypatch):
 def test_a_prefill_on_the_long_chunk_kernels_gives_the_torch_paths_logits_and_cache(dtype, monkeypatch):
     """long_chunks (KernelPlan.prefill_kernels): a whole prompt (batch 1, past MAX_QUERY_LEN tokens, from position 0) on the 9-kernel
     path: the torch path's logits (the last token's) and K/V, to rounding."""
-    from protospec.kernels.interop import SIMULATOR
+    from protospec.kernels.launch.interop import SIMULATOR
     from protospec.model import layer_kernels
 
     if SIMULATOR:  # a shorter "decode shape" and prompt: a 25-token prompt takes the simulator minutes
@@ -243,7 +243,7 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
     them and the final norm into the last down projection and the LM head (no separate norm or RoPE
     kernel is left); both agree with the torch path's forward, logits and K/V."""
     from protospec.model import layer_kernels
-    from protospec.kernels import gemv_mma
+    from protospec.kernels.linear import gemv_mma
     from protospec.model.layer_kernels import LayerKernelForward
 
     cfg = LlamaArchConfig.from_dict(dict(TARGET_CFG, hidden_size=192, intermediate_size=192, num_hidden_layers=1,
@@ -290,7 +290,7 @@ def test_dependent_launch_is_checked_and_reaches_every_model(tiny_target, tiny_d
     assert [m.model.layer_kernels.dependent for m in (llm.engine.target, llm.engine.draft)] == [True, True]
     assert llm.engine.target.launches_dependents and llm.engine.draft.launches_dependents  # the sampling follows
     # The default: on wherever the tensor-core linears run on a CUDA device of sm_90 or later.
-    from protospec.kernels import dependent_launch
+    from protospec.kernels.launch import dependent_launch
 
     default = tiny_llm(tiny_target, device=DEV, layer_kernels=True).engine
     assert default.dependent_launch == (DEV == "cuda" and dependent_launch.supported(torch.device(DEV)))

@@ -6,8 +6,8 @@ from hypothesis import given, settings, strategies as st
 from tiny import random_prompts, tiny_llm
 
 from protospec import ConfigError, SamplingParams
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.kernels.ngram_match import ngram_match, propose
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.inputs.ngram_match import ngram_match, propose
 
 DEV = KERNEL_DEVICE_TYPE
 

@@ -10,8 +10,8 @@ from protospec import SamplingParams
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
-from protospec.kernels.first_draft_step import first_draft_step, first_draft_step_reference, stage
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.inputs.first_draft_step import first_draft_step, first_draft_step_reference, stage
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.layout import PLACEHOLDER_TOKEN_ID
 
 DEVICE = torch.device(KERNEL_DEVICE_TYPE)

@@ -1,13 +1,13 @@
-"""The packed argmax (kernels/packed_argmax.py): keys folded with a 64-bit atomic max give the best value and,
+"""The packed argmax (kernels/sampling/packed_argmax.py): keys folded with a 64-bit atomic max give the best value and,
 of equal values, the lowest index (reductions.better's order), for negative values, zeros of either sign,
 infinities and ties; the slot left EMPTY by the exchange that reads it."""
 import math
 
 import torch
 
-from protospec.kernels import interop
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE, cuda
-from protospec.kernels.packed_argmax import EMPTY, argmax_key, key_index
+from protospec.kernels.launch import interop
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, cuda
+from protospec.kernels.sampling.packed_argmax import EMPTY, argmax_key, key_index
 
 DEV = KERNEL_DEVICE_TYPE
 

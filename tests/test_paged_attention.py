@@ -6,11 +6,12 @@ import contextlib
 import pytest
 import torch
 
+from protospec.kernels.primitives import arrivals
 from protospec.model.attention import paged_attention as torch_paged_attention, plan_attention
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
-from protospec.kernels import attention_by_kv_head as by_kv_head, attention_by_row as by_row, paged_attention as kernel
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE, SIMULATOR
+from protospec.kernels.attention import by_kv_head, by_row, paged_attention as kernel
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, SIMULATOR
 
 DEV = KERNEL_DEVICE_TYPE
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=4e-3, rtol=4e-3)}
@@ -100,7 +101,7 @@ def test_the_split_k_combine_leaves_its_counters_at_zero_and_serves_the_next_cal
     expected = _torch_reference(inputs, cache, q, torch.float32)
     for _ in range(2):
         torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head", splits=2), expected, **TOL[torch.float32])
-        assert all(int(c.abs().sum()) == 0 for c in kernel._COUNTERS[(q.device, "attention")])
+        assert all(int(c.abs().sum()) == 0 for c in arrivals._COUNTERS[(q.device, "attention")])
 
 
 def test_keys_on_tile_and_block_boundaries():

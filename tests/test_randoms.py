@@ -7,8 +7,8 @@ import torch
 
 from protospec import SamplingParams
 from protospec.speculation import randoms
-from protospec.kernels import counter_randoms
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.randoms import counter_randoms
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.speculation.randoms import SpecStepRandoms, step_key
 from protospec.speculation.sampler import SamplingTensors
 from tiny import random_prompts, tiny_llm

@@ -1,4 +1,4 @@
-"""The block-wide reductions by warp shuffles (kernels/reductions.py): block_argmax_or gives every thread
+"""The block-wide reductions by warp shuffles (kernels/primitives/reductions.py): block_argmax_or gives every thread
 the block's best value, its lowest index on ties, and the OR of the flags, across warps;
 block_sum_tree_order gives tree_sum's very bits (the simulator and the GPU alike). In the simulator each
 test runs the shuffles (SHUFFLE_LANES = 32) and the slots-only form the simulator uses by default."""
@@ -6,9 +6,10 @@ import pytest
 import torch
 from numba import float32, int64
 
-from protospec.kernels import interop, reductions
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE, cuda
-from protospec.kernels.reductions import block_argmax_or, block_sum_tree_order, tree_sum
+from protospec.kernels.launch import interop
+from protospec.kernels.primitives import reductions
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, cuda
+from protospec.kernels.primitives.reductions import block_argmax_or, block_sum_tree_order, tree_sum
 
 DEV = KERNEL_DEVICE_TYPE
 WIDTH = 64  # two warps: the merge across warps runs even in the simulator

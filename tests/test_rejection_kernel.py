@@ -3,10 +3,10 @@ on CPU, the GPU where there is one), including the residual's fallback and the b
 import pytest
 import torch
 
+from protospec.kernels.primitives import arrivals
 from protospec.errors import KernelArgumentError
-from protospec.kernels import paged_attention
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.kernels.rejection import rejection_sample_fused
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.sampling.rejection import rejection_sample_fused
 from protospec.speculation.rejection import rejection_sample
 
 DEV = KERNEL_DEVICE_TYPE
@@ -59,7 +59,7 @@ def test_sampled_rows_match_the_reference(seed, batch, k, vocab):
 def test_a_vocabulary_over_several_gpu_slices_matches_the_reference():
     """Sized for the GPU's 512-entry slices (the other cases fit one or two there); twice, so the
     arrival counters must be back at zero."""
-    from protospec.kernels import rejection
+    from protospec.kernels.sampling import rejection
 
     if 7000 > 3 * rejection.VOCAB_PER_BLOCK * 2:  # the simulator's 128-entry slices: fifty-odd blocks
         pytest.skip("sized for the GPU's slices")
@@ -71,7 +71,7 @@ def test_a_vocabulary_over_several_gpu_slices_matches_the_reference():
 @pytest.mark.parametrize("greedy", [False, True])
 def test_more_positions_than_threads_match_the_reference(greedy):
     """k past the block's threads: a thread tests several positions and writes several outputs."""
-    from protospec.kernels import rejection
+    from protospec.kernels.sampling import rejection
 
     _assert_same(_case(6, 2, rejection.THREADS + 3, 20, greedy=greedy))
 
@@ -80,7 +80,9 @@ def test_blocks_of_several_warps_match_the_reference(monkeypatch):
     """The warps' partial results merged through shared slots (the first failure, the passed count, the
     races): the simulator reads the block width and the shuffle width at run time, so two warps of 32
     there (8 on a GPU), and k = 40 puts draft positions in the second warp."""
-    from protospec.kernels import interop, reductions, rejection
+    from protospec.kernels.launch import interop
+    from protospec.kernels.primitives import reductions
+    from protospec.kernels.sampling import rejection
 
     if interop.SIMULATOR:
         monkeypatch.setattr(rejection, "THREADS", 64)
@@ -96,7 +98,7 @@ def test_blocks_of_several_warps_match_the_reference(monkeypatch):
 def test_more_slices_than_threads_match_the_reference():
     """A vocabulary of more slices than the block has threads: the last block's threads combine several
     slices each (and the fallback race where p == q everywhere)."""
-    from protospec.kernels import rejection
+    from protospec.kernels.sampling import rejection
 
     vocab = rejection.THREADS * rejection.VOCAB_PER_BLOCK + 100
     _assert_same(_case(7, 1, 2, vocab))
@@ -121,7 +123,7 @@ def test_residual_fallback_when_p_equals_q():
     for _ in range(2):
         ref = _assert_same(args)
         assert ref.num_accepted.tolist() == [0, 0]
-        assert int(paged_attention._COUNTERS[(args[0].device, "rejection")][-1].abs().sum()) == 0
+        assert int(arrivals._COUNTERS[(args[0].device, "rejection")][-1].abs().sum()) == 0
 
 
 def test_bad_arguments_are_named():
@@ -155,7 +157,7 @@ def test_array_fields_follow_numbas_layout_for_c_contiguous_arrays():
     marshals for the same array (meminfo, parent, nitems, itemsize, data, shape, strides in bytes)."""
     import numpy as np
 
-    from protospec.kernels.interop import array_fields
+    from protospec.kernels.launch.interop import array_fields
 
     t = torch.zeros(1, 3, 5, dtype=torch.float32)
     strided_dim0 = torch.zeros(4, 3, 5)[1:2]  # contiguous, but torch reports stride 15 for the size-1 dim
@@ -176,7 +178,7 @@ def test_a_launch_parameter_block_holds_every_field_and_scalar_in_its_slot():
 
     from numba import types
 
-    from protospec.kernels.interop import _Parameters, array_fields
+    from protospec.kernels.launch.interop import _Parameters, array_fields
 
     sig = [types.float32[:, ::1], types.int64, types.float32, types.int64[::1], types.int32, types.float64,
            types.boolean, types.float16[:, :, ::1]]

@@ -5,8 +5,8 @@ import torch
 
 from protospec.config import SamplingParams
 from protospec.errors import KernelArgumentError
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.kernels.sampling import fused_applies, probs_into, sample_into
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.sampling.softmax_sample import fused_applies, probs_into, sample_into
 from protospec.speculation.sampler import SamplingTensors, compute_probs, exponential_noise, sample
 
 DEV = KERNEL_DEVICE_TYPE
@@ -48,7 +48,7 @@ def test_more_slices_than_threads_are_combined_by_every_thread_in_turn(monkeypat
     """A vocabulary of more slices than a block has threads (a block's threads then take several
     slices each when they combine them): the sample and the probabilities are still the torch sampler's,
     and a greedy row's max in the very last slice is found."""
-    from protospec.kernels import sampling_slices
+    from protospec.kernels.sampling import slices as sampling_slices
 
     slice_width = _narrow_slices(monkeypatch)
     vocab, k, step = (sampling_slices.THREADS + 8) * slice_width, 2, 1
@@ -96,7 +96,7 @@ def test_ties_across_slices_go_to_the_lowest_index_and_masked_rows_to_zero(vocab
     """Greedy rows: equal maxima in different slices of the vocabulary (blocks of VOCAB_PER_BLOCK)
     pick the lowest index, as torch.argmax does; a row of -inf logits picks 0. Twice in a row: the
     slices' arrival counters are back at zero between calls."""
-    from protospec.kernels import sampling
+    from protospec.kernels.sampling import softmax_sample as sampling
 
     if vocab > 3 * sampling.VOCAB_PER_BLOCK * 2:  # the simulator's 128-entry slices: fifty-odd blocks
         pytest.skip("sized for the GPU's slices")
@@ -116,7 +116,8 @@ def test_ties_across_slices_go_to_the_lowest_index_and_masked_rows_to_zero(vocab
 
 def _narrow_slices(monkeypatch):
     """The simulator reads the block and slice widths at run time: narrow ones keep its tests small."""
-    from protospec.kernels import interop, sampling, sampling_slices
+    from protospec.kernels.launch import interop
+    from protospec.kernels.sampling import softmax_sample as sampling, slices as sampling_slices
 
     if interop.SIMULATOR:
         for module in (sampling, sampling_slices):
@@ -158,7 +159,7 @@ def test_the_dependent_form_gives_the_plain_forms_bits(monkeypatch, launched_ker
     used), and the torch sampler's ids, over sampled and greedy rows (greedy rows read no logits), a
     masked stretch, a greedy row of -inf and a slice cut by the vocabulary, in the draft and the
     verify layouts; twice in a row (the arrival counters back at zero)."""
-    from protospec.kernels import sampling
+    from protospec.kernels.sampling import softmax_sample as sampling
 
     st, logits, noise = mixed_case(batch, rows_per_seq, _narrow_slices(monkeypatch), seed=12)
     step, out = 1, {}
@@ -225,7 +226,7 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
     same tokens either way (on a GPU the dependents really overlap; in the simulator both are no-ops)."""
     from tiny import random_prompts, tiny_llm
 
-    from protospec.kernels import sampling
+    from protospec.kernels.sampling import softmax_sample as sampling
     from protospec.model.runner import ModelRunner
 
     seen, launch = [], sampling._launch
@@ -249,7 +250,7 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
     assert len(tokens[0]) == params.max_tokens and tokens == (expected or tokens)
     assert {flag for _, flag in seen} == {dependent}
     assert {rows for rows, _ in seen} == {1, 3}  # draft samples and the verify's k + 1 rows a sequence
-    from protospec.kernels.advance_step import _advance_kernel  # advance_step follows the sampling's choice
+    from protospec.kernels.inputs.advance_step import _advance_kernel  # advance_step follows the sampling's choice
     assert llm.engine.spec_step.draft_loop.decode.advance.kernel is _advance_kernel(dependent)
 
 
@@ -257,7 +258,8 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
 def test_the_callers_dependent_argument_picks_the_form(dependent, monkeypatch):
     """What the caller asks for decides: both kernels go out as dependents (and as the kernels built
     with the wait) exactly when it asks."""
-    from protospec.kernels import interop, sampling
+    from protospec.kernels.launch import interop
+    from protospec.kernels.sampling import softmax_sample as sampling
 
     launched = []
     monkeypatch.setattr(interop, "launch_tensors",

@@ -1,4 +1,4 @@
-"""Launches in the CUDA simulator (kernels/simulator.py, interop.py): the block's threads switch often
+"""Launches in the CUDA simulator (kernels/launch/simulator.py, launch/interop.py): the block's threads switch often
 while a kernel runs, the interpreter's own switch interval comes back after it (also when the kernel
 raises), and a block's threads still share one shared array however often they switch."""
 import sys
@@ -9,8 +9,8 @@ import pytest
 import torch
 from numba import cuda, int32
 
-from protospec.kernels import interop, simulator
-from protospec.kernels.simulator import SIMULATOR_SWITCH_INTERVAL_S
+from protospec.kernels.launch import interop, simulator
+from protospec.kernels.launch.simulator import SIMULATOR_SWITCH_INTERVAL_S
 
 pytestmark = pytest.mark.skipif(not interop.SIMULATOR, reason="the simulator's launch path")
 

@@ -84,7 +84,7 @@ def test_the_acceptance_settings_are_checked(tiny_target, tiny_draft):
 
 
 def test_typical_acceptance_gives_the_same_seeded_tokens_in_every_draft_loop_way(tiny_target, tiny_draft):
-    from protospec.kernels.interop import KERNEL_DEVICE_TYPE
+    from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 
     ways = ["main", "sampler", "gpu"] + (["graph"] if KERNEL_DEVICE_TYPE == "cuda" else [])
     params = SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True, seed=8)

@@ -1,15 +1,16 @@
-"""The verify's probabilities and the rejection sampler in one launch (kernels/verify_rejection.py): the
+"""The verify's probabilities and the rejection sampler in one launch (kernels/sampling/verify_rejection.py): the
 probabilities kernel's very bits and the rejection sampler's tokens, masks, counts and commit row over them,
 against the two kernels and the torch reference (simulator on CPU, the GPU where there is one)."""
 import pytest
 import torch
 
+from protospec.kernels.primitives import arrivals
 from protospec.config import SamplingParams
 from protospec.errors import KernelArgumentError
-from protospec.kernels import paged_attention, verify_rejection
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.kernels.packed_argmax import EMPTY
-from protospec.kernels.sampling import probs_into
+from protospec.kernels.sampling import verify_rejection
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.sampling.packed_argmax import EMPTY
+from protospec.kernels.sampling.softmax_sample import probs_into
 from protospec.speculation.rejection import rejection_sample
 from protospec.speculation.sampler import SamplingTensors
 
@@ -52,7 +53,7 @@ def _assert_same(logits, st, draft, num_proposed=None, dependent=False):
     assert got.commit_columns.tolist() == expected.tolist()
     assert got.commit_flagged.tolist() == expected.flatten().tolist() + [5]
     # the sequences' last blocks reset their arrival counters and the rows' race slots for the next call
-    assert int(paged_attention._COUNTERS[(logits.device, "verify_rejection")][-1].abs().sum()) == 0
+    assert int(arrivals._COUNTERS[(logits.device, "verify_rejection")][-1].abs().sum()) == 0
     keys, masses = verify_rejection._slots[str(logits.device)][-1]
     assert (keys == EMPTY).all() and (masses == 0).all()
     return ref

@@ -1,12 +1,12 @@
-"""Weights read as int64 words and split into float32 values in a kernel (kernels/word_loads.py):
+"""Weights read as int64 words and split into float32 values in a kernel (kernels/primitives/word_loads.py):
 every value of a float16 / float32 tensor comes back, in memory order, through its word view, and
 the kernel-side clock moves forward (the simulator and the GPU alike)."""
 import pytest
 import torch
 
-from protospec.kernels import interop
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE, cuda
-from protospec.kernels.word_loads import global_timer, load_flat, load_flat_mutable, store_flat, unpack_f16x4, unpack_f32x2
+from protospec.kernels.launch import interop
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, cuda
+from protospec.kernels.primitives.word_loads import global_timer, load_flat, load_flat_mutable, store_flat, unpack_f16x4, unpack_f32x2
 
 DEV = KERNEL_DEVICE_TYPE
 

@@ -23,7 +23,7 @@ import torch
 from protospec.bench.launch_cost import graph_replay_us
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.model.inputs import prepare_inputs
-from protospec.kernels import paged_attention as kernel
+from protospec.kernels.attention import paged_attention as kernel
 from protospec.model.loader import resolve_checkpoint
 from protospec.model.config import LlamaArchConfig
 

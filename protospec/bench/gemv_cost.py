@@ -1,5 +1,5 @@
 """Device time of one decode-shaped linear layer against its bytes floor: the tensor-core GEMV
-(kernels/gemv_mma.py, key "mma") beside torch's (cuBLAS). A CUDA-core Numba GEMV was timed here too
+(kernels/linear/gemv_mma.py, key "mma") beside torch's (cuBLAS). A CUDA-core Numba GEMV was timed here too
 and lost at every shape; it was retired (NOTES.md names the commit it lived in).
 
     python -m protospec.bench.gemv_cost [--shapes 768x2304 768x6144 3072x768 768x768 768x32000]
@@ -22,7 +22,7 @@ import torch
 
 from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, cuda_and_copy_bandwidth, time_calls
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.kernels import gemv_mma, layer_ops
+from protospec.kernels.linear import gemv_mma, layer_ops
 
 SHAPES = ("768x2304", "768x6144", "3072x768", "768x768", "768x32000")  # llama-160m: qkv, gate_up, down, o, lm_head
 

@@ -17,8 +17,8 @@ import torch
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.speculation.decode_state import DraftDecodeState
 from protospec.model.inputs import prepare_inputs
-from protospec.kernels import interop
-from protospec.kernels.advance_step import advance_step, advance_step_kernel
+from protospec.kernels.launch import interop
+from protospec.kernels.inputs.advance_step import advance_step, advance_step_kernel
 
 
 def host_us(fn, calls: int, repeats: int) -> float:

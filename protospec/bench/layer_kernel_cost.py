@@ -20,8 +20,8 @@ from protospec.model.attention import paged_attention as torch_attention, plan_a
 from protospec.bench.launch_cost import graph_replay_us
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.model.inputs import prepare_inputs
-from protospec.kernels.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
-from protospec.kernels.paged_attention import paged_attention
+from protospec.kernels.linear.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
+from protospec.kernels.attention.paged_attention import paged_attention
 from protospec.model.loader import load_model
 from protospec.model.llama import apply_rope, rms_norm
 
@@ -73,7 +73,7 @@ def cases(model, tokens: int, context: int, block_size: int = 16) -> dict[str, t
 def _sampling_cases(vocab: int, tokens: int, dev) -> dict[str, tuple]:
     """tokens == 1: a draft step's sample into the spec step's buffers; else the verify's probs."""
     from protospec.config import SamplingParams
-    from protospec.kernels.sampling import probs_into, sample_into
+    from protospec.kernels.sampling.softmax_sample import probs_into, sample_into
     from protospec.speculation.sampler import SamplingTensors, compute_probs, sample
 
     k = 5
@@ -115,7 +115,7 @@ def _forward_case(model, inputs):
 
 
 def _mma_linear_case(model, inputs, linear: str):
-    """The layer kernels' forward with its linear layers on the tensor-core GEMV (kernels/gemv_mma.py;
+    """The layer kernels' forward with its linear layers on the tensor-core GEMV (kernels/linear/gemv_mma.py;
     mma_fused: the norms and SiLU folded into it), beside the same forward on cuBLAS (the "torch" column)."""
     from protospec.model.layer_kernels import LayerKernelForward, enable_layer_kernels
 

@@ -31,9 +31,9 @@ from protospec.device_wait import DEFAULT_TIMEOUT_S, copy_to_host, wait_for
 from protospec.requests.block_manager import BlockManager
 from protospec.requests.sequence import Sequence
 from protospec.errors import AdvanceStepError
-from protospec.kernels import counter_randoms
-from protospec.kernels.counter_randoms import split_key
-from protospec.kernels.decode_advance import decode_advance, position_keys
+from protospec.kernels.randoms import counter_randoms
+from protospec.kernels.randoms.counter_randoms import split_key
+from protospec.kernels.inputs.decode_advance import decode_advance, position_keys
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID, PLACEHOLDER_TOKEN_ID
 from protospec.model.graphs import bucket, sync_allowed
 from protospec.model.inputs import host_to_device

@@ -28,8 +28,8 @@ from protospec.speculation.dynamic_k import make_dynamic_k
 from protospec.speculation.lookahead import Lookahead
 from protospec.speculation.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, ModelOutputError, OutOfKVBlocksError, VocabMismatchError
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.kernels.layer_ops import ACTIVATION_DTYPES
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.linear.layer_ops import ACTIVATION_DTYPES
 from protospec.model.layer_kernels import (check_attention_kernel, check_linear_kernel, enable_layer_kernels,
                                           resolve_dependent_launch)
 from protospec.model.loader import load_model

@@ -26,9 +26,11 @@ import torch.nn.functional as F
 from protospec.errors import ConfigError
 from protospec.layout import LINEAR_KERNELS
 from protospec.model.attention import AttentionMetadata
-from protospec.kernels import dependent_launch, gemv_mma, paged_attention as attention_kernel
-from protospec.kernels.gemv_mma_twin import RopeCache
-from protospec.kernels.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
+from protospec.kernels.launch import dependent_launch
+from protospec.kernels.linear import gemv_mma
+from protospec.kernels.attention import paged_attention as attention_kernel
+from protospec.kernels.linear.gemv_mma_twin import RopeCache
+from protospec.kernels.linear.layer_ops import ACTIVATION_DTYPES, add_rms_norm, rope_and_cache, silu_and_mul
 from protospec.model.llama import logits_float32
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path, unless long_chunks
@@ -78,7 +80,7 @@ def enable_layer_kernels(model, attention_path: str | None = None, linear: str =
     5-9 kernels per layer instead of ~20; prefill keeps the torch path. attention_path: one of
     layout.ATTENTION_PATHS, or None to choose by shape; linear: one of layout.LINEAR_KERNELS;
     dependent_launch: the tensor-core GEMVs start while the kernel before them ends
-    (kernels/dependent_launch.py); long_chunks: a prefill at batch 1 on the layer kernels too
+    (kernels/launch/dependent_launch.py); long_chunks: a prefill at batch 1 on the layer kernels too
     (LayerKernelForward.applies). Call after model.place()."""
     model.layer_kernels = LayerKernelForward(model, attention_path, linear, dependent_launch, long_chunks)
 
@@ -100,8 +102,8 @@ class LayerKernelForward:
         self._row_ids = torch.arange(4096, device=self.cos.device)  # [0, 1, ...]: "every row" for add_rms_norm
         if linear not in LINEAR_KERNELS:
             raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
-        self.linear = linear  # "mma" / "mma_fused": the tensor-core GEMV (kernels/gemv_mma.py) where it applies
-        self.dependent = dependent  # the tensor-core GEMVs as programmatic dependents (kernels/dependent_launch.py)
+        self.linear = linear  # "mma" / "mma_fused": the tensor-core GEMV (kernels/linear/gemv_mma.py) where it applies
+        self.dependent = dependent  # the tensor-core GEMVs as programmatic dependents (kernels/launch/dependent_launch.py)
         # Uniform chunks longer than MAX_QUERY_LEN (a prefill at batch 1) on the 9-kernel path too (cuBLAS
         # for the linears, the Numba norms, RoPE with the cache store, attention and SiLU x up between them)
         # where their tokens fit `_row_ids`: half the torch path's ~20 kernels a layer, the same logits to

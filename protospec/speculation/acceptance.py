@@ -1,6 +1,6 @@
 """Acceptance rules: which draft tokens a spec step keeps. Named in registry.py, chosen once per engine.
 
-rejection  lossless rejection sampling (rejection.py, or kernels/rejection.py as one launch): the
+rejection  lossless rejection sampling (rejection.py, or kernels/sampling/rejection.py as one launch): the
            output follows the target's distribution exactly.
 typical    typical acceptance (Cai et al. 2024, "Medusa", section 3.3.1; vLLM's
            TypicalAcceptanceSampler): d_i is kept when the target gives it
@@ -65,7 +65,7 @@ class RejectionSampling:
 
     def __init__(self, fused: bool = False):
         if fused:  # one Numba launch instead of ~25 torch ops (the same tokens)
-            from protospec.kernels.rejection import rejection_sample_fused
+            from protospec.kernels.sampling.rejection import rejection_sample_fused
             self.sample = rejection_sample_fused
         else:
             self.sample = rejection_sample

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.kernels.advance_step import AdvanceStepLauncher
+from protospec.kernels.inputs.advance_step import AdvanceStepLauncher
 from protospec.model.attention import AttentionMetadata
 from protospec.model.inputs import ForwardInputs
 from protospec.model.persistent_inputs import PersistentInputs

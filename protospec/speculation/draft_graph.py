@@ -5,7 +5,7 @@ In the gpu mode each draft step still costs the CPU a few dozen launches (an adv
 replay for the forward, the sampling ops). Here the whole tail of the loop is one replay, so the
 CPU's cost no longer grows with k. It works because nothing in those steps depends on the host:
 the advance_step kernel (launched through interop.BoundLaunch, which a capture records; with the fused
-sampling kernels, done by the sampling kernel of the sample before it: kernels/sampling_advance.py),
+sampling kernels, done by the sampling kernel of the sample before it: kernels/sampling/advance.py),
 a forward over persistent buffers, and sampling from Exp(1) noise drawn before the loop (SpecStepRandoms).
 
 Everything the graph reads or writes lives in persistent buffers of `rows` (the batch padded to a

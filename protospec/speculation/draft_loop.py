@@ -42,7 +42,7 @@ class DraftLoop:
                  fallback_reason: str = "disabled_by_user", wait_s: float = DEFAULT_TIMEOUT_S):
         self.draft, self.look = draft, look
         self.wait_s = wait_s  # the bound on a host wait for a draft step's ids (device_wait.py)
-        self.fused_sampling = fused_sampling  # kernels/sampling.py: two launches per draft sample
+        self.fused_sampling = fused_sampling  # kernels/sampling/softmax_sample.py: two launches per draft sample
         self.fallback_reason = fallback_reason  # labels CPU-prepared steps 2..k in the counters
         self.device = draft.device
         self.timer = NULL_TIMER  # the spec step's phase observer (set through SpeculativeStep.timer)

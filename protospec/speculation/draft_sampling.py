@@ -19,16 +19,16 @@ def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draf
     mirror: an int64 [B] buffer that also gets the ids (advance_step reads it), or None.
     dependent: the fused kernels launch as programmatic dependents (ModelRunner.launches_dependents).
     then_advance: the AdvanceStepLauncher of the decode inputs the next draft step reads, run after the
-    sample (by the fused sampling kernel itself where it applies: kernels/sampling_advance.py), or None.
+    sample (by the fused sampling kernel itself where it applies: kernels/sampling/advance.py), or None.
     tokens_to: a [B] int64 view (any stride) that gets the ids too (the verify's column of this step's
     draft tokens, in a spec step graph), or None.
-    sample_first: the token alone (kernels/gumbel_sample.py), the logits left in draft_probs[:, step] for
+    sample_first: the token alone (kernels/sampling/gumbel_sample.py), the logits left in draft_probs[:, step] for
     the caller to turn into probabilities (probs_branch.py), where the fused kernels apply."""
     if fused:
-        from protospec.kernels.sampling import fused_applies, sample_into
+        from protospec.kernels.sampling.softmax_sample import fused_applies, sample_into
 
         if fused_applies(st) and sample_first:
-            from protospec.kernels.gumbel_sample import gumbel_sample_into
+            from protospec.kernels.sampling.gumbel_sample import gumbel_sample_into
 
             gumbel_sample_into(logits, st, step, draft_ids, noise_block, mirror, dependent, then_advance, tokens_to,
                                logits_out=draft_probs)
@@ -52,7 +52,7 @@ def target_probs(logits: torch.Tensor, st: SamplingTensors, rows_per_seq: int, f
                  dependent: bool = False) -> torch.Tensor:
     """The verify's probabilities: logits [B * rows_per_seq, V] f32 -> [B * rows_per_seq, V] f32."""
     if fused:
-        from protospec.kernels.sampling import fused_applies, probs_into
+        from protospec.kernels.sampling.softmax_sample import fused_applies, probs_into
 
         if fused_applies(st):
             return probs_into(logits, st, torch.empty_like(logits), rows_per_seq, dependent)

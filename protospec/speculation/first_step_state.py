@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from protospec.kernels.first_draft_step import first_draft_step, stage
+from protospec.kernels.inputs.first_draft_step import first_draft_step, stage
 from protospec.model.inputs import ForwardInputs, host_to_device
 from protospec.model.persistent_inputs import PersistentInputs
 from protospec.layout import RejectionOutput

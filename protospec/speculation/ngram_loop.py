@@ -1,5 +1,5 @@
 """The n-gram (prompt-lookup) proposer as a draft loop: no draft model, proposals from the sequence's
-own tokens (kernels/ngram_match.py says the rule).
+own tokens (kernels/inputs/ngram_match.py says the rule).
 
 Where the kernels run (a GPU, or the simulator on a CPU with a device way chosen) each sequence's
 tokens live in a persistent device history, and a spec step uploads only what is new since the last
@@ -15,7 +15,7 @@ from collections import Counter
 import torch
 
 from protospec.requests.sequence import Sequence
-from protospec.kernels.ngram_match import ngram_match, propose
+from protospec.kernels.inputs.ngram_match import ngram_match, propose
 from protospec.model.inputs import ForwardInputs, host_to_device
 from protospec import registry
 from protospec.speculation.draft_loop import DraftLoop, DrawRandoms

@@ -3,8 +3,8 @@
 A draft step's next forward needs its token only; its probabilities q (a [V] row per sequence) are
 read first by the rejection sampler, after the verify. A captured draft loop that starts at draft
 step 1 (draft_graph.py) samples each step's token in one launch
-(kernels/gumbel_sample.py), which leaves a copy of the step's logits where its probabilities go;
-after the k-th step, sampling.py's two kernels turn all k rows of logits into probabilities in
+(kernels/sampling/gumbel_sample.py), which leaves a copy of the step's logits where its probabilities go;
+after the k-th step, sampling/softmax_sample.py's two kernels turn all k rows of logits into probabilities in
 place (the same arithmetic, so the same bits as sampling each step with them), on a stream of their
 own, forked there: in a spec step graph they run beside the verify's forward, joined just before the
 rejection sampler reads them. In all, two launches beside the verify for 2k launches between the
@@ -26,7 +26,7 @@ class ProbsBranch:
     def probabilities(self, draft_probs: torch.Tensor, st: SamplingTensors) -> None:
         """draft_probs [rows, k, V] f32 holding each step's logits -> their probabilities, in place,
         after everything queued so far on the current stream (st: the rows' settings)."""
-        from protospec.kernels.sampling import probs_into
+        from protospec.kernels.sampling.softmax_sample import probs_into
 
         rows, k, vocab = draft_probs.shape
         flat = draft_probs.view(rows * k, vocab)  # row b k + j: sequence b's step j

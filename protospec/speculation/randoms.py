@@ -1,7 +1,7 @@
 """Every random number a spec step needs, drawn in one go from each request's own generator.
 
 On a GPU each request takes one key per step from its generator and one kernel fills the whole
-batch's numbers from the keys (kernels/counter_randoms.py); on a CPU each request draws its own
+batch's numbers from the keys (kernels/randoms/counter_randoms.py); on a CPU each request draws its own
 with torch. Either way a request's numbers depend on its generator only, never on its batch.
 They are drawn in draft step 1, after its forward is queued (the device runs the forward while the
 host draws) and before anything samples. That keeps draft steps 2..k free of RNG calls (the graph
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from protospec.model.inputs import host_to_device
-from protospec.kernels import counter_randoms
-from protospec.kernels.counter_randoms import split_key
+from protospec.kernels.randoms import counter_randoms
+from protospec.kernels.randoms.counter_randoms import split_key
 from protospec.speculation.sampler import SamplingTensors, exponential_noise
 
 

@@ -29,7 +29,7 @@ def residual_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> t
     """max(0, p - q) over the last dim, unnormalised; where it is all zero (p == q), p itself.
 
     The exponential race samples proportionally to its weights, so the recovered token needs no
-    normalisation; skipping it also lets the fused kernel (kernels/rejection.py) compute the very
+    normalisation; skipping it also lets the fused kernel (kernels/sampling/rejection.py) compute the very
     same float32 values. The fallback never changes the output: with p == q every draft token is
     accepted.
     """

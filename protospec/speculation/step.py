@@ -53,7 +53,7 @@ class SpeculativeStep:
         self.k = self.look.k
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
         self.device = target.device
-        self.fused_sampling = fused_sampling  # kernels/sampling.py: the verify's probabilities in two launches
+        self.fused_sampling = fused_sampling  # kernels/sampling/softmax_sample.py: the verify's probabilities in two launches
         # A step launched by the overlapped commit runs whole as one CUDA graph (step_graph.py); the
         # engine turns it on only where it applies (graph draft loop, k > 1, fixed k, the draft proposer).
         self.step_graph = step_graph

@@ -1,6 +1,6 @@
 """A launched spec step as ONE CUDA graph: draft steps 1..k, the verify's inputs, the verify, the
 target's probabilities, the rejection sampler and the commit's row, one replay (the last three in two
-launches with kernels/verify_rejection.py, where it applies).
+launches with kernels/sampling/verify_rejection.py, where it applies).
 
 The overlapped commit (commit.py) builds the next spec step's draft step 1 on the device from the
 rejection output, before the host has read it. From there nothing the step does needs the host:
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from protospec.errors import ConfigError
-from protospec.kernels.counter_randoms import split_key
+from protospec.kernels.randoms.counter_randoms import split_key
 from protospec.layout import RejectionOutput
 from protospec.model.graphs import sync_allowed
 from protospec.model.persistent_inputs import PersistentInputs
@@ -36,7 +36,8 @@ from protospec.model.runner import ModelRunner
 from protospec.speculation.draft_graph import DraftLoopGraph
 from protospec.speculation.draft_sampling import target_probs
 from protospec import registry
-from protospec.kernels import counter_randoms, verify_rejection
+from protospec.kernels.randoms import counter_randoms
+from protospec.kernels.sampling import verify_rejection
 from protospec.speculation.randoms import SpecStepRandoms, batched_draws, force_acceptance
 from protospec.speculation.sampler import SamplingTensors
 from protospec.speculation.verify_inputs import build_verify_inputs

@@ -13,7 +13,7 @@ so a replay never writes K/V for them. A position past the table, or on the null
 and sets error_row to row + 1 (the first_draft_step and advance_step kernels do the same): the host
 reads it with the commit's copy.
 
-Two ways to the same buffers: one Numba launch (kernels/verify_inputs.py), and its twin in torch ops
+Two ways to the same buffers: one Numba launch (kernels/inputs/verify_inputs.py), and its twin in torch ops
 (about twenty small kernels, ~40 us of device time per step inside a graph); the tests hold both to
 the CPU prepare.
 """
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from protospec.kernels.interop import KERNEL_DEVICE_TYPE
-from protospec.kernels.verify_inputs import verify_inputs
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.inputs.verify_inputs import verify_inputs
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID
 from protospec.model.persistent_inputs import PersistentInputs
 

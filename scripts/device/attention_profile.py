@@ -7,8 +7,9 @@ import argparse
 import torch
 
 from protospec.bench.attention_cost import make_calls
-from protospec.kernels import attention_by_kv_head as by_kv_head, attention_mma as by_mma, interop
-from protospec.kernels.paged_attention import _sm_count
+from protospec.kernels.attention import by_kv_head, mma as by_mma
+from protospec.kernels.launch import interop
+from protospec.kernels.attention.paged_attention import _sm_count
 from protospec.model.loader import resolve_checkpoint
 
 p = argparse.ArgumentParser()

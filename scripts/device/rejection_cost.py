@@ -6,7 +6,7 @@ import argparse
 import torch
 
 from protospec.bench.layer_kernel_cost import graph_us
-from protospec.kernels.rejection import rejection_sample_fused
+from protospec.kernels.sampling.rejection import rejection_sample_fused
 from protospec.speculation.rejection import rejection_sample
 
 p = argparse.ArgumentParser()

@@ -1,0 +1,177 @@
+"""A decoder layer's elementwise chains as three Numba kernels, vLLM-style fused ops.
+
+At batch 1 a forward's time follows its kernel count (a few microseconds of GPU time plus a gap
+each), and torch runs these chains as many small kernels:
+  add_rms_norm    residual += x; h = rms_norm(residual) * w      2 torch kernels -> 1
+  rope_and_cache  RoPE on q and k, K/V stored at their slots      7 torch kernels -> 1
+  silu_and_mul    silu(gate) * up                                 2 torch kernels -> 1
+(attention/paged_attention.py has the fourth: attention straight from the paged cache.)
+
+Activations are float16 or float32 (Numba has no bfloat16 arrays); every kernel computes in
+float32 and rounds once, where torch rounds after each op: results agree to an ulp or so of the
+activation dtype, not bit for bit (tests bound the difference).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from numba import float32, int64, uint32
+
+from protospec.errors import KernelArgumentError
+from protospec.kernels.launch import interop
+from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.primitives.reductions import tree_sum
+from protospec.kernels.primitives.word_loads import store_flat
+
+ACTIVATION_DTYPES = (torch.float16, torch.float32)
+# Threads per block (powers of two, for the tree reductions); the simulator runs a Python thread
+# per CUDA thread, so it gets narrow blocks.
+NORM_THREADS = 32 if interop.SIMULATOR else 256
+ROPE_THREADS = 32 if interop.SIMULATOR else 256
+ELEMENTWISE_THREADS = 32 if interop.SIMULATOR else 256
+
+
+@cuda.jit
+def add_rms_norm_kernel(x, residual, weight, rows, out, eps, add):
+    """
+    x, residual [T, H] act      weight [H] act     rows [N] int64 (distinct)     out [N, H] act
+    Block i handles token r = rows[i]: v = x[r] + residual[r] (stored back into residual[r]) when
+    add, else v = x[r]; out[i] = weight * v / sqrt(mean(v^2) + eps), the mean in float32.
+    """
+    i = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    r = rows[i]
+    hidden = x.shape[1]
+    partial = cuda.shared.array(NORM_THREADS, float32)
+    acc = float32(0.0)
+    for j in range(tid, hidden, NORM_THREADS):
+        if add:
+            residual[r, j] = float32(x[r, j]) + float32(residual[r, j])  # rounded to act here
+            v = float32(residual[r, j])
+        else:
+            v = float32(x[r, j])
+        acc += v * v
+    partial[tid] = acc
+    cuda.syncthreads()
+    tree_sum(partial, tid, NORM_THREADS)
+    inv_rms = float32(1.0) / math.sqrt(partial[0] / float32(hidden) + float32(eps))
+    for j in range(tid, hidden, NORM_THREADS):
+        v = float32(residual[r, j]) if add else float32(x[r, j])
+        out[i, j] = float32(weight[j]) * (v * inv_rms)
+
+
+@cuda.jit
+def rope_and_cache_kernel(qkv, positions, cos_table, sin_table, kv_cache, slot_mapping, q_out, num_heads):
+    """
+    qkv [T, (h + 2 kvh) * d] act (q heads, then k heads, then v heads)   positions [T] int64
+    cos_table, sin_table [P, d] act (the two halves share frequencies)   slot_mapping [T] int64, -1 = skip
+    kv_cache [2, blocks, block_size, kvh, d] act                         q_out [T, h, d] act
+    Block t: HF's rotate-half RoPE on token t's q and k heads; q goes to q_out, k and v to the
+    cache slot (nothing is written for slot -1: padding rows of a CUDA graph).
+    """
+    t = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    head_dim = q_out.shape[2]
+    half = head_dim // 2
+    num_kv_heads = kv_cache.shape[3]
+    pos = positions[t]
+    slot = slot_mapping[t]
+    # The cache is slot-major inside K and inside V (slot = block * block_size + offset): its stores go
+    # to flat offsets, with no division by the block size. A (head, i) pair's division is 32-bit: a
+    # 64-bit division by a runtime value is a subroutine call on a GPU.
+    key_width = num_kv_heads * head_dim
+    k_row = slot * key_width
+    v_row = (kv_cache.shape[1] * kv_cache.shape[2] + slot) * key_width
+    for p in range(tid, (num_heads + num_kv_heads) * half, ROPE_THREADS):
+        head = int64(uint32(p) // uint32(half))
+        i = p - head * half
+        x1 = float32(qkv[t, head * head_dim + i])
+        x2 = float32(qkv[t, head * head_dim + i + half])
+        c = float32(cos_table[pos, i])
+        s = float32(sin_table[pos, i])
+        y1 = x1 * c - x2 * s
+        y2 = x2 * c + x1 * s
+        if head < num_heads:
+            q_out[t, head, i] = y1
+            q_out[t, head, i + half] = y2
+        elif slot >= 0:
+            store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i, y1)
+            store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i + half, y2)
+    if slot >= 0:
+        v_start = (num_heads + num_kv_heads) * head_dim
+        for p in range(tid, key_width, ROPE_THREADS):
+            store_flat(kv_cache, v_row + p, qkv[t, v_start + p])
+
+
+@cuda.jit
+def silu_and_mul_kernel(gate_up, out):
+    """gate_up [T, 2I] act (gate, then up)  ->  out [T, I] act = silu(gate) * up."""
+    inter = out.shape[1]
+    total = out.shape[0] * inter
+    start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    for n in range(start, total, cuda.gridDim.x * cuda.blockDim.x):
+        t = int64(uint32(n) // uint32(inter))  # 32 bits: a 64-bit division is a subroutine call on a GPU
+        i = n - t * inter
+        g = float32(gate_up[t, i])
+        out[t, i] = g / (float32(1.0) + math.exp(-g)) * float32(gate_up[t, inter + i])
+
+
+def _check_activation(name: str, t: torch.Tensor, ndim: int) -> None:
+    if t.dtype not in ACTIVATION_DTYPES:
+        raise KernelArgumentError(f"{name}: dtype {t.dtype}; the layer kernels take {ACTIVATION_DTYPES}")
+    check_tensor(name, t, t.dtype, ndim)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * weight for the tokens in `rows`, the new residual).
+    x, residual [T, H]; weight [H]; rows [N] int64 -> out [N, H]. residual None: the residual is x
+    itself (the first layer). The sum lands in `residual` in place (no new tensor)."""
+    _check_activation("x", x, 2)
+    add = residual is not None
+    residual = residual if add else x
+    for name, t in (("residual", residual), ("weight", weight)):
+        _check_activation(name, t, t.dim())
+        if t.dtype != x.dtype:
+            raise KernelArgumentError(f"{name}: dtype {t.dtype} differs from x's {x.dtype}")
+    check_tensor("rows", rows, torch.int64, 1)
+    if residual.shape != x.shape or weight.shape != (x.shape[1],):
+        raise KernelArgumentError(f"add_rms_norm: x {tuple(x.shape)}, residual {tuple(residual.shape)}, "
+                                  f"weight {tuple(weight.shape)} do not fit [T, H], [T, H], [H]")
+    out = torch.empty(rows.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
+    if rows.shape[0] == 0:  # e.g. a draft prefill that wants no logits (a grid of 0 blocks is invalid)
+        return out, residual
+    interop.launch_tensors(add_rms_norm_kernel, rows.shape[0], NORM_THREADS,
+                           [x, residual, weight, rows, out, float(eps), int(add)])
+    return out, residual
+
+
+def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor,
+                   kv_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Rotate q and k, store k and v in the paged cache. qkv [T, (h + 2 kvh) * d] -> q [T, h, d]."""
+    _check_activation("qkv", qkv, 2)
+    for name, t in (("cos_table", cos_table), ("sin_table", sin_table), ("kv_cache", kv_cache)):
+        check_tensor(name, t, qkv.dtype, t.dim())
+    check_tensor("positions", positions, torch.int64, 1, rows=qkv.shape[0])
+    check_tensor("slot_mapping", slot_mapping, torch.int64, 1, rows=qkv.shape[0])
+    num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
+    if kv_cache.dim() != 5 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or cos_table.shape[1] != head_dim:
+        raise KernelArgumentError(f"rope_and_cache: qkv {tuple(qkv.shape)}, kv_cache {tuple(kv_cache.shape)}, "
+                                  f"cos_table {tuple(cos_table.shape)} do not fit {num_heads} heads")
+    q = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    interop.launch_tensors(rope_and_cache_kernel, qkv.shape[0], ROPE_THREADS,
+                           [qkv, positions, cos_table, sin_table, kv_cache, slot_mapping, q, num_heads])
+    return q
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] -> [T, I]: silu(gate) * up."""
+    _check_activation("gate_up", gate_up, 2)
+    tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    if tokens * inter >= 2**32:  # the kernel splits its flat index in 32 bits
+        raise KernelArgumentError(f"silu_and_mul: {tokens} x {inter} outputs, at most 2**32 - 1")
+    out = torch.empty(tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
+    blocks = max(1, min(1024, math.ceil(tokens * inter / ELEMENTWISE_THREADS)))
+    interop.launch_tensors(silu_and_mul_kernel, blocks, ELEMENTWISE_THREADS, [gate_up, out])
+    return out

@@ -1,0 +1,2 @@
+"""Device functions the kernel families share: warp and block reductions, wide word loads and
+stores, the warp-level tensor-core product (mma.m16n8k16)."""

@@ -1,0 +1,124 @@
+"""A spec step's random numbers for the whole batch in one pass: a counter-based generator.
+
+Every number is a hash of (the request's 64-bit key for this step, the number's index), so one
+kernel fills the batch's [B, 2k + 1, V] Exp(1) noise and [B, k] uniforms, where a draw per request
+from its own torch generator costs two launches per request (at batch 64, 128 launches and ~90 MB
+written in pieces). A request's numbers depend on its key only, never on its row or its
+neighbours, so seeded outputs stay the same whatever batch a request runs in.
+
+The hash is Wellons' "lowbias32" integer finaliser, applied twice (index mixed with the key's low
+half, then with its high half). The torch twin (`fill_torch`) computes the very same integers with
+int64 ops whose products stay below 2^63 (the constant is split in 16-bit halves), so the CPU path
+and the kernel give the same numbers (the float log may differ in the last bit).
+
+Floats from a 32-bit hash h:
+  uniform     (h >> 8) * 2^-24                  in [0, 1)   (the accept tests: u < p / q)
+  Exp(1)      -log(((h >> 9) + 0.5) * 2^-23)    in (0, 16.6] (never 0: probs / noise stays finite)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import float32, uint64
+
+from protospec.kernels.launch import interop
+from protospec.kernels.launch.interop import check_tensor, cuda
+
+MASK32 = 0xFFFFFFFF
+MULT_A, MULT_B = 0x7FEB352D, 0x846CA68B  # lowbias32's multipliers
+KEY_MIX = 0x9E3779B9                     # 2^32 / golden ratio: spreads consecutive indices
+THREADS = 256
+PER_THREAD = 8  # numbers per thread: a block writes 8 KB of noise
+# Numba types int64 (op) uint64 as float64: every integer in the kernel is uint64, constants included.
+_MASK32, _MULT_A, _MULT_B, _KEY_MIX = (np.uint64(c) for c in (MASK32, MULT_A, MULT_B, KEY_MIX))
+
+
+def split_key(key: int) -> tuple[int, int]:
+    """A 64-bit key as its (low, high) 32-bit halves, the layout the kernel reads."""
+    key &= (1 << 64) - 1
+    return key & MASK32, key >> 32
+
+
+# ---- the kernel ----------------------------------------------------------------------------------
+@cuda.jit(device=True)
+def _lowbias32(x):
+    x ^= x >> uint64(16)
+    x = (x * _MULT_A) & _MASK32
+    x ^= x >> uint64(15)
+    x = (x * _MULT_B) & _MASK32
+    x ^= x >> uint64(16)
+    return x
+
+
+@cuda.jit(device=True)
+def _hash(index, key_lo, key_hi):
+    h = _lowbias32(((index * _KEY_MIX) & _MASK32) ^ key_lo)
+    return _lowbias32(h ^ key_hi)
+
+
+@cuda.jit
+def fill_randoms_kernel(keys, noise, uniforms):
+    """keys [B, 2] int64 (low, high halves) -> noise [B, R * V] f32 Exp(1), uniforms [B, k] f32 U[0, 1).
+    Index i of a request: noise[i] for i < R * V, then uniforms[i - R * V]. The grid is B equal runs
+    of blocks, one run per request (one division per block, none per number)."""
+    n_noise, k = noise.shape[1], uniforms.shape[1]
+    per_request = n_noise + k
+    chunk = cuda.blockDim.x * PER_THREAD
+    runs = (per_request + chunk - 1) // chunk
+    b = cuda.blockIdx.x // runs
+    start = (cuda.blockIdx.x - b * runs) * chunk + cuda.threadIdx.x
+    key_lo, key_hi = uint64(keys[b, 0]), uint64(keys[b, 1])
+    for j in range(PER_THREAD):
+        i = start + j * cuda.blockDim.x
+        if i < per_request:
+            h = _hash(uint64(i), key_lo, key_hi)
+            if i < n_noise:
+                u = (float32(h >> uint64(9)) + float32(0.5)) * float32(2.0 ** -23)
+                noise[b, i] = -math.log(u)
+            else:
+                uniforms[b, i - n_noise] = float32(h >> uint64(8)) * float32(2.0 ** -24)
+
+
+def fill_kernel(keys: torch.Tensor, noise: torch.Tensor, uniforms: torch.Tensor) -> None:
+    """Fill noise [B, R, V] and uniforms [B, k] (float32, on the kernels' device) from keys [B, 2] int64."""
+    check_tensor("keys", keys, torch.int64, 2)
+    check_tensor("noise", noise, torch.float32, 3, rows=keys.shape[0])
+    check_tensor("uniforms", uniforms, torch.float32, 2, rows=keys.shape[0])
+    batch, per_request = keys.shape[0], noise[0].numel() + uniforms.shape[1]
+    if batch == 0 or per_request == 0:
+        return
+    threads = min(THREADS, per_request) if interop.SIMULATOR else THREADS
+    runs = -(-per_request // (threads * PER_THREAD))
+    interop.launch_tensors(fill_randoms_kernel, batch * runs, threads, [keys, noise.view(batch, -1), uniforms])
+
+
+# ---- the torch twin ------------------------------------------------------------------------------
+def _mul32(x: torch.Tensor, const: int) -> torch.Tensor:
+    """(x * const) mod 2^32 for x < 2^32 in int64 without overflow: const in 16-bit halves."""
+    lo, hi = const & 0xFFFF, const >> 16
+    return (x * lo + ((x * hi) & 0xFFFF) * 65536) & MASK32
+
+
+def _lowbias32_torch(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, MULT_A)
+    x = x ^ (x >> 15)
+    x = _mul32(x, MULT_B)
+    return x ^ (x >> 16)
+
+
+def hash_torch(index: torch.Tensor, key_lo: torch.Tensor, key_hi: torch.Tensor) -> torch.Tensor:
+    """The kernel's hash in int64 torch ops (every value in [0, 2^32))."""
+    return _lowbias32_torch(_lowbias32_torch(_mul32(index, KEY_MIX) ^ key_lo) ^ key_hi)
+
+
+def fill_torch(keys: torch.Tensor, rows: int, vocab: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """keys [B, 2] int64 -> (noise [B, rows, V], uniforms [B, k]) float32, the kernel's numbers."""
+    index = torch.arange(rows * vocab + k, dtype=torch.int64, device=keys.device)  # [N]
+    h = hash_torch(index[None, :], keys[:, :1], keys[:, 1:])                       # [B, N]
+    u = ((h[:, : rows * vocab] >> 9).to(torch.float32) + 0.5) * 2.0 ** -23
+    noise = u.log_().neg_().view(-1, rows, vocab)
+    uniforms = (h[:, rows * vocab :] >> 8).to(torch.float32) * 2.0 ** -24
+    return noise, uniforms

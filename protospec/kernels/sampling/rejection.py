@@ -1,0 +1,250 @@
+"""The rejection sampler as one Numba kernel: each sequence's vocabulary split over several blocks.
+
+protospec.speculation.rejection.rejection_sample is the reference: ~25 small torch ops (gathers, cumprod, the
+residual, two exponential races, the output layout). On a GPU each op costs the host a launch
+that takes longer than the device needs for the op, so the device waits for the host. This kernel does
+the same work in one launch and computes the very same float32 values (u * q < p, max(0, p - q) / noise,
+p / noise, argmax ties to the lowest index), so both give identical tokens; tests check that in the
+simulator and on the GPU.
+
+At batch 1 the kernel's time is latency, not bytes: every step that waits on a load before the next
+is spread over threads. Block (b, s) takes the vocabulary slice s of sequence b (VOCAB_PER_BLOCK
+entries, 2 a thread on a GPU, so a 32000-entry row spreads over 63 blocks):
+    thread i < k: passed[i] = u[i] * q[i, d_i] < p[i, d_i] (each thread its own two dependent loads;
+              one thread walking the k positions chained 2k of them); n = the first i that failed (k if
+              none) and the number passed, warp shuffles and one merge of the warps; slice 0 writes the
+              masks and the count
+    all:      if n < k, the slice's argmax of w[v] / noise[n, v], w = max(0, p_n - q_n), whether any w > 0,
+              and its argmax of p_n[v] / noise[n, v] (the fallback when the whole residual is zero);
+              else the slice's argmax of p_k[v] / bonus_noise[v]
+    the last slice block to finish (an arrival count) combines the slices, a slice per thread and a
+    block reduction (ties to the lowest index), and writes out = d_1..d_n, the recovered or bonus token,
+    then -1 (PLACEHOLDER_TOKEN_ID), a position per thread, and the same ids with n and the number passed
+    as the row the commit reads (step_graph.commit_row): three torch kernels a step fewer; row 0's
+    last block also copies the device-built inputs' error flag after the rows (two kernels fewer).
+Waits: no block waits for another (arrivals.arrived_last says why the last-block count ends).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from numba import float32, int32, int64
+
+from protospec.kernels.launch import interop
+from protospec.kernels.primitives.arrivals import arrived_last
+from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.primitives.arrivals import arrival_counters
+from protospec.kernels.primitives.reductions import better, block_argmax_or, block_min_and_sum
+from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
+
+# Threads per block (a power of two, for the tree reduction) and vocabulary entries per block. The
+# simulator runs a Python thread per CUDA thread: a narrow block, and small slices so its tests span
+# several blocks.
+THREADS = 32 if interop.SIMULATOR else 256
+VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
+
+
+@cuda.jit(device=True)
+def _block_best(value, index, flag, best_value, best_index, flags, tid):
+    """The block's best (value, index) (ties to the lowest index) and the OR of its flags, in every thread."""
+    return block_argmax_or(value, index, flag, best_value, best_index, flags, tid, THREADS)
+
+
+@cuda.jit
+def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
+                            num_proposed, out_ids, num_accepted, accepted_mask, passed_mask, commit,
+                            part_value, part_index, part_mass, counters, error_flag):
+    """
+    draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
+    target_probs    [B, k + 1, V] float32 uniforms       [B, k] float32
+    recovered_noise [B, k, V] float32     bonus_noise    [B, V] float32   (Exp(1), > 0)
+    num_proposed    [B] int64: positions past it are not tested (their draft_probs rows are zero)
+    out_ids         [B, k + 1] int64 out  num_accepted   [B] int64 out
+    accepted_mask   [B, k] bool out       passed_mask    [B, k] bool out
+    commit          [B + 1, k + 3] int64 out: per row the ids, n and the number passed (the commit's
+                    row), then error_flag[0] at [B, 0]
+    part_value      [B, S, 2] float32, part_index [B, S, 2] int64, part_mass [B, S] int32: each slice's
+                    (residual or bonus race, fallback race) winners and whether its residual had mass
+    counters        [>= B] int32, zero between calls (the last block of a row resets its own)
+    error_flag      [1] int32: the step's device-built inputs' flag (0 = none), copied into commit
+    """
+    slices = part_mass.shape[1]
+    row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
+    tid = cuda.threadIdx.x
+    k = draft_ids.shape[1]
+    vocab = target_probs.shape[2]
+    best_value = cuda.shared.array(THREADS, float32)
+    best_index = cuda.shared.array(THREADS, int64)
+    flags = cuda.shared.array(THREADS, int64)
+    last = cuda.shared.array(1, int32)
+    zero = float32(0.0)
+
+    # The acceptance tests, a position per thread; n = the first that failed. The thread's first
+    # position's token, uniform and q(d) first (a clamped, always valid position).
+    proposed = num_proposed[row]
+    first = min(tid, k - 1)
+    first_d = draft_ids[row, first]
+    first_uq = uniforms[row, first] * draft_probs[row, first, first_d]
+    failed, passes = int64(k), int64(0)
+    for i in range(tid, k, THREADS):
+        d = first_d if i == tid else draft_ids[row, i]
+        uq = first_uq if i == tid else uniforms[row, i] * draft_probs[row, i, d]
+        passed = i < proposed and uq < target_probs[row, i, d]
+        if piece == 0:
+            passed_mask[row, i] = passed
+        if passed:
+            passes += 1
+        elif failed == k:
+            failed = i
+    n, passes = block_min_and_sum(failed, passes, best_index, flags, tid, THREADS)
+    if piece == 0:
+        for i in range(tid, k, THREADS):
+            accepted_mask[row, i] = i < n
+        if tid == 0:
+            num_accepted[row] = n
+    nn = min(n, k - 1)  # a row index that exists when n == k (its values unused then)
+
+    # The slice's races: max(0, p - q) / noise and p / noise at n (n < k), or p_k / bonus noise (n == k)
+    value, index, mass = float32(-1.0), int64(vocab), int64(0)
+    fallback_value, fallback_index = float32(-1.0), int64(vocab)
+    for v in range(piece * VOCAB_PER_BLOCK + tid, min((piece + 1) * VOCAB_PER_BLOCK, vocab), THREADS):
+        if n < k:
+            p, noise = target_probs[row, nn, v], recovered_noise[row, nn, v]
+            w = max(p - draft_probs[row, nn, v], zero)
+            if w > zero:
+                mass = 1
+            score = w / noise
+            if p / noise > fallback_value:
+                fallback_value, fallback_index = p / noise, v
+        else:
+            score = target_probs[row, k, v] / bonus_noise[row, v]
+        if score > value:
+            value, index = score, v
+    value, index, mass = _block_best(value, index, mass, best_value, best_index, flags, tid)
+    if tid == 0:
+        part_value[row, piece, 0], part_index[row, piece, 0], part_mass[row, piece] = value, index, mass
+    if n < k:  # the fallback race matters only past a rejection
+        value, index, mass = _block_best(fallback_value, fallback_index, 0, best_value, best_index, flags, tid)
+        if tid == 0:
+            part_value[row, piece, 1], part_index[row, piece, 1] = value, index
+
+    if arrived_last(counters, row, slices, last, tid):  # the row's last block: a slice per thread
+        value, index, mass = float32(-1.0), int64(vocab), int64(0)
+        for s in range(tid, slices, THREADS):
+            mass = mass | part_mass[row, s]
+            if better(part_value[row, s, 0], part_index[row, s, 0], value, index):
+                value, index = part_value[row, s, 0], part_index[row, s, 0]
+        value, index, mass = _block_best(value, index, mass, best_value, best_index, flags, tid)
+        if n < k and mass == 0:  # the residual was zero everywhere: race over p_n itself
+            value, index = float32(-1.0), int64(vocab)
+            for s in range(tid, slices, THREADS):
+                if better(part_value[row, s, 1], part_index[row, s, 1], value, index):
+                    value, index = part_value[row, s, 1], part_index[row, s, 1]
+            index = _block_best(value, index, 0, best_value, best_index, flags, tid)[1]
+        for i in range(tid, k + 1, THREADS):
+            token = draft_ids[row, i] if i < n else (index if i == n else PLACEHOLDER_TOKEN_ID)
+            out_ids[row, i], commit[row, i] = token, token
+        if tid == 0:
+            commit[row, k + 1], commit[row, k + 2] = n, passes
+            if row == 0:
+                commit[draft_ids.shape[0], 0] = error_flag[0]
+
+
+_all_proposed: dict[tuple, torch.Tensor] = {}  # (batch, k, device) -> [B] int64 filled with k, never written
+_partials: dict[tuple, tuple] = {}  # (batch, slices, device) -> the slices' winners (part_value, part_index, part_mass)
+
+
+def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
+                           bonus_noise, num_proposed=None, error_flag=None, dependent=False) -> RejectionOutput:
+    """Same arguments and result as protospec.speculation.rejection.rejection_sample, in one kernel launch.
+    error_flag: [1] int32 the step's device-built inputs' flag, or None; given, the result's
+    commit_flagged is the commit's row with it (RejectionOutput). dependent: the kernel before it
+    launches dependents (ModelRunner.launches_dependents); this kernel is an ordinary launch after it,
+    so it starts once that kernel has ended."""
+    batch, k = draft_token_ids.shape
+    check_tensor("target_probs", target_probs, torch.float32, 3, rows=batch)
+    recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
+        "rejection_sample_fused", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
+        error_flag, target_probs.shape[-1])
+    if target_probs.shape != (batch, k + 1, target_probs.shape[-1]):
+        raise interop.KernelArgumentError(f"rejection_sample_fused: shapes do not fit B={batch}, k={k}: target_probs "
+                                          f"{tuple(target_probs.shape)}")
+    out = RejectionBuffers.empty(batch, k, draft_token_ids.device)
+    slices = -(-target_probs.shape[-1] // VOCAB_PER_BLOCK)
+    key = (batch, slices, draft_token_ids.device)
+    if key not in _partials:  # written and read inside one launch: one set serves every call
+        _partials[key] = (torch.empty(batch, slices, 2, dtype=torch.float32, device=draft_token_ids.device),
+                          torch.empty(batch, slices, 2, dtype=torch.int64, device=draft_token_ids.device),
+                          torch.empty(batch, slices, dtype=torch.int32, device=draft_token_ids.device))
+    args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
+            *out.kernel_args, *_partials[key], arrival_counters(draft_token_ids.device, batch, "rejection"), flag]
+    interop.launch_tensors(rejection_sample_kernel, batch * slices, THREADS, args)
+    return out.result(error_flag is not None)
+
+
+def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
+                   error_flag, vocab) -> tuple:
+    """The rejection sampler's draft-side inputs checked against B, k and V (a KernelArgumentError that
+    names the first misfit): (recovered_noise, bonus_noise contiguous, num_proposed, the error flag),
+    the last two made where not given (k for every row; a zero flag)."""
+    batch, k = draft_token_ids.shape
+    # Slices of the spec step's noise block are contiguous at batch 1; copy them otherwise.
+    recovered_noise, bonus_noise = recovered_noise.contiguous(), bonus_noise.contiguous()
+    for name, t, dtype, ndim in (("draft_token_ids", draft_token_ids, torch.int64, 2),
+                                 ("draft_probs", draft_probs, torch.float32, 3),
+                                 ("uniforms", uniforms, torch.float32, 2),
+                                 ("recovered_noise", recovered_noise, torch.float32, 3),
+                                 ("bonus_noise", bonus_noise, torch.float32, 2)):
+        check_tensor(name, t, dtype, ndim, rows=batch)
+    if draft_probs.shape != (batch, k, vocab) or recovered_noise.shape != (batch, k, vocab) \
+            or bonus_noise.shape != (batch, vocab) or uniforms.shape != (batch, k):
+        raise interop.KernelArgumentError(
+            f"{caller}: shapes do not fit B={batch}, k={k}, V={vocab}: draft_probs {tuple(draft_probs.shape)}, "
+            f"uniforms {tuple(uniforms.shape)}, recovered_noise {tuple(recovered_noise.shape)}, "
+            f"bonus_noise {tuple(bonus_noise.shape)}")
+    device = draft_token_ids.device
+    if num_proposed is None:
+        key = (batch, k, device)
+        if key not in _all_proposed:
+            _all_proposed[key] = torch.full((batch,), k, dtype=torch.int64, device=device)
+        num_proposed = _all_proposed[key]
+    check_tensor("num_proposed", num_proposed, torch.int64, 1, rows=batch)
+    flag = error_flag if error_flag is not None else _no_flag(device)
+    check_tensor("error_flag", flag, torch.int32, 1, rows=1)
+    return recovered_noise, bonus_noise, num_proposed, flag
+
+
+@dataclass
+class RejectionBuffers:
+    """A call's outputs (new tensors each call: a captured graph keeps its own)."""
+    out_ids: torch.Tensor       # [B, k + 1] int64
+    num_accepted: torch.Tensor  # [B] int64
+    masks: torch.Tensor         # [2, B, k] bool: accepted, passed
+    commit: torch.Tensor        # [B + 1, k + 3] int64: ids, accepted, passed per row; then the flag
+
+    @classmethod
+    def empty(cls, batch: int, k: int, device) -> "RejectionBuffers":
+        return cls(torch.empty(batch, k + 1, dtype=torch.int64, device=device),
+                   torch.empty(batch, dtype=torch.int64, device=device),
+                   torch.empty(2, batch, k, dtype=torch.bool, device=device),
+                   torch.empty(batch + 1, k + 3, dtype=torch.int64, device=device))
+
+    @property
+    def kernel_args(self) -> list:
+        return [self.out_ids, self.num_accepted, self.masks[0], self.masks[1], self.commit]
+
+    def result(self, flagged: bool) -> RejectionOutput:
+        batch, k = self.masks.shape[1:]
+        row = self.commit.view(-1)[: batch * (k + 3) + 1] if flagged else None
+        return RejectionOutput(self.out_ids, self.num_accepted, self.masks[0], self.masks[1],
+                               commit_columns=self.commit[:batch], commit_flagged=row)
+
+
+_no_flags: dict = {}  # device -> [1] int32 zero: the flag of a call that was given none (never written)
+
+
+def _no_flag(device) -> torch.Tensor:
+    if device not in _no_flags:
+        _no_flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _no_flags[device]

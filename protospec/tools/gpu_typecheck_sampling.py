@@ -1,0 +1,51 @@
+"""The sampling and rejection kernels' forms for gpu_typecheck (and the tools built on it): the sliced
+samplers in every form, the one-launch Gumbel sample, the rejection kernel alone and fused with
+the verify's probabilities, the counter-based random fill and the n-gram matcher, on CPU tensors of
+shapes that reach each compile-time variant."""
+from __future__ import annotations
+
+import torch
+
+
+def sampling_and_rejection_forms() -> None:
+    from protospec.kernels.randoms import counter_randoms
+    from protospec.kernels.inputs import ngram_match
+    from protospec.kernels.sampling import rejection, softmax_sample as sampling, verify_rejection
+    from protospec.kernels.sampling.gumbel_sample import gumbel_sample_into
+    from protospec.config import SamplingParams
+    from protospec.speculation.sampler import SamplingTensors
+
+    batch, k, vocab = 2, 3, 512
+    st = SamplingTensors.build([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)],
+                               [torch.Generator(), torch.Generator()], vocab, torch.device("cpu"))
+    logits = torch.zeros(batch, vocab)
+    draft = [torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab), torch.zeros(batch, k),
+             torch.zeros(batch, k, vocab), torch.zeros(batch, vocab)]  # ids, q, u, recovered and bonus noise
+    for dependent in (False, True):  # every form's kernels: plain launches, and dependents that load before the wait
+        sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                             torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
+        sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1,
+                            dependent)
+        sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
+                             torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent,
+                             _advance_launcher(batch))  # the form that advances the decode inputs too
+        gumbel_sample_into(logits, st, 0, torch.zeros(batch, k, dtype=torch.int64), torch.ones(batch, k, vocab),
+                           torch.zeros(batch, dtype=torch.int64), dependent, _advance_launcher(batch))  # one launch
+        verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft, dependent=dependent)
+    rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:])
+    counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
+                                torch.zeros(batch, k))
+    ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,
+                            torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab),
+                            torch.zeros(batch, dtype=torch.int64))
+
+
+def _advance_launcher(rows: int):
+    """An advance_step launcher over `rows` zeroed decode rows (one real), for the sampler's advancing form."""
+    from protospec.kernels.inputs.advance_step import AdvanceStepLauncher
+
+    int32, int64 = torch.int32, torch.int64
+    return AdvanceStepLauncher(16, torch.ones(1, dtype=int32), torch.zeros(rows, dtype=int64),
+                               torch.zeros(rows, dtype=int64), torch.zeros(rows, dtype=int64),
+                               torch.ones(rows, dtype=int32), torch.zeros(rows, dtype=int64),
+                               torch.zeros(rows, 3, dtype=int32), torch.zeros(1, dtype=int32), bind=False)
