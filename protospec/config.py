@@ -136,15 +136,6 @@ class EngineConfig:
     # idle, so host noise stops reaching the step; measured faster: data/results/README.md); False:
     # stage by stage; True: on, and an error where it cannot apply.
     spec_step_graph: bool | None = None
-    # Where no spec step was launched ahead (a request joined or ended, or one may reach max_tokens
-    # within the step), the overlapped commit builds draft step 1 on the device at the step's start
-    # anyway, so that step too runs on the device path (and as the step graph); False: the CPU
-    # prepares it. True (default): measured faster (data/results/README.md).
-    first_step_at_begin: bool = True
-    # A prefill in a uniform layout (rows x prompt length) seen before replays as a CUDA graph (captured
-    # the second time a layout runs), at most graphs.MAX_PREFILL_GRAPHS layouts a model; with cuda_graphs.
-    # True (default): measured faster where prompts repeat a layout, as the bench's do (data/results/).
-    prefill_graphs: bool = True
     # A prefill at batch 1 (a uniform chunk longer than the decode shapes) on the layer kernels' 9-kernel
     # path with cuBLAS linears rather than the torch path. None: on a GPU (measured faster there:
     # data/results/README.md); in the CPU simulator every prompt token through simulated kernels takes minutes.
@@ -203,9 +194,8 @@ class EngineConfig:
         kind = registry.DRAFT_LOOPS.get(self.draft_loop)
         if self.check_no_sync and kind is not None and kind.host_sync_per_step:
             raise ConfigError(f"check_no_sync cannot hold with draft_loop={self.draft_loop!r}, which syncs every draft step")
-        for name in ("overlap_commit", "first_step_at_begin", "prefill_graphs"):  # a switch, not a truthy string
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.overlap_commit, (bool, np.bool_)):  # a switch, not a truthy string
+            raise ConfigError(f"overlap_commit must be True or False, got {self.overlap_commit!r}")
         if self.prefill_kernels is not None and not isinstance(self.prefill_kernels, (bool, np.bool_)):
             raise ConfigError(f"prefill_kernels must be None, True or False, got {self.prefill_kernels!r}")
         if self.linear_kernel is not None and self.linear_kernel not in LINEAR_KERNELS:

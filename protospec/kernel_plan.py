@@ -24,9 +24,11 @@ class KernelPlan:
     fused_sampling: bool
     # The rejection sampler as one Numba kernel rather than ~25 torch ops.
     fused_rejection: bool
-    # Fixed-shape forwards replayed as CUDA graphs; prefill_graphs: uniform prefill layouts too.
+    # Fixed-shape forwards replayed as CUDA graphs, and uniform prefill layouts that repeat.
     cuda_graphs: bool
-    prefill_graphs: bool
+    # A spec step's random numbers from one counter-based fill for the batch (kernels/randoms/), rather
+    # than per-request torch draws (cheaper on a CPU; two launches per request on a GPU). On CUDA.
+    batched_randoms: bool
 
     def as_record(self) -> dict:
         return asdict(self)

@@ -226,7 +226,6 @@ SET_FROM_OUTSIDE = {
     "protospec.model.inputs.LOOP_MAX_TOKENS", "protospec.model.layer_kernels.MAX_QUERY_LEN",
     "protospec.model.graphs.MAX_PREFILL_GRAPHS",
     "protospec.kernels.launch.interop.KERNEL_DEVICE_TYPE",
-    "protospec.speculation.randoms.BATCHED",
 }
 
 

@@ -139,16 +139,14 @@ def test_cpu_default_is_small(monkeypatch):
 
 @pytest.mark.parametrize("flipped", [False, True], ids=["defaults", "flipped"])
 def test_the_engine_flags_reach_the_engine_and_its_kernel_plan(tiny_target, tiny_draft, flipped):
-    """--first-step-at-begin, --prefill-graphs and --prefill-kernels: each reaches the engine (the plan
-    it resolves: prefill kernels off by default in the simulator, on where asked for)."""
+    """--prefill-kernels reaches the engine (the plan it resolves: prefill kernels off by default in
+    the simulator, on where asked for)."""
     from protospec.bench.args import build_parser, resolve_args, setup_from
 
-    flags = ["--first-step-at-begin", "off", "--prefill-graphs", "off", "--prefill-kernels", "on"] if flipped else []
+    flags = ["--prefill-kernels", "on"] if flipped else []
     args = resolve_args(build_parser().parse_args(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY,
                                                    "--layer-kernels", "on", *flags]))
     engine = setup_from(args).llm(draft_loop="gpu").engine
-    assert engine.config.first_step_at_begin is engine.config.prefill_graphs is (not flipped)
-    assert engine.spec_step.commit_policy.at_begin is (not flipped)
     assert engine.plan.prefill_kernels is flipped
     assert engine.target.model.layer_kernels.long_chunks is engine.draft.model.layer_kernels.long_chunks is flipped
     assert engine.plan.as_record()["prefill_kernels"] is flipped

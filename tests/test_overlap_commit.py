@@ -134,17 +134,14 @@ def _outputs(llm, prompts, params):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("at_begin", [False, True], ids=["cpu_first_step", "first_step_at_begin"])
-def test_overlap_gives_the_tokens_of_the_synced_commit_while_batches_change(tiny_target, tiny_draft, mode, temperature,
-                                                                             at_begin):
+def test_overlap_gives_the_tokens_of_the_synced_commit_while_batches_change(tiny_target, tiny_draft, mode, temperature):
     """Requests of different lengths queue for two batch slots and one stops at an EOS token, so
-    launched steps get discarded and batches change; the tokens are those of the synced commit.
-    at_begin: steps nobody launched ahead build draft step 1 on the device (first_step_at_begin)."""
+    launched steps get discarded and batches change; the tokens are those of the synced commit."""
     prompts = random_prompts(5, seed=4)
     params = [SamplingParams(temperature=temperature, top_k=40, max_tokens=n, seed=10 + i)
               for i, n in enumerate((40, 60, 33, 18, 29))]
     llms = {overlap: tiny_llm(tiny_target, tiny_draft, k=4, device=KERNEL_DEVICE_TYPE, draft_loop=mode, max_num_seqs=2,
-                              overlap_commit=overlap, check_no_sync=True, first_step_at_begin=at_begin)
+                              overlap_commit=overlap, check_no_sync=True)
             for overlap in (False, True)}
     probe = llms[False].generate(prompts, [SamplingParams(**(vars(p) | {"ignore_eos": True})) for p in params])
     eos = probe[0].token_ids[20]  # request 0 stops at (or before) its 21st token
@@ -156,8 +153,8 @@ def test_overlap_gives_the_tokens_of_the_synced_commit_while_batches_change(tiny
     on, off = llms[True].counters["draft"], llms[False].counters["draft"]
     assert "gpu_first_step" not in off and on["gpu_first_step"] > 0 and on["first_step_discarded"] > 0
     # Where no step was launched for the batch (it changed, or a request neared its end), draft step 1
-    # is built on the device from the committed state with at_begin, else on the CPU.
-    assert (on.get("first_step_at_begin", 0) > 0) == at_begin == ("cpu_prepare:first_draft_step" not in on)
+    # is built on the device from the committed state, not on the CPU.
+    assert on["first_step_at_begin"] > 0 and "cpu_prepare:first_draft_step" not in on
     bm = llms[True].engine.block_manager
     assert bm.num_free_blocks == bm.num_usable_blocks and llms[True].engine.spec_step.commit_policy.pending is None
 
@@ -257,16 +254,3 @@ def test_a_prefill_launch_survives_short_requests_and_an_eos_at_the_prefill(tiny
     for llm in llms.values():
         bm = llm.engine.block_manager
         assert bm.num_free_blocks == bm.num_usable_blocks
-
-
-def test_the_first_step_at_begin_switch_changes_where_draft_step_1_is_built_not_the_tokens(tiny_target, tiny_draft):
-    """A request's last steps are not launched ahead (it may end within the step before): on, their
-    draft step 1 is built on the device at the step's start; off, on the CPU. Same tokens."""
-    prompts, params = random_prompts(2, seed=5), SamplingParams(temperature=1.0, max_tokens=21, ignore_eos=True, seed=6)
-    outs, counters = {}, {}
-    for on in (True, False):
-        llm = tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE, draft_loop="gpu", first_step_at_begin=on)
-        outs[on], counters[on] = _outputs(llm, prompts, params), llm.counters["draft"]
-    assert outs[True] == outs[False]
-    assert counters[True]["first_step_at_begin"] > 0 and "cpu_prepare:first_draft_step" not in counters[True]
-    assert "first_step_at_begin" not in counters[False] and counters[False]["cpu_prepare:first_draft_step"] > 0

@@ -72,8 +72,6 @@ class BenchSetup:
     fused_sampling: bool | None = None     # EngineConfig.fused_sampling (None: on a GPU with the layer kernels)
     dependent_launch: bool | None = None   # EngineConfig.dependent_launch (None: wherever it applies)
     spec_step_graph: bool | None = None    # EngineConfig.spec_step_graph (None: wherever it applies)
-    first_step_at_begin: bool = True       # EngineConfig.first_step_at_begin
-    prefill_graphs: bool = True            # EngineConfig.prefill_graphs
     prefill_kernels: bool | None = None    # EngineConfig.prefill_kernels (None: on a GPU)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
@@ -96,7 +94,6 @@ class BenchSetup:
                    attention_kernel=self.attention_kernel,
                    linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling,
                    dependent_launch=self.dependent_launch, spec_step_graph=self.spec_step_graph,
-                   first_step_at_begin=self.first_step_at_begin, prefill_graphs=self.prefill_graphs,
                    prefill_kernels=self.prefill_kernels)
 
 

@@ -90,8 +90,7 @@ class Engine:
             for runner in (self.target, self.draft):
                 if runner is not None:
                     # The widest repeated forward: the verify, or the draft's two-token first step.
-                    runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.look.verify_len),
-                                              self.plan.prefill_graphs)
+                    runner.enable_cuda_graphs(config.max_num_seqs, self.max_blocks_per_seq, max(2, self.look.verify_len))
         self.prefill = Prefill(self.target, self.draft)
         self.vocab_size = target.config.vocab_size
         self._draft_loops: dict[tuple, DraftLoop] = {}  # built once: switching keeps their buffers and graphs
@@ -135,7 +134,7 @@ class Engine:
             dependent_launch=resolve_dependent_launch(cfg.dependent_launch, linear_kernel, layer_kernels, self.device),
             prefill_kernels=prefill_kernels, fused_sampling=self._resolve_kernel_flag("fused_sampling", fused_sampling),
             fused_rejection=cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda",
-            cuda_graphs=cuda_graphs, prefill_graphs=cfg.prefill_graphs and cuda_graphs)
+            cuda_graphs=cuda_graphs, batched_randoms=self.device.type == "cuda")
 
     # The plan's choices under the names the engine's users read.
     use_layer_kernels = property(lambda self: self.plan.layer_kernels)
@@ -191,14 +190,14 @@ class Engine:
                               f"{KERNEL_DEVICE_TYPE} tensors here (on a CPU, set NUMBA_ENABLE_CUDASIM=1 before numba is imported)")
         loop = self._draft_loop(name, reason, kind)
         commit = make_commit_policy(registry.commit_policy_for(loop.kind, cfg.overlap_commit), loop.counters,
-                                    self.look, cfg.block_size, cfg.first_step_at_begin)
+                                    self.look, cfg.block_size)
         guard = forbid_host_sync if cfg.check_no_sync else None
         acceptance = make_acceptance(cfg.acceptance, self.plan.fused_rejection, cfg.posterior_threshold,
                                      cfg.posterior_alpha)
         dynamic_k = make_dynamic_k(cfg.dynamic_k, self.k, cfg.draft_confidence_threshold)
         return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
                                fused_sampling=self.fused_sampling, dynamic_k=dynamic_k, wait_s=cfg.device_wait_timeout_s,
-                               forced_acceptance=self.forced_acceptance,
+                               forced_acceptance=self.forced_acceptance, batched_randoms=self.plan.batched_randoms,
                                step_graph=step_graph_applies(cfg.spec_step_graph, loop.kind.name, cfg.proposer,
                                                              self.k, cfg.dynamic_k, commit.name))
 

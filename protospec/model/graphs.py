@@ -9,9 +9,8 @@ device), while device-built inputs (the draft's decode buffers, advanced by adva
 first-step buffers, built by first_draft_step) are captured themselves (no copies).
 Batches are padded up to a power-of-two row count and block tables to a power-of-two width.
 
-A prefill is eager (a new prompt length would cost a capture), except with prefill graphs
-(EngineConfig.prefill_graphs): then a uniform prefill layout (every prompt of the batch one length)
-seen before is captured and replayed,
+A prefill is eager the first time its layout runs (a new prompt length would cost a capture); a
+uniform prefill layout (every prompt of the batch one length) seen before is captured and replayed,
 at most MAX_PREFILL_GRAPHS layouts a model. Its eager form is launch-bound too (~20 torch kernels a
 layer); a benchmark's repeated prompts, or a server's common lengths, repeat.
 """

@@ -32,14 +32,12 @@ class ModelRunner:
         self.counters: Counter[str] = Counter()
         self.graphs: GraphCache | None = None
         self.max_graph_query_len = 0
-        self.prefill_graphs = False
 
-    def enable_cuda_graphs(self, max_rows: int, max_blocks: int, max_query_len: int, prefill_graphs: bool = False) -> None:
-        """Replay forwards of up to max_query_len tokens per sequence as CUDA graphs, and with
-        prefill_graphs the longer uniform prefills whose layout repeats (GraphCache.take_prefill)."""
+    def enable_cuda_graphs(self, max_rows: int, max_blocks: int, max_query_len: int) -> None:
+        """Replay forwards of up to max_query_len tokens per sequence as CUDA graphs, and the longer
+        uniform prefills whose layout repeats (GraphCache.take_prefill)."""
         self.graphs = GraphCache(self.model, self.kv_caches, self.block_size, max_rows, max_blocks)
         self.max_graph_query_len = max_query_len
-        self.prefill_graphs = prefill_graphs
 
     @property
     def launches_dependents(self) -> bool:
@@ -67,7 +65,7 @@ class ModelRunner:
             if inputs.query_len <= self.max_graph_query_len:
                 self.counters["forward:graph"] += 1
                 return self.graphs.run(inputs)
-            if self.prefill_graphs and self.graphs.take_prefill(inputs):
+            if self.graphs.take_prefill(inputs):
                 self.counters["forward:graph_prefill"] += 1
                 return self.graphs.run(inputs)
         self.counters["forward:eager"] += 1

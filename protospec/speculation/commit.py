@@ -81,11 +81,8 @@ class SyncedCommit:
 class OverlappedCommit(SyncedCommit):
     name = registry.OVERLAPPED
 
-    def __init__(self, counters: Counter, look: Lookahead, block_size: int, at_begin: bool = True):
+    def __init__(self, counters: Counter, look: Lookahead, block_size: int):
         self.pending = None           # the next spec step, its draft step 1 already launched
-        # Where none was launched ahead, build draft step 1 on the device at the step's start
-        # (EngineConfig.first_step_at_begin) instead of leaving it to the CPU.
-        self.at_begin = at_begin
         self._counters = counters     # the draft runner's: "first_step_discarded", "first_step_at_begin"
         self.look, self.block_size = look, block_size
         # seq_id -> (uniforms [k], noise [2k + 1, V]) drawn by a discarded step for that request
@@ -115,8 +112,6 @@ class OverlappedCommit(SyncedCommit):
         (where a step graph applies, the whole step as one replay). Same inputs as the CPU's draft
         step 1 (t_{L-2}, t_{L-1} at L-2, L-1), without its prepare and, in a step graph, without the
         verify's. The host has committed, so the step reserves only its own lookahead."""
-        if not self.at_begin:
-            return None
         self._counters["first_step_at_begin"] += 1
         last = host_to_device([seq.last_token_id for seq in seqs], torch.int64, step.device)  # [B]
         self._launch(step, list(seqs), st, _emitted_only(last, self.look.k), self.look.slots_past_end, committed=True)
@@ -190,8 +185,7 @@ def _emitted_only(tokens: torch.Tensor, k: int) -> RejectionOutput:
     return RejectionOutput(output, torch.zeros(batch, dtype=torch.int64, device=device), nothing, nothing)
 
 
-def make_commit_policy(name: str, counters: Counter, look: Lookahead, block_size: int,
-                       first_step_at_begin: bool = True) -> SyncedCommit:
+def make_commit_policy(name: str, counters: Counter, look: Lookahead, block_size: int) -> SyncedCommit:
     if name == registry.OVERLAPPED:
-        return OverlappedCommit(counters, look, block_size, first_step_at_begin)
+        return OverlappedCommit(counters, look, block_size)
     return SyncedCommit()

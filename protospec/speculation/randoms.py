@@ -25,16 +25,12 @@ from protospec.kernels.randoms.counter_randoms import split_key
 from protospec.speculation.sampler import SamplingTensors, exponential_noise
 
 
-# None: batched draws on a GPU, at every batch size (a request's stream must not depend on how many
-# run beside it); True / False forces them (the tests run the batched path on a CPU).
-BATCHED: bool | None = None
-
-
 def batched_draws(device, batched: bool | None = None) -> bool:
     """Whether a step's randoms come from one counter-based fill rather than two draws per request
-    from its torch generator (cheap on a CPU, two launches per request on a GPU)."""
-    choice = BATCHED if batched is None else batched
-    return torch.device(device).type == "cuda" if choice is None else choice
+    from its torch generator (cheap on a CPU, two launches per request on a GPU). None: batched on a
+    GPU, at every batch size (a request's stream must not depend on how many run beside it); an
+    engine passes its KernelPlan.batched_randoms."""
+    return torch.device(device).type == "cuda" if batched is None else batched
 
 
 def step_key(generator: torch.Generator) -> int:
