@@ -105,7 +105,7 @@ class EngineConfig:
     # kernels per layer instead of ~20 (layer_kernels.py). None = on CUDA for float16/float32
     # unless compile is on (torch.compile is the other way to fuse the same chains).
     layer_kernels: bool | None = None
-    # The layer kernels' paged attention: one of layout.ATTENTION_PATHS (by_row, by_kv_head, mma:
+    # The layer kernels' paged attention: one of layout.ATTENTION_PATHS (by_kv_head, mma:
     # tensor cores, float16) for every decode-shaped forward, or None to choose by shape (mma for
     # float16 in whole 16-key tiles, by_kv_head otherwise). The ablation's attention switch.
     attention_kernel: str | None = None

@@ -12,7 +12,7 @@ NULL_BLOCK = 0              # block 0 is never handed out: block tables are padd
 PAD_SLOT_ID = -1            # a token with this slot writes no K/V (padding rows of a fixed-shape batch)
 PLACEHOLDER_TOKEN_ID = -1   # an empty position of a spec step's output ids
 # The paged-attention kernels of decode-shaped forwards (kernels/attention/paged_attention.py says what each is).
-ATTENTION_PATHS = ("by_row", "by_kv_head", "mma")
+ATTENTION_PATHS = ("by_kv_head", "mma")
 # The layer kernels' linear layers: torch's (cuBLAS), or the tensor-core GEMV (kernels/linear/gemv_mma.py)
 # wherever it applies (float16, at most 8 token rows, K a multiple of 192), cuBLAS elsewhere;
 # "mma_fused" also folds each RMSNorm and residual add into the GEMV after it and SiLU x up into the

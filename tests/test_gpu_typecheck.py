@@ -32,7 +32,7 @@ def test_every_kernel_builds_for_sm90_and_each_dependent_keeps_its_loads_around_
     built = {line.split("(")[0].split()[-1] for line in lines if line.startswith("built")}
     # the kernels the wrappers reach, among them each attention path, the tensor-core GEMV and the
     # samplers: a wrapper that stopped reaching its kernel would drop it from this set
-    for name in ("attention_mma_kernel", "attention_group_kernel", "attention_combine_kernel", "gemv_mma_k768_w16",
+    for name in ("attention_mma_kernel", "attention_group_kernel", "gemv_mma_k768_w16",
                  "row_stats_kernel", "probs_and_sample_kernel", "rejection_sample_kernel", "add_rms_norm_kernel", "rope_and_cache_kernel", "fill_randoms_kernel",
                  "advance_step_kernel", "first_draft_step_kernel", "gumbel_sample_kernel",
                  "verify_rejection_kernel"):

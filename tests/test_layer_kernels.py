@@ -121,9 +121,9 @@ def test_a_forced_attention_kernel_runs_in_every_layer(monkeypatch):
     expected = model(inputs.input_ids, inputs.positions, [c.clone() for c in caches], inputs.meta)
     paths, original = [], attention_kernels.paged_attention
     monkeypatch.setattr(attention_kernels, "paged_attention", lambda *a, path=None, **kw: paths.append(path) or original(*a, path=path, **kw))
-    enable_layer_kernels(model, "by_row")
+    enable_layer_kernels(model, "by_kv_head")
     got = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
-    assert paths == ["by_row"] * cfg.num_hidden_layers
+    assert paths == ["by_kv_head"] * cfg.num_hidden_layers
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -215,7 +215,7 @@ def test_a_forced_attention_kernel_must_exist_run_and_serve_the_models(tiny_targ
     with pytest.raises(ConfigError, match="attention_kernel must be None or one of"):
         tiny_llm(tiny_target, device=DEV, attention_kernel="flash")
     with pytest.raises(ConfigError, match="needs the layer kernels"):
-        tiny_llm(tiny_target, device=DEV, layer_kernels=False, attention_kernel="by_row")
+        tiny_llm(tiny_target, device=DEV, layer_kernels=False, attention_kernel="by_kv_head")
     with pytest.raises(ConfigError, match="'mma' cannot serve head_dim 16, dtype torch.float32"):  # fp16 only, head_dim 32k
         tiny_llm(tiny_target, device=DEV, dtype="float32", layer_kernels=True, attention_kernel="mma")
 

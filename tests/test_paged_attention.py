@@ -10,7 +10,7 @@ from protospec.kernels.primitives import arrivals
 from protospec.model.attention import paged_attention as torch_paged_attention, plan_attention
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
-from protospec.kernels.attention import by_kv_head, by_row, paged_attention as kernel
+from protospec.kernels.attention import by_kv_head, paged_attention as kernel
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, SIMULATOR
 
 DEV = KERNEL_DEVICE_TYPE
@@ -64,16 +64,12 @@ CASES = [
     (6, [16, 33, 8], 8, 2),   # k + 1 = 6 queries, contexts ending on a block boundary (16), GQA 4:1
 ]
 # On a GPU every path x dtype x case. In the simulator (CI's CPU), fp16 runs the decode and verify-window
-# cases only: a 6-query case costs 30-90 s there, and fp16 changes only the loads' conversion; the
-# 6-query GQA case runs on the default path only (by_row meets causal windows in the 3-query case
-# and GQA rows in their own tests).
-# The paths that take every dtype and head size here (mma takes fp16 and head_dim a multiple of 32:
+# cases only: a 6-query case costs 30-90 s there, and fp16 changes only the loads' conversion.
+# The path that takes every dtype and head size here (mma takes fp16 and head_dim a multiple of 32:
 # tests/test_attention_mma.py).
-GENERAL_PATHS = ("by_row", "by_kv_head")
+GENERAL_PATHS = ("by_kv_head",)
 COMBOS = [(path, dtype, *case) for path in GENERAL_PATHS for dtype in (torch.float32, torch.float16) for case in CASES
-          if not (SIMULATOR and dtype == torch.float16 and case is not CASES[0]
-                  and (path == "by_row" or case is CASES[2]))
-          and not (SIMULATOR and case is CASES[2] and path != kernel.choose_path(16))]
+          if not (SIMULATOR and dtype == torch.float16 and case is CASES[2])]
 
 
 @pytest.mark.parametrize("path,dtype,query_len,lengths,heads,kv_heads", COMBOS,
@@ -107,10 +103,9 @@ def test_the_split_k_combine_leaves_its_counters_at_zero_and_serves_the_next_cal
 def test_keys_on_tile_and_block_boundaries():
     """Contexts of exactly one round of a block's keys in flight, one key past it, one key short of a block."""
     tile = by_kv_head.keys_in_flight(16, rows=2, block_size=8)  # 2 query heads per KV head
-    lengths = [tile, tile + 1, 2 * tile, 15, 1, by_row.CHUNK + 1]
+    lengths = [tile, tile + 1, 2 * tile, 15, 1, 33]
     inputs, cache, q = _case(1, lengths, 2, 1, 16, 8, torch.float32, seed=2)
     expected = _torch_reference(inputs, cache, q, torch.float32)
-    torch.testing.assert_close(_kernel(inputs, cache, q, path="by_row"), expected, **TOL[torch.float32])
     for splits in (1, 2):
         torch.testing.assert_close(_kernel(inputs, cache, q, path="by_kv_head", splits=splits), expected, **TOL[torch.float32])
 
@@ -148,7 +143,9 @@ def test_the_head_size_chooses_the_path_and_the_shape_the_split():
     dev = torch.device(DEV)
     sms = kernel._sm_count(dev)
     assert kernel.choose_path(64) == "by_kv_head"      # every served shape: it measured faster everywhere
-    assert kernel.choose_path(24) == "by_row"          # 24 = 8 x 3 lanes: by_kv_head cannot split a key's dims
+    assert kernel.choose_path(24) is None              # 24 = 8 x 3 lanes: by_kv_head cannot split a key's dims
+    assert not kernel.supports(4, 24, 64, torch.float32, 16)  # the layer kernels then keep the torch path
+    assert kernel.choose_path(96, torch.float16, 16) == "mma"  # a multiple of 32: tensor cores serve it
     # Tensor cores for fp16 in whole 16-key tiles (verify windows, GQA and single decode rows alike).
     assert kernel.choose_path(64, torch.float16, 16) == "mma"   # whatever the rows per KV head, one included
     assert kernel.choose_path(64, torch.float32, 16) == "by_kv_head"

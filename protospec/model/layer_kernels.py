@@ -140,7 +140,8 @@ class LayerKernelForward:
         q = meta.uniform_query_len
         keys = meta.block_tables.shape[1] * meta.block_size
         return (q is not None and (q <= MAX_QUERY_LEN or self.long_chunks) and meta.slot_mapping.shape[0] <= self._row_ids.shape[0]
-                and attention_kernel.supports(self.num_heads, self.head_dim, keys))
+                and attention_kernel.supports(self.num_heads, self.head_dim, keys, self.dtype, meta.block_size,
+                                              self.cos.device))
 
     def forward(self, model, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:  # [num_logits, vocab] float32

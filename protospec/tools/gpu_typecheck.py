@@ -108,8 +108,7 @@ def _attention() -> None:
             (torch.float16, 4, 4, 6, "mma", 2),        # split-K, combined in the kernel
             (torch.float16, 4, 2, 1, "by_kv_head", None),
             (torch.float32, 4, 2, 6, "by_kv_head", 2),
-            (torch.float32, 4, 4, 1, "by_kv_head", 2),  # split-K, one row a block
-            (torch.float32, 4, 2, 1, "by_row", None)]:  # its partials, then the combine kernel
+            (torch.float32, 4, 4, 1, "by_kv_head", 2)]:  # split-K, one row a block
         q = torch.zeros(2 * query_len, heads, head_dim, dtype=dtype)
         kv = torch.zeros(2, blocks, block_size, kv_heads, head_dim, dtype=dtype)
         positions = torch.arange(2 * query_len, dtype=torch.int64) + 20

@@ -22,9 +22,9 @@ arithmetic and its 64-bit division calls were most of the tensor-core path's ins
 (data/results/README.md, "fewer instructions per key tile"), and this kernel indexes the same way.
 
 With splits > 1 each split covers 1/splits of the chunk's real context (from its rows' largest
-position, so no block works past the end) and writes (acc, max, sum) in attention/by_row.py's
-layout, and the last split block of a row group to finish (an atomic arrival count) combines the
-group's rows (attention/combine.py).
+position, so no block works past the end) and writes (acc, max, sum) per row and split, and the
+last split block of a row group to finish (an atomic arrival count) combines the group's rows
+(attention/combine.py).
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Combining split-K attention partials: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M).
 
-The same device functions run it in two places: as a kernel of its own after by_row's partial
-kernel (a block per (token, head) row), and inside the by_kv_head and mma attention kernels, where
-the last split block of a row group to finish combines the group's rows: one launch per split-K
-attention, not two (10.5 us a call against 6.35 + 4.92 us for the kernel and a combine kernel after
-it: data/results/README.md).
+It runs inside the by_kv_head and mma attention kernels, where the last split block of a row group
+to finish combines the group's rows: one launch per split-K attention, not two (a combine kernel
+after the attention measured slower: data/results/README.md).
 
 `row_group_writer` is the tail both row-group kernels (by_kv_head, mma) share: merge the warps'
 partial results of a block, write the rows or the split's partials, combine when last.
@@ -74,20 +72,6 @@ def row_group_block(rows_per_chunk, group, kv_heads, query_len, splits):
     by_chunk = by_split // uint32(chunks)  # seq * kv_heads + kv_head
     return (int64(by_chunk // uint32(kv_heads)), int64(by_chunk % uint32(kv_heads)), int64(by_split % uint32(chunks)),
             int64(b % uint32(splits)), group, group_rows)
-
-
-@cuda.jit(**OPTIONS)
-def attention_combine_kernel(part_acc, part_max, part_sum, out):
-    """part_acc [T * h, C, d], part_max, part_sum [T * h, C] f32 -> out [T, h * d] act.
-    Block = row (t * h + head), thread = e."""
-    row = cuda.blockIdx.x
-    head_dim = part_acc.shape[2]
-    num_heads = out.shape[1] // head_dim
-    t = row // num_heads
-    head = row % num_heads
-    top, inv_total = row_scale(part_max, part_sum, row)  # every thread: the loads are shared through L1
-    for e in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
-        out[t, head * head_dim + e] = combine_cell(part_acc, part_max, part_sum, row, e, top, inv_total)
 
 
 @functools.cache

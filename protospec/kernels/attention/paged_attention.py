@@ -1,25 +1,20 @@
 """Attention for decode-shaped forwards, read straight from the paged KV cache (Numba kernels).
 
-Three work decompositions and the combine of their split-K partials:
+Two work decompositions, each combining its own split-K partials:
   mma         (attention/mma.py)        by_kv_head's blocks with the products on tensor cores (warp
               mma, fp16): chosen for fp16 wherever its tile fits the cache blocks.
   by_kv_head  (attention/by_kv_head.py) a block per (sequence, KV head, row chunk, split), holding
               every query row that shares the KV head in registers, so a verify window reads each
               K/V row once instead of once per query token. Where mma does not apply (fp32, small blocks).
-  by_row      (attention/by_row.py)     a block per (query token, head, chunk of keys): the fallback
-              for head sizes by_kv_head does not take, and a reference to time against.
-  combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the chunks or splits
-              (attention/combine.py): by_row's chunks in a kernel of its own; by_kv_head's and mma's
-              splits in their own kernel, by the last split block of each row group (one launch).
+  combine     out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M) over the splits (attention/combine.py),
+              by the last split block of each row group (one launch).
+A head size neither takes (not 8 x a power of two, nor a multiple of 32 in float16) keeps the torch path.
 
-Why by_row loses (bench.attention_cost times both; its runs of record are in data/results): its
-grid follows the block table's width, not the context (at batch 64 a verify layer is 384 tokens x
-12 heads x 16 chunks = 73,728 blocks, a third with no key, each a chain of ~6 dependent loads and 5
-barriers for at most 32 keys), and each query token re-reads the keys. by_kv_head's blocks are few
-and long; split-K fills the GPU where the batch does not. by_kv_head's blocks walking keys in tiles
-without tensor cores (a key per thread for the scores, a (row, dim) cell per thread for the values,
-the tile's weights in shared memory) measured 2.6-4.7x slower than by_kv_head at every shape timed
-and were removed (data/results/README.md, "Attention by tiles").
+A block per (query token, head, chunk of keys) lost at every shape timed and was removed (NOTES.md
+names the commit): its grid follows the block table's width, not the context, and each query token
+re-reads the keys. by_kv_head's blocks walking keys in tiles without tensor cores measured 2.6-4.7x
+slower than by_kv_head at every shape timed and were removed too (data/results/README.md,
+"Attention by tiles").
 
 Only uniform layouts (every sequence feeds query_len tokens: decode, draft step 1, verify) take
 this path; token t belongs to sequence t // query_len.
@@ -34,9 +29,8 @@ from numba import float32
 
 from protospec.errors import KernelArgumentError
 from protospec.layout import ATTENTION_PATHS
-from protospec.kernels.attention import by_kv_head, by_row, mma as by_mma
+from protospec.kernels.attention import by_kv_head, mma as by_mma
 from protospec.kernels.launch import dependent_launch as dependents, interop
-from protospec.kernels.attention.combine import attention_combine_kernel
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.launch.interop import check_tensor, cuda
 
@@ -45,10 +39,10 @@ PATHS = ATTENTION_PATHS
 BLOCKS_PER_SM = 2
 
 
-def supports(num_heads: int, head_dim: int, max_keys: int) -> bool:
+def supports(num_heads: int, head_dim: int, max_keys: int, dtype: torch.dtype, block_size: int,
+             device: torch.device | None = None) -> bool:
     """Whether the kernels can serve a layout (checked on the host; otherwise use the torch path)."""
-    fits = 1 <= head_dim <= by_row.MAX_HEAD_DIM or by_kv_head.supports(head_dim)
-    return fits and num_heads >= 1 and max_keys >= 1
+    return choose_path(head_dim, dtype, block_size, device) is not None and num_heads >= 1 and max_keys >= 1
 
 
 @functools.cache
@@ -59,8 +53,6 @@ def _sm_count(device: torch.device) -> int:
 def serves(path: str, head_dim: int, dtype: torch.dtype, block_size: int) -> bool:
     """Whether `path` can run attention of this head size, dtype and cache block size (an engine
     checks a forced path once, before it builds anything)."""
-    if path == "by_row":
-        return 1 <= head_dim <= by_row.MAX_HEAD_DIM
     if path == "by_kv_head":
         return by_kv_head.supports(head_dim)
     return path == "mma" and dtype == torch.float16 and by_mma.supports(head_dim, block_size)
@@ -73,16 +65,16 @@ def _has_tensor_cores(device: torch.device) -> bool:
 
 
 def choose_path(head_dim: int, dtype: torch.dtype | None = None, block_size: int | None = None,
-                device: torch.device | None = None) -> str:
+                device: torch.device | None = None) -> str | None:
     """mma for fp16 it can hold (block size a multiple of its 16-key tile, tensor cores), even for a single
     row: at 320 keys it measured faster than by_kv_head at every batch timed, 6 rows and 1 alike
     (bench.attention_cost; at one row the product uses 1 of its 16 rows, but the kernel spends its time
     on address arithmetic and loads, not on the product). by_kv_head wherever it holds the head size
-    (faster than by_row at every shape timed); by_row for head sizes that are not 8 x a power of two."""
+    (fp32, or cache blocks of fewer than 16 keys); None for a head size neither holds."""
     if (dtype == torch.float16 and block_size is not None and by_mma.supports(head_dim, block_size)
             and (device is None or _has_tensor_cores(device))):
         return "mma"
-    return "by_kv_head" if by_kv_head.supports(head_dim) else "by_row"
+    return "by_kv_head" if by_kv_head.supports(head_dim) else None
 
 
 def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.device, blocks_per_sm: int | None = None) -> int:
@@ -100,7 +92,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
                     dependent_launch: bool = False) -> torch.Tensor:
     """q [T, h, d] (K/V of these tokens already in the cache) -> [T, h * d].
     path: one of PATHS; None chooses by shape (choose_path).
-    splits: the split-K factor of by_kv_head and mma (None: choose_splits); by_row's chunks follow the table width.
+    splits: the split-K factor (None: choose_splits).
     dependent_launch: mma's kernel launched as a programmatic dependent (launch/dependent_launch.py)."""
     check_tensor("q", q, q.dtype, 3)
     check_tensor("kv_cache", kv_cache, q.dtype, 5)
@@ -109,9 +101,9 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     tokens, heads, head_dim = q.shape
     kv_heads, num_seqs = kv_cache.shape[3], block_tables.shape[0]
     max_keys = block_tables.shape[1] * kv_cache.shape[2]
-    if not supports(heads, head_dim, max_keys):
-        raise KernelArgumentError(f"paged_attention: head_dim {head_dim} is not served (up to {by_row.MAX_HEAD_DIM}, "
-                                  f"or 8 x a power of two up to {by_kv_head.MAX_HEAD_DIM})")
+    if not supports(heads, head_dim, max_keys, q.dtype, kv_cache.shape[2], q.device):
+        raise KernelArgumentError(f"paged_attention: head_dim {head_dim} is not served (8 x a power of two up to "
+                                  f"{by_kv_head.MAX_HEAD_DIM}, or in float16 a multiple of 32 up to {by_mma.MAX_HEAD_DIM})")
     if kv_cache.shape[4] != head_dim or heads % kv_heads or tokens != num_seqs * query_len:
         raise KernelArgumentError(f"paged_attention: {heads} heads of {head_dim} over {kv_heads} kv heads of "
                                   f"{kv_cache.shape[4]}, {tokens} tokens for {num_seqs} sequences x query_len {query_len}")
@@ -119,8 +111,6 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         path = choose_path(head_dim, q.dtype, kv_cache.shape[2], q.device)
     elif path not in PATHS:
         raise KernelArgumentError(f"paged_attention: path must be one of {PATHS}, got {path!r}")
-    elif path == "by_row" and head_dim > by_row.MAX_HEAD_DIM:
-        raise KernelArgumentError(f"paged_attention: by_row takes head_dim up to {by_row.MAX_HEAD_DIM}, got {head_dim}")
     elif path == "by_kv_head" and not by_kv_head.supports(head_dim):
         raise KernelArgumentError(f"paged_attention: by_kv_head takes head_dim = 8 x a power of two up to "
                                   f"{by_kv_head.MAX_HEAD_DIM}, got {head_dim}")
@@ -139,12 +129,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     out = torch.empty(tokens, heads * head_dim, dtype=q.dtype, device=dev)
     group_rows = query_len * (heads // kv_heads)
     block_size = kv_cache.shape[2]
-    groups = 0  # row groups of by_kv_head / mma: the arrival counters they need
-    if path == "by_row":
-        kernel, threads = by_row.partial_kernel(by_row.CHUNK), by_row.THREADS
-        parts = -(-max_keys // by_row.CHUNK)  # host-known: the block table's width bounds every context
-        grid = tokens * heads * parts
-    elif path == "by_kv_head":
+    if path == "by_kv_head":
         rows = by_kv_head.rows_per_block(group_rows, num_seqs * kv_heads, _sm_count(dev))
         groups = num_seqs * kv_heads * -(-group_rows // rows)
         parts = splits or choose_splits(groups, max_keys, by_kv_head.keys_in_flight(head_dim, rows, block_size), dev)
@@ -157,23 +142,16 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(warps), dev, by_mma.BLOCKS_PER_SM)
         kernel, grid, threads = (by_mma.attention_kernel(group_rows, head_dim, warps, heads // kv_heads, dependent_launch),
                                  groups * parts, 32 * warps)
-    if path != "by_row" and parts == 1:  # writes out itself; placeholders of the right rank, separate
+    if parts == 1:  # writes out itself; placeholders of the right rank, separate
         # tensors (the simulator copies each array argument back after the kernel)
         part_acc = torch.empty(1, 1, 1, dtype=torch.float32, device=dev)
         part_max, part_sum = (torch.empty(1, 1, dtype=torch.float32, device=dev) for _ in range(2))
     else:
         part_acc = torch.empty(tokens * heads, parts, head_dim, dtype=torch.float32, device=dev)
         part_max, part_sum = (torch.empty(tokens * heads, parts, dtype=torch.float32, device=dev) for _ in range(2))
-    if path == "by_row":
-        args = [q, kv_cache, block_tables, positions, part_acc, part_max, part_sum, int(query_len), float(scale)]
-    else:
-        counters = arrival_counters(dev, groups)  # read only with split-K
-        # mma reads fp16 as 8-byte words (4 dims of a query or key per load)
-        words = (q.view(torch.int64), kv_cache.view(torch.int64)) if path == "mma" else (q, kv_cache)
-        args = [*words, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum,
-                counters]
+    counters = arrival_counters(dev, groups)  # the row groups' arrivals, read only with split-K
+    # mma reads fp16 as 8-byte words (4 dims of a query or key per load)
+    words = (q.view(torch.int64), kv_cache.view(torch.int64)) if path == "mma" else (q, kv_cache)
+    args = [*words, block_tables, positions, int(query_len), float(scale), out, part_acc, part_max, part_sum, counters]
     interop.launch_tensors(kernel, grid, threads, args, dependent=dependent_launch and path == "mma")
-    if path == "by_row":
-        interop.launch_tensors(attention_combine_kernel, tokens * heads, min(128, head_dim),
-                               [part_acc, part_max, part_sum, out])
     return out
