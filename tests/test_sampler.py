@@ -60,18 +60,3 @@ def test_noise_is_strictly_positive():
 def test_bad_sampling_params_are_named(kwargs):
     with pytest.raises(ConfigError, match=next(iter(kwargs))):
         SamplingParams(**kwargs)
-
-
-def test_unit_temperature_is_a_host_fact_and_parts_the_captured_draft_loops():
-    """SamplingTensors.unit_temperature (every row greedy or at T = 1: the LM head's tile statistics
-    apply) follows the batch's settings, and the captured draft loop's key holds it, so a loop captured
-    with the statistics' sampling is never replayed for a batch at another temperature."""
-    from protospec.speculation.draft_graph import DraftLoopGraph
-
-    def tensors(*temperatures):
-        params = [SamplingParams(temperature=t) for t in temperatures]
-        return SamplingTensors.build(params, [torch.Generator() for _ in params], 50, "cpu")
-
-    unit, greedy_mix, warm = tensors(1.0, 1.0), tensors(0.0, 1.0), tensors(1.0, 0.7)
-    assert unit.unit_temperature and greedy_mix.unit_temperature and not warm.unit_temperature
-    assert DraftLoopGraph.key(2, 4, unit) != DraftLoopGraph.key(2, 4, warm)

@@ -80,8 +80,7 @@ class DecodeRows:
     def settings(self, st: SamplingTensors) -> SamplingTensors:
         """The rows' sampling settings as SamplingTensors (the batch's host-side flags)."""
         return SamplingTensors(self.temperature, self.is_greedy, self.top_k, self.top_p, generators=[],
-                               all_greedy=st.all_greedy, any_greedy=st.any_greedy, needs_filter=st.needs_filter,
-                               unit_temperature=st.unit_temperature)
+                               all_greedy=st.all_greedy, any_greedy=st.any_greedy, needs_filter=st.needs_filter)
 
     def upload(self, seqs: list[Sequence], st: SamplingTensors, keys: list[int], stop_ids: list[int]) -> None:
         """The batch's state from the host: each request's last token at its position (the target
@@ -260,7 +259,7 @@ class MultiStepDecode:
             if self._extend_tables(seqs, 2):
                 state.load_tables(self._tables(seqs))
         width = bucket(max(len(s.block_table) for s in seqs), self.max_blocks, smallest=8)
-        key = (state.rows, width, st.all_greedy, st.any_greedy, st.needs_filter, st.unit_temperature)
+        key = (state.rows, width, st.all_greedy, st.any_greedy, st.needs_filter)
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = ReplayGraph(state, self.target, st, width, self.fused)

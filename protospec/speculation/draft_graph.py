@@ -50,7 +50,6 @@ class DraftLoopGraph:
                 temperature=torch.ones(rows, device=device), is_greedy=torch.zeros(rows, dtype=torch.bool, device=device),
                 top_k=torch.full((rows,), vocab, dtype=torch.int64, device=device), top_p=torch.ones(rows, device=device),
                 generators=[], all_greedy=st.all_greedy, any_greedy=st.any_greedy, needs_filter=st.needs_filter,
-                unit_temperature=st.unit_temperature,
             )
             # Which SamplingTensors self.st holds now: the engine builds one per batch and never writes
             # to it, so a replay for the same batch skips the four copies.
@@ -66,7 +65,7 @@ class DraftLoopGraph:
 
     @staticmethod
     def key(rows: int, width: int, st: SamplingTensors, from_first_step: bool = False) -> tuple:
-        return rows, width, st.all_greedy, st.any_greedy, st.needs_filter, st.unit_temperature, from_first_step
+        return rows, width, st.all_greedy, st.any_greedy, st.needs_filter, from_first_step
 
     def steps(self, noise_block: torch.Tensor | None = None, noise_ready: torch.cuda.Event | None = None,
               tokens_to: torch.Tensor | None = None, join: bool = True) -> None:

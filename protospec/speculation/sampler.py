@@ -31,7 +31,6 @@ class SamplingTensors:
     all_greedy: bool           # host-side facts, known without reading the device
     any_greedy: bool
     needs_filter: bool
-    unit_temperature: bool = False  # every row greedy or at T = 1: the LM head's tile statistics apply
 
     @classmethod
     def build(cls, params: list[SamplingParams], generators: list[torch.Generator], vocab_size: int, device) -> "SamplingTensors":
@@ -47,7 +46,6 @@ class SamplingTensors:
             all_greedy=all(p.greedy for p in params),
             any_greedy=any(p.greedy for p in params),
             needs_filter=any((0 < p.top_k < vocab_size or p.top_p < 1.0) and not p.greedy for p in params),
-            unit_temperature=all(p.greedy or p.temperature == 1.0 for p in params),
         )
 
 

@@ -28,8 +28,7 @@ import functools
 from protospec.kernels.launch import interop
 from protospec.kernels.attention.mma_kernel import TILE, make_mma_kernel
 
-# Warps per block (each walks its own 16-key tiles): None chooses by shape (warps_per_block); an int forces it.
-WARPS = None
+# Warps per block (each walks its own 16-key tiles): chosen by shape (warps_per_block).
 MAX_WARPS = 8             # 8 x 32 threads at <= 128 registers: two blocks per SM
 WARPS_PER_SM = 12
 SIMULATOR_WARPS = 2       # the simulator runs an OS thread per lane: the merge across warps with few of them
@@ -62,8 +61,6 @@ def warps_per_block(groups: int, sm_count: int, group_rows: int = 1, head_dim: i
     warps fit on an SM).
     Fewer where the warps' merged rows (rows x (head_dim + 1) floats each) would pass MERGE_BYTES."""
     fit = MERGE_BYTES // (rows_per_chunk(group_rows) * (head_dim + 1) * 4)
-    if WARPS:
-        return min(WARPS, fit)
     want = min(WARPS_PER_SM * sm_count // max(1, groups), MAX_WARPS, fit)
     warps = 2
     while warps * 2 <= want:

@@ -13,19 +13,11 @@ indices in each; a kernel whose inner loop loads many words (the paged attention
 more instructions on that than on its arithmetic. Here an index is one offset from the data pointer,
 so loads whose indices differ by constants share one address register (the constants become the
 load's immediate offsets), and the load is marked invariant (the array must not change while the
-kernel runs), so it can take the read-only path. `load_flat_mutable(array, index)` is the same load
-without that mark, for arrays the kernel itself writes (a persistent kernel reading the cache rows an
-earlier phase filled: an invariant load could be moved above those writes). `store_flat(array, index,
-value)` writes the same way. `load_flat_pair(array, index)`: elements `index` and `index + 1` of an
+kernel runs), so it can take the read-only path. `store_flat(array, index, value)` writes the same way. `load_flat_pair(array, index)`: elements `index` and `index + 1` of an
 int64 array as one 16-byte load (index even, the data 16-byte aligned): half the load instructions
 of two `load_flat`s, which LLVM does not merge by itself (it cannot prove the alignment).
-
-Also `global_timer()`: the GPU's nanosecond clock (%globaltimer), for kernels that record when each
-of their phases ended.
 """
 from __future__ import annotations
-
-import time
 
 import numpy as np
 
@@ -54,11 +46,6 @@ if interop.SIMULATOR:
         return array.reshape(-1)[index]
 
     @cuda.jit(device=True)
-    def load_flat_mutable(array, index):
-        """array's element `index` in C order."""
-        return array.reshape(-1)[index]
-
-    @cuda.jit(device=True)
     def load_flat_pair(array, index):
         """array's elements `index` and `index + 1` in C order (read only)."""
         flat = array.reshape(-1)
@@ -68,11 +55,6 @@ if interop.SIMULATOR:
     def store_flat(array, index, value):
         """array's element `index` in C order = value."""
         array.reshape(-1)[index] = value
-
-    @cuda.jit(device=True)
-    def global_timer():
-        """Nanoseconds (the host's clock in the simulator)."""
-        return np.int64(time.perf_counter_ns())
 else:
     from llvmlite import ir
     from numba import types
@@ -114,25 +96,18 @@ else:
         data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
         return builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.int64)], inbounds=True)
 
-    def _flat_load(name: str, invariant: bool):
-        def typer(typingctx, array, index):  # noqa: ARG001
-            if not _flat_operands(array, index):
-                return None
+    @intrinsic
+    def load_flat(typingctx, array, index):  # noqa: ARG001
+        """array's element `index` (>= 0) in C order (the array does not change while the kernel runs)."""
+        if not _flat_operands(array, index):
+            return None
 
-            def codegen(context, builder, sig, args):
-                value = builder.load(_element_pointer(context, builder, sig, args))
-                if invariant:
-                    value.set_metadata("invariant.load", builder.module.add_metadata([]))
-                return value
+        def codegen(context, builder, sig, args):
+            value = builder.load(_element_pointer(context, builder, sig, args))
+            value.set_metadata("invariant.load", builder.module.add_metadata([]))
+            return value
 
-            return array.dtype(array, index), codegen
-        typer.__name__ = typer.__qualname__ = name  # intrinsics are told apart by name
-        return typer
-
-    load_flat = intrinsic(_flat_load("load_flat", True))
-    load_flat.__doc__ = "array's element `index` (>= 0) in C order (the array does not change while the kernel runs)."
-    load_flat_mutable = intrinsic(_flat_load("load_flat_mutable", False))
-    load_flat_mutable.__doc__ = "array's element `index` (>= 0) in C order."
+        return array.dtype(array, index), codegen
 
     @intrinsic
     def load_flat_pair(typingctx, array, index):  # noqa: ARG001
@@ -164,17 +139,6 @@ else:
             return context.get_dummy_value()
 
         return types.void(array, index, value), codegen
-
-    @intrinsic
-    def global_timer(typingctx):  # noqa: ARG001
-        """Nanoseconds since an arbitrary origin (%globaltimer: one clock for every SM)."""
-        signature = types.int64()
-
-        def codegen(context, builder, sig, args):
-            fn = ir.FunctionType(ir.IntType(64), [])
-            return builder.call(ir.InlineAsm(fn, "mov.u64 $0, %globaltimer;", "=l", side_effect=True), [])
-
-        return signature, codegen
 
 
 @cuda.jit(device=True)
