@@ -1,13 +1,25 @@
 """The sampling kernels' buffers that are not the caller's: the slices' statistics and race winners
 (written and read within a call, one set per shape), and placeholders for the arguments a launch does
-not use (never an alias of a real argument, never written).
+not use (never an alias of a real argument, never written); and RowSettings, what they read of the
+batch's sampling settings.
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels.launch.interop import check_tensor
+
+
+class RowSettings(Protocol):
+    """The batch's sampling settings a sampling kernel reads (speculation/sampler.py's SamplingTensors
+    carries them; named here so the kernels need nothing above them)."""
+    temperature: torch.Tensor  # [B] float32 (1.0 for greedy rows)
+    is_greedy: torch.Tensor    # [B] bool
+    all_greedy: bool           # host-side facts
+    needs_filter: bool         # some row has top-k / top-p: these kernels do not apply
 
 
 def no_advance(device: torch.device) -> list:

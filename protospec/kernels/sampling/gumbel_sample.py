@@ -35,12 +35,11 @@ from protospec.kernels.sampling.packed_argmax import EMPTY, argmax_key, key_inde
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.primitives.reductions import better, block_argmax_or
 from protospec.kernels.sampling.advance import loads_for_advance
-from protospec.kernels.sampling.buffers import mirror_span, no_advance, placeholder
+from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance, placeholder
 from protospec.kernels.sampling.slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK
 
 if TYPE_CHECKING:
     from protospec.kernels.inputs.advance_step import AdvanceStepLauncher
-    from protospec.speculation.sampler import SamplingTensors
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,7 +122,7 @@ def _key_buffer(rows: int, device: torch.device) -> torch.Tensor:
     return kept[-1]
 
 
-def gumbel_sample_into(logits: torch.Tensor, st: "SamplingTensors", step: int, draft_ids: torch.Tensor,
+def gumbel_sample_into(logits: torch.Tensor, st: RowSettings, step: int, draft_ids: torch.Tensor,
                        noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False,
                        advance: "AdvanceStepLauncher | None" = None, tokens_to: torch.Tensor | None = None,
                        logits_out: torch.Tensor | None = None) -> None:

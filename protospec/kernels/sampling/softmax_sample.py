@@ -35,7 +35,7 @@ from protospec.kernels.launch.dependent_launch import allow_dependent_launch, wa
 from protospec.kernels.launch.interop import check_tensor, cuda
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.sampling.advance import finish_row, loads_for_advance
-from protospec.kernels.sampling.buffers import mirror_span, no_advance, placeholder, scratch
+from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance, placeholder, scratch
 from protospec.kernels.sampling.slices import (PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats,  # noqa: F401
                                                combine_winners, prefetch_slice, slice_probs,
                                                slice_probs_prefetched)
@@ -43,7 +43,6 @@ from protospec.kernels.sampling.stats import launch_stats, stats_kernel
 
 if TYPE_CHECKING:
     from protospec.kernels.inputs.advance_step import AdvanceStepLauncher
-    from protospec.speculation.sampler import SamplingTensors
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,12 +118,12 @@ def _kernels(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
     return stats_kernel(DEPENDENT), probs_and_sample_kernel
 
 
-def fused_applies(st: SamplingTensors) -> bool:
+def fused_applies(st: RowSettings) -> bool:
     """Filtering (top-k / top-p) needs a sort: those batches keep the torch path."""
     return not st.needs_filter
 
 
-def probs_into(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor, rows_per_seq: int = 1,
+def probs_into(logits: torch.Tensor, st: RowSettings, out: torch.Tensor, rows_per_seq: int = 1,
                dependent: bool = False, space: str = "") -> torch.Tensor:
     """compute_probs, written into `out` [R, V] (contiguous; `logits` itself is allowed): the verify's target
     probabilities. dependent: as programmatic dependents (sm_90 and later); space: _launch's."""
@@ -133,7 +132,7 @@ def probs_into(logits: torch.Tensor, st: SamplingTensors, out: torch.Tensor, row
     return out
 
 
-def sample_into(logits: torch.Tensor, st: SamplingTensors, step: int, draft_probs: torch.Tensor, draft_ids: torch.Tensor,
+def sample_into(logits: torch.Tensor, st: RowSettings, step: int, draft_probs: torch.Tensor, draft_ids: torch.Tensor,
                 noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False,
                 advance: AdvanceStepLauncher | None = None, tokens_to: torch.Tensor | None = None) -> None:
     """One draft step's sample: probabilities into draft_probs[:, step] ([B, k, V]), ids into
