@@ -10,7 +10,8 @@ Two work decompositions, each combining its own split-K partials:
               by the last split block of each row group (one launch).
 A head size neither takes (not 8 x a power of two, nor a multiple of 32 in float16) keeps the torch path.
 
-A block per (query token, head, chunk of keys) lost at every shape timed and was removed (NOTES.md
+A block per (query token, head, chunk of keys) lost to by_kv_head at every shape timed (1.5-7x at
+320 keys, data/results/2026-12-01_nvidia-h200_attention_cost_8f11270.json) and was removed (NOTES.md
 names the commit): its grid follows the block table's width, not the context, and each query token
 re-reads the keys. by_kv_head's blocks walking keys in tiles without tensor cores measured 2.6-4.7x
 slower than by_kv_head at every shape timed and were removed too (data/results/README.md,
