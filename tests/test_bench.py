@@ -139,17 +139,19 @@ def test_cpu_default_is_small(monkeypatch):
 
 @pytest.mark.parametrize("flipped", [False, True], ids=["defaults", "flipped"])
 def test_the_engine_flags_reach_the_engine_and_its_kernel_plan(tiny_target, tiny_draft, flipped):
-    """--prefill-kernels reaches the engine (the plan it resolves: prefill kernels off by default in
-    the simulator, on where asked for)."""
+    """--prefill-kernels reaches the engine (the plan it resolves: prefill kernels on by default on a GPU,
+    off in the simulator; flipped asks for the other)."""
     from protospec.bench.args import build_parser, resolve_args, setup_from
 
-    flags = ["--prefill-kernels", "on"] if flipped else []
+    default = torch.cuda.is_available()
+    flags = ["--prefill-kernels", "off" if default else "on"] if flipped else []
     args = resolve_args(build_parser().parse_args(["--model", tiny_target, "--speculative-model", tiny_draft, *TINY,
                                                    "--layer-kernels", "on", *flags]))
     engine = setup_from(args).llm(draft_loop="gpu").engine
-    assert engine.plan.prefill_kernels is flipped
-    assert engine.target.model.layer_kernels.long_chunks is engine.draft.model.layer_kernels.long_chunks is flipped
-    assert engine.plan.as_record()["prefill_kernels"] is flipped
+    expected = default != flipped
+    assert engine.plan.prefill_kernels is expected
+    assert engine.target.model.layer_kernels.long_chunks is engine.draft.model.layer_kernels.long_chunks is expected
+    assert engine.plan.as_record()["prefill_kernels"] is expected
 
 
 @pytest.mark.parametrize("flag", ["--draft-equals-target"])

@@ -77,7 +77,7 @@ def test_speculation_off_above_a_batch_size_decodes_several_steps_a_replay(tiny_
     llm = _multi_step(tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE, speculative_disable_by_batch_size=2),
                       steps=4)
     assert _run(llm, prompts, params) == alone
-    assert llm.counters["target"]["decode_replays"] > 0 and llm.counters["target"]["cpu_prepare:verify"] > 0
+    assert llm.counters["target"]["decode_replays"] > 0 and llm.metrics.num_spec_steps > 0  # both decoders ran
 
 
 def test_the_engine_serves_after_a_call_fails_midway(tiny_target, monkeypatch):
