@@ -3,12 +3,21 @@ naming the problem and exit status 2 (argparse's own convention), never a traceb
 keep theirs, since they are bugs to report."""
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable, NoReturn
 
 from protospec.errors import ProtospecError
 
 BAD_INPUT = 2
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse for the commands: a bad argument is one line, `PROG: error: ...`, and status 2 (argparse
+    prints its whole usage block first; --help still shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
 def run_command(main: Callable[[], object]) -> NoReturn:

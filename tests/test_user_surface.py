@@ -1,6 +1,7 @@
 """What a user meets first: runs that never overwrite a record, vLLM's benchmark flags and JSON keys,
 clear refusals, plots rendered from a small report (no model needed)."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -194,6 +195,22 @@ def test_the_bench_refuses_a_bad_argument_without_a_traceback():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("error: ModelLoadError: no such directory: /nonexistent/model")
+
+
+def test_every_command_answers_a_bad_argument_in_one_line(capsys):
+    """The commands build their parsers from CommandParser: a bad argument is one line and status 2
+    (argparse alone prints its usage block first); no command's parser is a plain ArgumentParser."""
+    from protospec.command_line import BAD_INPUT, CommandParser
+
+    parser = CommandParser(prog="python -m protospec.x")
+    parser.add_argument("--k", type=int)
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--k", "five"])
+    assert info.value.code == BAD_INPUT
+    assert capsys.readouterr().err == "python -m protospec.x: error: argument --k: invalid int value: 'five'\n"
+    root = Path(__file__).resolve().parents[1] / "protospec"
+    plain = [str(path.relative_to(root)) for path in root.rglob("*.py") if "argparse.ArgumentParser(" in path.read_text()]
+    assert plain == []
 
 
 def test_the_bench_help_is_short_and_grouped():

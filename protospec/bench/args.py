@@ -12,6 +12,7 @@ from protospec.bench.compare import TRAINED_PAIR
 from protospec.bench.engine_flags import add_engine_flags, engine_switches
 from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
 from protospec import registry
+from protospec.command_line import CommandParser
 
 RUNS_DIR = "runs"             # ignored by git: where runs go unless recorded on purpose
 RECORD_DIR = "data/results"   # the runs of record (--record)
@@ -62,7 +63,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     ignored = textwrap.fill("vLLM's flags accepted and ignored here (a warning names each one set): "
                             + ", ".join(IGNORED_VLLM_FLAGS) + ".", width=110,
                             break_on_hyphens=False)
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m protospec.bench", usage="python -m protospec.bench [options]", description=description,
         formatter_class=_HelpFormatter, allow_abbrev=False, epilog=ignored)
     parser = p

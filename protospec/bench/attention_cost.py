@@ -26,6 +26,7 @@ from protospec.model.inputs import prepare_inputs
 from protospec.kernels.attention import paged_attention as kernel
 from protospec.model.loader import resolve_checkpoint
 from protospec.model.config import LlamaArchConfig
+from protospec.command_line import CommandParser
 
 L2_BYTES = 60 * 2**20  # the H200's L2; the rotation covers 4x this
 CALLS_PER_GRAPH = 20
@@ -94,7 +95,7 @@ def time_calls(calls: list) -> float:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench.attention_cost", description=__doc__,
+    p = CommandParser(prog="python -m protospec.bench.attention_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="JackFram/llama-160m", help="whose attention shape (default: %(default)s)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])

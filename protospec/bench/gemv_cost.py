@@ -23,6 +23,7 @@ import torch
 from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, cuda_and_copy_bandwidth, time_calls
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels.linear import gemv_mma, layer_ops
+from protospec.command_line import CommandParser
 
 SHAPES = ("768x2304", "768x6144", "3072x768", "768x768", "768x32000")  # llama-160m: qkv, gate_up, down, o, lm_head
 
@@ -33,7 +34,7 @@ def weight_copies(k: int, n: int, dev) -> list[torch.Tensor]:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench.gemv_cost", description=__doc__,
+    p = CommandParser(prog="python -m protospec.bench.gemv_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="KxN (in x out features)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6], help="token rows (1 = decode, k + 1 = verify)")

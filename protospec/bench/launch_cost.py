@@ -7,7 +7,6 @@ absorbs the kernels; this is what the draft loop pays on the CPU per step). Medi
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ from protospec.speculation.decode_state import DraftDecodeState
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.launch import interop
 from protospec.kernels.inputs.advance_step import advance_step, advance_step_kernel
+from protospec.command_line import CommandParser
 
 
 def host_us(fn, calls: int, repeats: int) -> float:
@@ -110,7 +110,7 @@ def measure(batch: int, block_size: int, calls: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench.launch_cost", description=__doc__)
+    p = CommandParser(prog="python -m protospec.bench.launch_cost", description=__doc__)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--calls", type=int, default=2000)

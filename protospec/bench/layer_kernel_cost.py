@@ -24,6 +24,7 @@ from protospec.kernels.linear.layer_ops import add_rms_norm, rope_and_cache, sil
 from protospec.kernels.attention.paged_attention import paged_attention
 from protospec.model.loader import load_model
 from protospec.model.llama import apply_rope, rms_norm
+from protospec.command_line import CommandParser
 
 
 def graph_us(fn, copies: int = 20, replays: int = 20) -> float:
@@ -132,7 +133,7 @@ def _mma_linear_case(model, inputs, linear: str):
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench.layer_kernel_cost", description=__doc__,
+    p = CommandParser(prog="python -m protospec.bench.layer_kernel_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="JackFram/llama-160m")
     p.add_argument("--context", type=int, default=320, help="keys already cached (256 prompt + ~64 generated)")

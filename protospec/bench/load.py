@@ -31,6 +31,7 @@ from protospec import LLM, SamplingParams
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.errors import ProtospecError
 from protospec import registry
+from protospec.command_line import CommandParser
 
 TARGET_ONLY = "target_only"
 MODES = (registry.MAIN, registry.GPU, registry.GRAPH, TARGET_ONLY)
@@ -126,7 +127,7 @@ def engine_kwargs(args: argparse.Namespace, **more) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench.load", description=__doc__,
+    p = CommandParser(prog="python -m protospec.bench.load", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(p, max_num_seqs=256)
     p.add_argument("--requests", type=int, nargs="+", default=[2000, 20000], help="one generate() call of each size")

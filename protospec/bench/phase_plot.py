@@ -18,6 +18,7 @@ import json
 from matplotlib.figure import Figure
 
 from protospec import registry
+from protospec.command_line import CommandParser
 
 GROUPS = {"draft forwards": ("draft_forward", "draft_loop_graph"), "verify": ("verify",), "sampling": ("sampling",),
           "rejection": ("rejection",), "whole step graph": ("step_graph",), "rest": ("prepare", "commit", "begin", "outside_spec_step")}
@@ -63,7 +64,7 @@ def plot_phases(censuses: dict[str, dict], mode: str = registry.GRAPH) -> Figure
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench.phase_plot", description=__doc__,
+    p = CommandParser(prog="python -m protospec.bench.phase_plot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("censuses", nargs="+", help="census JSON files, each optionally :LABEL")
     p.add_argument("--mode", default=registry.GRAPH, help="the draft-loop mode to plot (default: %(default)s)")

@@ -30,6 +30,7 @@ from protospec.bench.latency import time_generate
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.lab.forced_acceptance import force_acceptance
 from protospec import registry
+from protospec.command_line import CommandParser
 
 PAIRS = {
     "seed": ("JackFram/llama-160m", "JackFram/llama-68m"),
@@ -118,7 +119,7 @@ def plot_surface(report: dict):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench.surface", description=__doc__,
+    p = CommandParser(prog="python -m protospec.bench.surface", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS), help="target + draft pairs")
     p.add_argument("--alphas", nargs="+", type=float, default=list(ALPHAS), help="acceptance rates to set")

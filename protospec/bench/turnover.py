@@ -25,6 +25,7 @@ from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.requests.sequence import Sequence
 from protospec.errors import ProtospecError
 from protospec import registry
+from protospec.command_line import CommandParser
 
 SETUPS = (("draft", registry.DYNAMIC_K_OFF), ("draft", registry.DYNAMIC_K_HEURISTIC),
           (registry.NGRAM_MODEL, registry.DYNAMIC_K_OFF), (registry.NGRAM_MODEL, registry.DYNAMIC_K_HEURISTIC))
@@ -89,7 +90,7 @@ def check_run(run: dict, llm: LLM, plain: LLM) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m protospec.bench.turnover", description=__doc__,
+    p = CommandParser(prog="python -m protospec.bench.turnover", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(p, max_num_seqs=32)
     p.add_argument("--draft-loop", default=registry.GRAPH, choices=registry.DRAFT_LOOP_NAMES)

@@ -13,13 +13,13 @@ a toolkit without NVRTC (libNVVM and ptxas alone) is told sm_90 directly here.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from protospec.command_line import CommandParser
 
 ARCH = "sm_90"  # gpu_typecheck.COMPUTE_CAPABILITY's
 
@@ -114,7 +114,7 @@ def reached_kernels(parts: tuple[str, ...] = PARTS) -> list[tuple[str, tuple, ob
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog=f"python -m {__spec__.name if __spec__ else __name__}", description=__doc__.split("\n\n")[0])
     p.add_argument("--match", default="", help="only kernels whose name contains this")
     args = p.parse_args(argv)
     if shutil.which("ptxas") is None:

@@ -24,11 +24,11 @@ reader, `wait_order` the count.
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import struct
 import sys
 import tempfile
+from protospec.command_line import CommandParser
 
 LDG, WAIT, LAUNCH = 0x981, 0x82E, 0x82D
 PTX_WAIT = "griddepcontrol.wait"
@@ -129,7 +129,7 @@ def print_orders_of_built(groups: tuple[str, ...] = ("_attention", "_layers_and_
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog=f"python -m {__spec__.name if __spec__ else __name__}", description=__doc__.split("\n\n")[0])
     p.add_argument("--match", default="", help="only kernels whose name contains this")
     p.add_argument("--parts", nargs="+", default=None, help="gpu_typecheck's groups to build (default: all)")
     args = p.parse_args(argv)

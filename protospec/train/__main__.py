@@ -25,10 +25,11 @@ from protospec.bench.provenance import check_writable, provenance
 from protospec.train.corpus import Corpus
 from protospec.train.tokenizer import as_transformers, encode_files, train_tokenizer
 from protospec.train.trainer import DRAFT_SIZE, TARGET_SIZE, TrainConfig, sample_from_teacher, train_model
+from protospec.command_line import CommandParser
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m protospec.train", description=__doc__,
+    p = CommandParser(prog="python -m protospec.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None,
                    help="where the pair goes (default: runs/pair_<date>_<time>); an existing non-empty directory "

@@ -6,7 +6,6 @@ Prompts are windows of held-out files (never trained on), tokenized by the pair'
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -22,6 +21,7 @@ from protospec.engine.llm import LLM
 from protospec.requests.metrics import RATE_KEYS
 from protospec.engine.progress import progress_bar
 from protospec.train.corpus import Corpus
+from protospec.command_line import CommandParser
 
 
 def heldout_prompts(tokenizer, num_prompts: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
@@ -92,7 +92,7 @@ def fresh_process_load_s(target: str, draft: str, k: int) -> float:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m protospec.train.evaluate", description=__doc__)
+    p = CommandParser(prog="python -m protospec.train.evaluate", description=__doc__)
     p.add_argument("--models", default="data/models")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--num-prompts", type=int, default=32)
