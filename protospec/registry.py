@@ -1,7 +1,7 @@
 """The draft loop's ways, the commit policies and the bench's arms: named here, and only here.
 
 Config, engine, bench, report and debugger read these tables; the classes that implement each way
-are in draft_loops.py and device_draft_loops.py (DRAFT_LOOP_CLASSES maps a name to its class).
+are in speculation/draft_loops.py and speculation/device_draft_loops.py (DRAFT_LOOP_CLASSES maps a name to its class).
 This module imports nothing heavy, so the config can check a name before anything is loaded.
 """
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_the_kernels_are_the_lowest_layer():
 
 
 # The packages' layers, lowest first: a module imports (at module level) only from its own layer or below.
-# The foundations are single modules everyone uses; speculation.registry holds only names.
+# The foundations are single modules everyone uses; registry holds only names.
 LAYERS = (
     ("protospec.errors", "protospec.layout", "protospec.device_wait", "protospec.command_line", "protospec.registry",
      "protospec.config", "protospec.kernel_plan"),
@@ -218,8 +218,7 @@ def _outside_global_writes(path: Path, known: set[str]) -> list[str]:
 
 # Set from outside on purpose, each for a stated reason: sizes a test shrinks so the simulator reaches a
 # multi-block or multi-chunk branch in seconds; the GPU build check, which reroutes every launch of the
-# package to Numba's compiler on a machine without a GPU; the randoms' draw choice, which a test forces
-# to run the GPU's batched draws on a CPU (not yet a KernelPlan field).
+# package to Numba's compiler on a machine without a GPU.
 SET_FROM_OUTSIDE = {
     "protospec.kernels.sampling.rejection.THREADS", "protospec.kernels.primitives.reductions.SHUFFLE_LANES",
     "protospec.kernels.sampling.gumbel_sample.THREADS", "protospec.kernels.sampling.gumbel_sample.VOCAB_PER_BLOCK",

@@ -23,7 +23,7 @@ def test_every_kernel_builds_for_sm90_and_each_dependent_keeps_its_loads_around_
     import shutil
 
     wait_orders = shutil.which("ptxas") is not None
-    done = _run("from protospec.tools import gpu_typecheck; from protospec.tools import gpu_wait_order\n"
+    done = _run("from protospec.tools import gpu_typecheck, gpu_wait_order\n"
                 "code = gpu_typecheck.main(['--divisions-of', 'attention_mma_kernel,attention_group_kernel'])\n"
                 + ("gpu_wait_order.print_orders_of_built()\n" if wait_orders else "")
                 + "raise SystemExit(code)")

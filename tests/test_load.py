@@ -7,12 +7,11 @@ import sys
 
 import pytest
 import torch
-from tiny import DRAFT_CFG, TARGET_CFG, random_prompts, tiny_llm, write_config
+from tiny import TARGET_CFG, random_prompts, tiny_llm, write_config
 
-from protospec import SamplingParams
+from protospec import SamplingParams, registry
 from protospec.bench import load, turnover
 from protospec.errors import DeviceWaitError
-from protospec import registry
 
 GPU = torch.cuda.is_available()
 needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs a CUDA device")]

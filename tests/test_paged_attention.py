@@ -1,17 +1,16 @@
 """The paged-attention kernel against the torch path (attention.py): ragged contexts, GQA, block and
 tile boundaries, 1 and k + 1 queries, padding rows, fp16 and fp32, every split of the keys (the
 simulator on CPU, the GPU where there is one)."""
-import contextlib
 
 import pytest
 import torch
 
-from protospec.kernels.primitives import arrivals
 from protospec.model.attention import paged_attention as torch_paged_attention, plan_attention
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.attention import by_kv_head, paged_attention as kernel
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, SIMULATOR
+from protospec.kernels.primitives import arrivals
 
 DEV = KERNEL_DEVICE_TYPE
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=4e-3, rtol=4e-3)}

@@ -3,10 +3,10 @@ on CPU, the GPU where there is one), including the residual's fallback and the b
 import pytest
 import torch
 
-from protospec.kernels.primitives import arrivals
 from protospec.errors import KernelArgumentError
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.sampling.rejection import rejection_sample_fused
+from protospec.kernels.primitives import arrivals
 from protospec.speculation.rejection import rejection_sample
 
 DEV = KERNEL_DEVICE_TYPE

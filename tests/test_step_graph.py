@@ -6,12 +6,11 @@ import pytest
 import torch
 from tiny import random_prompts, tiny_llm
 
-from protospec import SamplingParams
+from protospec import SamplingParams, registry
 from protospec.errors import ConfigError, KernelArgumentError
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID, RejectionOutput
 from protospec.model.inputs import prepare_inputs
 from protospec.model.persistent_inputs import PersistentInputs
-from protospec import registry
 from protospec.speculation.step_graph import commit_row, step_graph_applies
 from protospec.speculation.verify_inputs import build_verify_inputs
 

@@ -4,13 +4,13 @@ against the two kernels and the torch reference (simulator on CPU, the GPU where
 import pytest
 import torch
 
-from protospec.kernels.primitives import arrivals
 from protospec.config import SamplingParams
 from protospec.errors import KernelArgumentError
 from protospec.kernels.sampling import verify_rejection
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.sampling.packed_argmax import EMPTY
 from protospec.kernels.sampling.softmax_sample import probs_into
+from protospec.kernels.primitives import arrivals
 from protospec.speculation.rejection import rejection_sample
 from protospec.speculation.sampler import SamplingTensors
 

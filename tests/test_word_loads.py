@@ -1,6 +1,6 @@
 """Weights read as int64 words and split into float32 values in a kernel (kernels/primitives/word_loads.py):
-every value of a float16 / float32 tensor comes back, in memory order, through its word view, and
-the kernel-side clock moves forward (the simulator and the GPU alike)."""
+every value of a float16 / float32 tensor comes back, in memory order, through its word view (the
+simulator and the GPU alike)."""
 import pytest
 import torch
 

@@ -26,7 +26,7 @@ from protospec.model.inputs import prepare_inputs
 from protospec.kernels.attention import paged_attention as kernel
 from protospec.model.loader import resolve_checkpoint
 from protospec.model.config import LlamaArchConfig
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 L2_BYTES = 60 * 2**20  # the H200's L2; the rotation covers 4x this
 CALLS_PER_GRAPH = 20
@@ -96,7 +96,7 @@ def time_calls(calls: list) -> float:
 
 def main(argv=None) -> dict:
     p = CommandParser(prog="python -m protospec.bench.attention_cost", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="JackFram/llama-160m", help="whose attention shape (default: %(default)s)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--queries", type=int, nargs="+", default=[1, 6], help="query tokens per sequence (1 = decode, k + 1 = verify)")
@@ -135,6 +135,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

@@ -23,7 +23,7 @@ import torch
 from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, cuda_and_copy_bandwidth, time_calls
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels.linear import gemv_mma, layer_ops
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 SHAPES = ("768x2304", "768x6144", "3072x768", "768x768", "768x32000")  # llama-160m: qkv, gate_up, down, o, lm_head
 
@@ -35,7 +35,7 @@ def weight_copies(k: int, n: int, dev) -> list[torch.Tensor]:
 
 def main(argv=None) -> dict:
     p = CommandParser(prog="python -m protospec.bench.gemv_cost", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="KxN (in x out features)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6], help="token rows (1 = decode, k + 1 = verify)")
     p.add_argument("--norm", action="store_true", help="also time RMSNorm folded in against norm + cuBLAS")
@@ -76,6 +76,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

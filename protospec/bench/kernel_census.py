@@ -30,7 +30,7 @@ from protospec.bench.engine_flags import add_engine_flags, engine_switches
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.layout import ATTENTION_PATHS
 from protospec.speculation.phase_timer import NULL_TIMER, ProfilerPhases
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 
 def engine_spec_steps(phases: list[tuple[float, float, str]], request_steps: int) -> int:
@@ -197,7 +197,7 @@ def census(llm, setup: BenchSetup, mode: str | None) -> dict:
 
 def main(argv=None) -> dict:
     p = CommandParser(prog="python -m protospec.bench.kernel_census", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="JackFram/llama-160m", help="target (default: %(default)s)")
     p.add_argument("--speculative-model", default="JackFram/llama-68m", help="draft (default: %(default)s)")
     p.add_argument("--num-speculative-tokens", type=int, default=5, help="k (default: %(default)s)")
@@ -283,6 +283,4 @@ def target_only_census(setup: BenchSetup, floor: dict) -> dict:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

@@ -18,7 +18,7 @@ from protospec.speculation.decode_state import DraftDecodeState
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.launch import interop
 from protospec.kernels.inputs.advance_step import advance_step, advance_step_kernel
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 
 def host_us(fn, calls: int, repeats: int) -> float:
@@ -130,6 +130,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

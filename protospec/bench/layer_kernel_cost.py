@@ -22,9 +22,10 @@ from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.linear.layer_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from protospec.kernels.attention.paged_attention import paged_attention
+from protospec.model.layer_kernels import enable_layer_kernels
 from protospec.model.loader import load_model
 from protospec.model.llama import apply_rope, rms_norm
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 
 def graph_us(fn, copies: int = 20, replays: int = 20) -> float:
@@ -118,7 +119,7 @@ def _forward_case(model, inputs):
 def _mma_linear_case(model, inputs, linear: str):
     """The layer kernels' forward with its linear layers on the tensor-core GEMV (kernels/linear/gemv_mma.py;
     mma_fused: the norms and SiLU folded into it), beside the same forward on cuBLAS (the "torch" column)."""
-    from protospec.model.layer_kernels import LayerKernelForward, enable_layer_kernels
+    from protospec.model.layer_kernels import LayerKernelForward
 
     on_cublas = _forward_case(model, inputs)[0]
     kernels = model.layer_kernels
@@ -134,7 +135,7 @@ def _mma_linear_case(model, inputs, linear: str):
 
 def main(argv=None) -> dict:
     p = CommandParser(prog="python -m protospec.bench.layer_kernel_cost", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="JackFram/llama-160m")
     p.add_argument("--context", type=int, default=320, help="keys already cached (256 prompt + ~64 generated)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6])
@@ -158,6 +159,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

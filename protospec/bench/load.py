@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 
 import torch
 
-from protospec import LLM, SamplingParams
+from protospec import LLM, SamplingParams, registry
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.errors import ProtospecError
-from protospec import registry
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 TARGET_ONLY = "target_only"
 MODES = (registry.MAIN, registry.GPU, registry.GRAPH, TARGET_ONLY)
@@ -128,7 +126,7 @@ def engine_kwargs(args: argparse.Namespace, **more) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = CommandParser(prog="python -m protospec.bench.load", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(p, max_num_seqs=256)
     p.add_argument("--requests", type=int, nargs="+", default=[2000, 20000], help="one generate() call of each size")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -180,6 +178,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

@@ -18,7 +18,7 @@ import json
 from matplotlib.figure import Figure
 
 from protospec import registry
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 GROUPS = {"draft forwards": ("draft_forward", "draft_loop_graph"), "verify": ("verify",), "sampling": ("sampling",),
           "rejection": ("rejection",), "whole step graph": ("step_graph",), "rest": ("prepare", "commit", "begin", "outside_spec_step")}
@@ -65,7 +65,7 @@ def plot_phases(censuses: dict[str, dict], mode: str = registry.GRAPH) -> Figure
 
 def main(argv=None) -> None:
     p = CommandParser(prog="python -m protospec.bench.phase_plot", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("censuses", nargs="+", help="census JSON files, each optionally :LABEL")
     p.add_argument("--mode", default=registry.GRAPH, help="the draft-loop mode to plot (default: %(default)s)")
     p.add_argument("--output-png", required=True)
@@ -80,6 +80,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

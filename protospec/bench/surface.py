@@ -30,7 +30,7 @@ from protospec.bench.latency import time_generate
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.lab.forced_acceptance import force_acceptance
 from protospec import registry
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 PAIRS = {
     "seed": ("JackFram/llama-160m", "JackFram/llama-68m"),
@@ -63,9 +63,7 @@ def run_pair(name: str, setup: BenchSetup, alphas=ALPHAS, ks=KS, log=print) -> d
     target_step_s = target_p50 / setup.output_len
     log(f"  {name}: target-only p50 {target_p50 * 1e3:.2f} ms ({target_step_s * 1e6:.1f} us a token)")
     points, spec_step_s = [], {}
-    # The fastest mode: the whole spec step as one CUDA graph where graphs run (auto would pick gpu).
-    on_cuda = torch.device(setup.device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda"
-    draft_loop = registry.GRAPH if on_cuda and not setup.enforce_eager else registry.AUTO
+    draft_loop = registry.AUTO  # the fastest way the device allows: graph where CUDA graphs run
     for k in ks:
         llm = replace(setup, num_speculative_tokens=k).llm(draft_loop=draft_loop)
         timed = {}
@@ -120,7 +118,7 @@ def plot_surface(report: dict):
 
 def main(argv: list[str] | None = None) -> dict:
     p = CommandParser(prog="python -m protospec.bench.surface", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS), help="target + draft pairs")
     p.add_argument("--alphas", nargs="+", type=float, default=list(ALPHAS), help="acceptance rates to set")
     p.add_argument("--ks", nargs="+", type=int, default=list(KS), help="draft tokens a step")
@@ -153,6 +151,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

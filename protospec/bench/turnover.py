@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 
-from protospec import LLM, SamplingParams
+from protospec import LLM, SamplingParams, registry
 from protospec.bench.load import add_engine_args, engine_kwargs
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.requests.sequence import Sequence
 from protospec.errors import ProtospecError
-from protospec import registry
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 SETUPS = (("draft", registry.DYNAMIC_K_OFF), ("draft", registry.DYNAMIC_K_HEURISTIC),
           (registry.NGRAM_MODEL, registry.DYNAMIC_K_OFF), (registry.NGRAM_MODEL, registry.DYNAMIC_K_HEURISTIC))
@@ -91,7 +89,7 @@ def check_run(run: dict, llm: LLM, plain: LLM) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = CommandParser(prog="python -m protospec.bench.turnover", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(p, max_num_seqs=32)
     p.add_argument("--draft-loop", default=registry.GRAPH, choices=registry.DRAFT_LOOP_NAMES)
     p.add_argument("--steps", type=int, default=10000, help="engine steps with arrivals, split over the setups")
@@ -131,6 +129,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

@@ -30,7 +30,7 @@ class RequestMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0      # kept: the accepted prefix of each step
     num_passed_tokens: int = 0        # passed their own test (vLLM's count), >= num_accepted_tokens
-    num_emitted_tokens: int = 0       # tokens from speculation/decode steps (not the prefill's first token)
+    num_emitted_tokens: int = 0       # tokens from spec / decode steps (not the prefill's first token)
     num_verified_positions: int = 0   # target positions verified: k + 1 per spec step
     accepted_per_position: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0            # wall time of the generate() call that served the request

@@ -43,6 +43,7 @@ class StepCallbacks(Protocol):
 
     def launch_step_graph(self, s: StepState) -> bool: ...
 
+
 class SyncedCommit:
     name = registry.SYNCED
     pending: StepState | None = None  # never: nothing is launched ahead

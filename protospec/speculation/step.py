@@ -164,7 +164,7 @@ class SpeculativeStep:
         graph = self._step_graphs.get((draft_graph, self.forced_acceptance))
         if graph is None:
             graph = SpecStepGraph(draft_graph, self.target, self.acceptance, self.fused_sampling,
-                                  self.draft_loop.error_flag(), self.forced_acceptance)
+                                  self.draft_loop.error_flag(), self.forced_acceptance, self.batched_randoms)
             self._step_graphs[draft_graph, self.forced_acceptance] = graph
         with self.timer.phase("step_graph"):
             s.randoms = graph.randoms(s.st, self.commit_policy.kept_randoms(s.seqs))

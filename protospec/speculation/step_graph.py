@@ -79,11 +79,12 @@ def commit_row(result: RejectionOutput, num_proposed: torch.Tensor | None, error
 
 class SpecStepGraph:
     def __init__(self, draft_graph: DraftLoopGraph, target: ModelRunner, acceptance, fused_sampling: bool,
-                 error_row: torch.Tensor, forced_acceptance: float | None = None):
+                 error_row: torch.Tensor, forced_acceptance: float | None = None, batched_randoms: bool | None = None):
         """draft_graph: the steps 1..k graph (its `first` buffers set); acceptance: the step's rule
         (speculation/acceptance.py), called on the padded batch; error_row: [1] int32 the step's device-built
         inputs flag a bad position in; forced_acceptance: for timing only, each draft token kept with
-        this probability (randoms.force_acceptance, applied to the uniforms inside the replay)."""
+        this probability (randoms.force_acceptance, applied to the uniforms inside the replay);
+        batched_randoms: the engine's KernelPlan.batched_randoms (None: by device)."""
         self.forced_acceptance = forced_acceptance
         if draft_graph.first is None:
             raise ValueError("a spec step graph starts at draft step 1: its draft graph needs the first-step buffers")
@@ -102,7 +103,7 @@ class SpecStepGraph:
             if self.greedy else None                                        # [rows, k, V], [rows, V] Exp(1) stand-ins
         # Filled inside the replay from the requests' keys where draws are batched (a GPU's default),
         # else copied in from the requests' own generators' draws.
-        self.fills = not self.greedy and batched_draws(device)
+        self.fills = not self.greedy and batched_draws(device, batched_randoms)
         self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
         self._side: torch.cuda.Stream | None = None  # the side branch's stream
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -116,7 +117,8 @@ class SpecStepGraph:
         if self.greedy:  # no draw, nothing kept
             return SpecStepRandoms(self.uniforms[:batch], *(n[:batch] for n in self.greedy_noise), noise_block=None)
         if not self.fills:
-            randoms = SpecStepRandoms.draw(st, self.k, self.target.vocab_size, self.target.device, kept)
+            randoms = SpecStepRandoms.draw(st, self.k, self.target.vocab_size, self.target.device, kept,
+                                           batched=False)  # a batched fill would run inside the replay
             if self.forced_acceptance is not None:
                 force_acceptance(randoms.uniforms, self.forced_acceptance)
             return randoms

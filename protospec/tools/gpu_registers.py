@@ -17,9 +17,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-from protospec.command_line import CommandParser
+
+from protospec.command_line import CommandParser, run_command
 
 ARCH = "sm_90"  # gpu_typecheck.COMPUTE_CAPABILITY's
 
@@ -131,6 +131,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

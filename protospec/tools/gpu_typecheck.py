@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") != "0":
     raise SystemExit("gpu_typecheck builds for the GPU target: run it with NUMBA_ENABLE_CUDASIM=0")
@@ -32,6 +31,7 @@ import torch  # noqa: E402
 from numba import types  # noqa: E402
 from numba.cuda import compiler, dispatcher as cuda_dispatcher  # noqa: E402
 
+from protospec.command_line import CommandParser  # noqa: E402
 from protospec.kernels.launch import interop  # noqa: E402
 
 COMPUTE_CAPABILITY = (9, 0)
@@ -203,9 +203,13 @@ def runtime_divisions(compiled) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    counted = argv[argv.index("--divisions-of") + 1].split(",") if "--divisions-of" in argv else []
-    divisions = "--divisions" in argv
+    p = CommandParser(prog="python -m protospec.tools.gpu_typecheck", description=__doc__.split("\n\n")[0])
+    p.add_argument("--divisions", action="store_true", help="count every kernel's runtime 64-bit divisions")
+    p.add_argument("--divisions-of", default="", metavar="NAME[,NAME..]",
+                   help="count them in the kernels whose name holds one of these")
+    args = p.parse_args(argv)
+    counted = [name for name in args.divisions_of.split(",") if name]
+    divisions = args.divisions
     global _building
     install()
     for part in (_attention, _layers_and_gemv, _sampling_and_rejection, _draft_inputs, _forwards):

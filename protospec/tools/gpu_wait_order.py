@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import shutil
 import struct
-import sys
 import tempfile
-from protospec.command_line import CommandParser
+
+from protospec.command_line import CommandParser, run_command
 
 LDG, WAIT, LAUNCH = 0x981, 0x82E, 0x82D
 PTX_WAIT = "griddepcontrol.wait"
@@ -146,6 +146,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

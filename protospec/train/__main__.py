@@ -25,12 +25,12 @@ from protospec.bench.provenance import check_writable, provenance
 from protospec.train.corpus import Corpus
 from protospec.train.tokenizer import as_transformers, encode_files, train_tokenizer
 from protospec.train.trainer import DRAFT_SIZE, TARGET_SIZE, TrainConfig, sample_from_teacher, train_model
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 
 def main(argv=None) -> dict:
     p = CommandParser(prog="python -m protospec.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None,
                    help="where the pair goes (default: runs/pair_<date>_<time>); an existing non-empty directory "
                         "is refused without --force (data/models holds the pair the tests and notebooks use)")
@@ -134,6 +134,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

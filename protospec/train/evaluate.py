@@ -21,7 +21,7 @@ from protospec.engine.llm import LLM
 from protospec.requests.metrics import RATE_KEYS
 from protospec.engine.progress import progress_bar
 from protospec.train.corpus import Corpus
-from protospec.command_line import CommandParser
+from protospec.command_line import CommandParser, run_command
 
 
 def heldout_prompts(tokenizer, num_prompts: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
@@ -145,6 +145,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from protospec.command_line import run_command
-
     run_command(main)

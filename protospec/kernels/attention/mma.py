@@ -28,8 +28,7 @@ import functools
 from protospec.kernels.launch import interop
 from protospec.kernels.attention.mma_kernel import TILE, make_mma_kernel
 
-# Warps per block (each walks its own 16-key tiles): chosen by shape (warps_per_block).
-MAX_WARPS = 8             # 8 x 32 threads at <= 128 registers: two blocks per SM
+MAX_WARPS = 8             # warps a block (each walks its own 16-key tiles): 8 x 32 threads, two blocks per SM
 WARPS_PER_SM = 12
 SIMULATOR_WARPS = 2       # the simulator runs an OS thread per lane: the merge across warps with few of them
 FASTMATH = True

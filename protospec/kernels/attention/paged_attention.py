@@ -10,12 +10,11 @@ Two work decompositions, each combining its own split-K partials:
               by the last split block of each row group (one launch).
 A head size neither takes (not 8 x a power of two, nor a multiple of 32 in float16) keeps the torch path.
 
-A block per (query token, head, chunk of keys) lost to by_kv_head at every shape timed (1.5-7x at
-320 keys, data/results/2026-12-01_nvidia-h200_attention_cost_8f11270.json) and was removed (NOTES.md
-names the commit): its grid follows the block table's width, not the context, and each query token
-re-reads the keys. by_kv_head's blocks walking keys in tiles without tensor cores measured 2.6-4.7x
-slower than by_kv_head at every shape timed and were removed too (data/results/README.md,
-"Attention by tiles").
+No block-per-(query token, head, chunk of keys) path: it measured 1.5-7x slower than by_kv_head at
+every shape timed (320 keys: data/results/2026-12-01_nvidia-h200_attention_cost_8f11270.json), since
+its grid follows the block table's width, not the context, and each query token re-reads the keys.
+No tiled by_kv_head without tensor cores either: 2.6-4.7x slower than by_kv_head at every shape
+timed (data/results/README.md, "Attention by tiles").
 
 Only uniform layouts (every sequence feeds query_len tokens: decode, draft step 1, verify) take
 this path; token t belongs to sequence t // query_len.
@@ -23,7 +22,6 @@ this path; token t belongs to sequence t // query_len.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 from numba import float32

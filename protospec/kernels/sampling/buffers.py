@@ -34,7 +34,7 @@ _scratches: dict[tuple, tuple] = {}
 def scratch(rows: int, slices: int, device: torch.device, what: str = "stats") -> tuple:
     """The slices' statistics ("stats...": max [R, S] f32, its index [R, S] int64, sum [R, S] f32) or
     race winners ("winners...": value [R, S] f32, index [R, S] int64), written and read within a call:
-    one set per shape and name (work on two streams at once takes two names: sampling._launch's `space`)."""
+    one set per shape and name (work on two streams at once takes two names: softmax_sample._launch's `space`)."""
     key = (rows, slices, str(device), what)
     if key not in _scratches:
         f32 = dict(dtype=torch.float32, device=device)

@@ -126,7 +126,7 @@ def gumbel_sample_into(logits: torch.Tensor, st: RowSettings, step: int, draft_i
                        noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False,
                        advance: "AdvanceStepLauncher | None" = None, tokens_to: torch.Tensor | None = None,
                        logits_out: torch.Tensor | None = None) -> None:
-    """One draft step's token (sampling.sample_into's arguments, no probabilities): ids into
+    """One draft step's token (softmax_sample.sample_into's arguments, no probabilities): ids into
     draft_ids[:, step] ([B, k] int64), mirror and tokens_to as sample_into's; noise [B, k, V] Exp(1)
     read at [:, step] (None: every row greedy); advance: the decode inputs' advance after the sample,
     written by this kernel; logits_out [B, k, V] f32: gets a copy of the logits at [:, step], or None."""

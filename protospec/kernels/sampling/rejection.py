@@ -32,9 +32,8 @@ import torch
 from numba import float32, int32, int64
 
 from protospec.kernels.launch import interop
-from protospec.kernels.primitives.arrivals import arrived_last
 from protospec.kernels.launch.interop import check_tensor, cuda
-from protospec.kernels.primitives.arrivals import arrival_counters
+from protospec.kernels.primitives.arrivals import arrival_counters, arrived_last
 from protospec.kernels.primitives.reductions import better, block_argmax_or, block_min_and_sum
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
