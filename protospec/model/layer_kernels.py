@@ -111,6 +111,7 @@ class LayerKernelForward:
         # simulated kernels would take minutes).
         self.long_chunks = long_chunks
         self._folded_head = None  # (the weights it was made from, the LM head times the final norm's weight)
+        self._served: dict[int, bool] = {}  # cache block size -> whether a paged-attention kernel holds this model
         self.fuses = (linear == "mma_fused" and self.dtype == torch.float16 and self.head_dim % 16 == 0
                       and gemv_mma.supports(cfg.hidden_size) and gemv_mma.supports(cfg.intermediate_size))
 
@@ -139,9 +140,13 @@ class LayerKernelForward:
         whose context fits the attention kernel."""
         q = meta.uniform_query_len
         keys = meta.block_tables.shape[1] * meta.block_size
-        return (q is not None and (q <= MAX_QUERY_LEN or self.long_chunks) and meta.slot_mapping.shape[0] <= self._row_ids.shape[0]
-                and attention_kernel.supports(self.num_heads, self.head_dim, keys, self.dtype, meta.block_size,
-                                              self.cos.device))
+        if q is None or not (q <= MAX_QUERY_LEN or self.long_chunks) or meta.slot_mapping.shape[0] > self._row_ids.shape[0]:
+            return False
+        served = self._served.get(meta.block_size)  # the same answer every forward: asked once a block size
+        if served is None:
+            served = self._served[meta.block_size] = attention_kernel.supports(
+                self.num_heads, self.head_dim, 1, self.dtype, meta.block_size, self.cos.device)
+        return served and keys >= 1
 
     def forward(self, model, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:  # [num_logits, vocab] float32
