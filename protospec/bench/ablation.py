@@ -73,6 +73,7 @@ class BenchSetup:
     dependent_launch: bool | None = None   # EngineConfig.dependent_launch (None: wherever it applies)
     spec_step_graph: bool | None = None    # EngineConfig.spec_step_graph (None: wherever it applies)
     prefill_kernels: bool | None = None    # EngineConfig.prefill_kernels (None: on a GPU)
+    kv_cache_gib: float | None = None  # None: the engine's default pool (EngineConfig.kv_cache_gib)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         return random_prompts(self.batch_size, self.input_len, self.seed, vocab_size)
@@ -86,7 +87,7 @@ class BenchSetup:
                    load_format=self.load_format, dtype=self.dtype, device=self.device, block_size=self.block_size,
                    seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop, compile=self.compile,
                    layer_kernels=self.layer_kernels, cuda_graphs=False if self.enforce_eager else None,
-                   max_model_len=self.max_model_len, acceptance=self.acceptance,
+                   max_model_len=self.max_model_len, kv_cache_gib=self.kv_cache_gib, acceptance=self.acceptance,
                    posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
                    prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
                    dynamic_k=self.dynamic_k, draft_confidence_threshold=self.draft_confidence_threshold,

@@ -1,0 +1,149 @@
+"""Throughput by batch size: output tokens a second of the fastest spec mode and of the optimized
+target-only decoder, and the crossover batch from which speculation stops paying.
+
+    python -m protospec.bench.throughput [--pairs seed llama-1b-shaped] [--batch-sizes 1 4 16 64 128 256]
+                                         [--k 5] [--alphas 0.5 0.7 0.9]
+
+Why a batch changes the answer: at batch 1 a forward reads every weight for one token and the GPU idles
+on latency, so verifying k + 1 positions costs about one target step; as the batch grows the forwards
+turn from reading weights to computing and to reading K/V, a verify of (k + 1) x batch rows costs more
+than a decode of batch rows, and the draft's k forwards stop being nearly free.
+
+Acceptance is set, not hoped for (lab.forced_acceptance, as in bench.surface): dummy weights' acceptance
+says nothing about a real pair. For each pair and batch size: one target-only engine and one speculative
+engine (draft loop auto: graph where CUDA graphs run), each with max_num_seqs = batch, max_model_len =
+input + output and a KV pool that holds the whole batch (no request waits for blocks). Throughput =
+batch x output_len / p50 of one generate() of the whole batch (prefill included, as an offline batch
+runs it). The crossover at an alpha: the smallest batch size timed at which target-only's throughput is
+at least the spec engine's (None: speculation paid at every batch size timed).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from protospec.bench.ablation import BenchSetup, _release_memory
+from protospec.bench.latency import time_generate
+from protospec.bench.provenance import check_writable, provenance, write_report
+from protospec.bench.surface import PAIRS
+from protospec.command_line import CommandParser, run_command
+from protospec.lab.forced_acceptance import force_acceptance
+
+BATCH_SIZES = (1, 4, 16, 64, 128, 256)
+ALPHAS = (0.5, 0.7, 0.9)
+KV_CACHE_GIB = 64.0  # a cap: the pool takes only what max_num_seqs x max_model_len can use
+
+
+def tokens_per_s(setup: BenchSetup, p50_s: float) -> float:
+    return setup.batch_size * setup.output_len / p50_s
+
+
+def crossover(batch_sizes: list[int], target_only: dict[int, float], spec: dict[int, float]) -> int | None:
+    """The smallest batch size at which target-only's throughput is at least the spec engine's."""
+    return next((b for b in sorted(batch_sizes) if target_only[b] >= spec[b]), None)
+
+
+def run_batch(setup: BenchSetup, alphas, log=print) -> dict:
+    """One batch size of one pair: target-only, then the spec engine at each alpha."""
+    target_only = setup.llm(speculative=False)
+    p50 = time_generate(target_only, setup.prompts(target_only.engine.vocab_size), setup.params(),
+                        setup.num_iters_warmup, setup.num_iters).summary()["p50_s"]
+    del target_only
+    _release_memory()
+    point = {"batch_size": setup.batch_size, "target_only_p50_s": p50, "target_only_tokens_per_s": tokens_per_s(setup, p50),
+             "spec": {}}
+    llm = setup.llm()
+    for alpha in alphas:
+        force_acceptance(llm, alpha)
+        result = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup,
+                               setup.num_iters).summary()
+        point["spec"][str(alpha)] = {"p50_s": result["p50_s"], "tokens_per_s": tokens_per_s(setup, result["p50_s"]),
+                                     "measured_acceptance": llm.metrics.acceptance_rate,
+                                     "spec_steps_per_request": llm.metrics.num_spec_steps / setup.batch_size}
+    point["mode"], point["kernel_plan"] = llm.engine.draft_loop, llm.engine.plan.as_record()
+    del llm
+    _release_memory()
+    log(f"  batch {setup.batch_size}: target-only {point['target_only_tokens_per_s']:.0f} tokens/s, spec "
+        + ", ".join(f"{a}: {s['tokens_per_s']:.0f}" for a, s in point["spec"].items()))
+    return point
+
+
+def run_pair(name: str, setup: BenchSetup, batch_sizes=BATCH_SIZES, alphas=ALPHAS, log=print) -> dict:
+    points = [run_batch(replace(setup, batch_size=b), alphas, log) for b in batch_sizes]
+    target = {p["batch_size"]: p["target_only_tokens_per_s"] for p in points}
+    crossovers = {str(a): crossover(list(batch_sizes), target, {p["batch_size"]: p["spec"][str(a)]["tokens_per_s"]
+                                                                for p in points}) for a in alphas}
+    log(f"  {name}: speculation stops paying from batch " + ", ".join(f"{b} at alpha {a}" for a, b in crossovers.items()))
+    return {"target": setup.model, "draft": setup.speculative_model, "k": setup.num_speculative_tokens,
+            "points": points, "crossover_batch_by_alpha": crossovers}
+
+
+def plot_throughput(report: dict):
+    """Output tokens/s against batch size (log-log), one panel a pair: target-only (black) and the spec
+    engine at each alpha; a dotted line marks each crossover."""
+    from matplotlib.figure import Figure
+
+    pairs = report["pairs"]
+    fig = Figure(figsize=(5.5 * len(pairs), 4.2))
+    axes = fig.subplots(1, len(pairs), squeeze=False)[0]
+    for ax, (name, pair) in zip(axes, pairs.items()):
+        batches = [p["batch_size"] for p in pair["points"]]
+        ax.plot(batches, [p["target_only_tokens_per_s"] for p in pair["points"]], "ks-", label="target-only")
+        for i, alpha in enumerate(pair["crossover_batch_by_alpha"]):
+            ax.plot(batches, [p["spec"][alpha]["tokens_per_s"] for p in pair["points"]], "o-", color=f"C{i}",
+                    label=f"spec, alpha {alpha}")
+            if pair["crossover_batch_by_alpha"][alpha] is not None:
+                ax.axvline(pair["crossover_batch_by_alpha"][alpha], color=f"C{i}", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("output tokens / s")
+        ax.set_title(f"{name}: {pair['target'].split('/')[-1]} + {pair['draft'].split('/')[-1]}, k={pair['k']}",
+                     fontsize=9)
+        ax.legend(fontsize=8, title="dotted: crossover", title_fontsize=7)
+    fig.suptitle(f"{report['device']} · {report['date'][:10]} · {report['git_commit'][:8]}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = CommandParser(prog="python -m protospec.bench.throughput", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", nargs="+", default=["seed", "llama-1b-shaped"], choices=list(PAIRS),
+                   help="target + draft pairs")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=list(BATCH_SIZES))
+    p.add_argument("--k", type=int, default=5, help="draft tokens a step")
+    p.add_argument("--alphas", nargs="+", type=float, default=list(ALPHAS), help="acceptance rates to set")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--num-iters-warmup", type=int, default=1)
+    p.add_argument("--num-iters", type=int, default=3)
+    p.add_argument("--device", default=None)
+    p.add_argument("--output-dir", default="runs/throughput", help="JSON and PNG go here (default: %(default)s)")
+    args = p.parse_args(argv)
+    if any(not 0.0 <= a <= 1.0 for a in args.alphas):
+        raise SystemExit(f"--alphas must lie in [0, 1], got {args.alphas}")
+    if min(args.k, *args.batch_sizes, args.input_len, args.output_len, args.num_iters) < 1:
+        raise SystemExit("--k, --batch-sizes, --input-len, --output-len and --num-iters must be >= 1")
+    check_writable(args.output_dir, directory=True)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    report = provenance(device, argv, "protospec.bench.throughput") | {"config": vars(args), "pairs": {}}
+    stem = Path(args.output_dir) / f"throughput_{time.strftime('%Y%m%d-%H%M%S')}"
+    for name in args.pairs:
+        target, draft = PAIRS[name]
+        setup = BenchSetup(target, draft, args.k, args.input_len, args.output_len, 1, args.num_iters_warmup,
+                           args.num_iters, load_format="dummy", temperature=1.0, device=args.device,
+                           max_model_len=args.input_len + args.output_len, kv_cache_gib=KV_CACHE_GIB)
+        report["pairs"][name] = run_pair(name, setup, args.batch_sizes, args.alphas)
+        write_report(f"{stem}.json", report)  # after each pair: a long run cut short keeps what it measured
+    plot_throughput(report).savefig(f"{stem}.png", dpi=120)
+    print(f"wrote {stem}.json, {stem}.png")
+    return report
+
+
+if __name__ == "__main__":
+    run_command(main)
