@@ -17,7 +17,10 @@ def test_the_crossover_is_the_first_batch_where_target_only_keeps_up():
 def test_a_small_run_on_the_tiny_pair(tiny_target, tiny_draft):
     setup = BenchSetup(tiny_target, tiny_draft, 3, 8, 16, 1, 0, 2, load_format="dummy", temperature=1.0,
                        dtype="float32", device="cpu", max_model_len=24, kv_cache_gib=0.01)
-    pair = run_pair("tiny", setup, batch_sizes=(1, 3), alphas=(0.0, 1.0), log=lambda *_: None)
+    saved = []  # what a run cut short would have kept: the points so far, after each batch size
+    pair = run_pair("tiny", setup, batch_sizes=(1, 3), alphas=(0.0, 1.0), log=lambda *_: None,
+                    checkpoint=lambda p: saved.append([q["batch_size"] for q in p["points"]]))
+    assert saved == [[1], [1, 3]]
     assert [p["batch_size"] for p in pair["points"]] == [1, 3] and set(pair["crossover_batch_by_alpha"]) == {"0.0", "1.0"}
     for p in pair["points"]:
         b = p["batch_size"]

@@ -72,14 +72,22 @@ def run_batch(setup: BenchSetup, alphas, log=print) -> dict:
     return point
 
 
-def run_pair(name: str, setup: BenchSetup, batch_sizes=BATCH_SIZES, alphas=ALPHAS, log=print) -> dict:
-    points = [run_batch(replace(setup, batch_size=b), alphas, log) for b in batch_sizes]
-    target = {p["batch_size"]: p["target_only_tokens_per_s"] for p in points}
-    crossovers = {str(a): crossover(list(batch_sizes), target, {p["batch_size"]: p["spec"][str(a)]["tokens_per_s"]
-                                                                for p in points}) for a in alphas}
-    log(f"  {name}: speculation stops paying from batch " + ", ".join(f"{b} at alpha {a}" for a, b in crossovers.items()))
-    return {"target": setup.model, "draft": setup.speculative_model, "k": setup.num_speculative_tokens,
-            "points": points, "crossover_batch_by_alpha": crossovers}
+def run_pair(name: str, setup: BenchSetup, batch_sizes=BATCH_SIZES, alphas=ALPHAS, log=print,
+             checkpoint=lambda pair: None) -> dict:
+    """The pair's points in batch order; checkpoint(pair so far) after each one, so a run cut short keeps
+    what it measured (the crossover then over the batch sizes timed)."""
+    pair = {"target": setup.model, "draft": setup.speculative_model, "k": setup.num_speculative_tokens, "points": []}
+    for b in batch_sizes:
+        pair["points"].append(run_batch(replace(setup, batch_size=b), alphas, log))
+        timed = [p["batch_size"] for p in pair["points"]]
+        target = {p["batch_size"]: p["target_only_tokens_per_s"] for p in pair["points"]}
+        pair["crossover_batch_by_alpha"] = {
+            str(a): crossover(timed, target, {p["batch_size"]: p["spec"][str(a)]["tokens_per_s"] for p in pair["points"]})
+            for a in alphas}
+        checkpoint(pair)
+    log(f"  {name}: speculation stops paying from batch "
+        + ", ".join(f"{b} at alpha {a}" for a, b in pair["crossover_batch_by_alpha"].items()))
+    return pair
 
 
 def plot_throughput(report: dict):
@@ -138,8 +146,11 @@ def main(argv: list[str] | None = None) -> dict:
         setup = BenchSetup(target, draft, args.k, args.input_len, args.output_len, 1, args.num_iters_warmup,
                            args.num_iters, load_format="dummy", temperature=1.0, device=args.device,
                            max_model_len=args.input_len + args.output_len, kv_cache_gib=KV_CACHE_GIB)
-        report["pairs"][name] = run_pair(name, setup, args.batch_sizes, args.alphas)
-        write_report(f"{stem}.json", report)  # after each pair: a long run cut short keeps what it measured
+        def checkpoint(pair, name=name):  # after each batch size: a long run cut short keeps what it measured
+            report["pairs"][name] = pair
+            write_report(f"{stem}.json", report)
+
+        run_pair(name, setup, args.batch_sizes, args.alphas, checkpoint=checkpoint)
     plot_throughput(report).savefig(f"{stem}.png", dpi=120)
     print(f"wrote {stem}.json, {stem}.png")
     return report
