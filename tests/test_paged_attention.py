@@ -9,6 +9,7 @@ from protospec.model.attention import paged_attention as torch_paged_attention, 
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.attention import by_kv_head, paged_attention as kernel
+from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, SIMULATOR
 from protospec.kernels.primitives import arrivals
 
@@ -140,7 +141,7 @@ def test_padding_rows_and_a_wide_table_leave_real_rows_exact_and_stay_finite():
 
 def test_the_head_size_chooses_the_path_and_the_shape_the_split():
     dev = torch.device(DEV)
-    sms = kernel._sm_count(dev)
+    sms = interop.sm_count(dev)
     assert kernel.choose_path(64) == "by_kv_head"      # every served shape: it measured faster everywhere
     assert kernel.choose_path(24) is None              # 24 = 8 x 3 lanes: by_kv_head cannot split a key's dims
     assert not kernel.supports(4, 24, 64, torch.float32, 16)  # the layer kernels then keep the torch path

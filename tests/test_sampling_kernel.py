@@ -96,9 +96,9 @@ def test_ties_across_slices_go_to_the_lowest_index_and_masked_rows_to_zero(vocab
     """Greedy rows: equal maxima in different slices of the vocabulary (blocks of VOCAB_PER_BLOCK)
     pick the lowest index, as torch.argmax does; a row of -inf logits picks 0. Twice in a row: the
     slices' arrival counters are back at zero between calls."""
-    from protospec.kernels.sampling import softmax_sample as sampling
+    from protospec.kernels.sampling import slices
 
-    if vocab > 3 * sampling.VOCAB_PER_BLOCK * 2:  # the simulator's 128-entry slices: fifty-odd blocks
+    if vocab > 3 * slices.VOCAB_PER_BLOCK * 2:  # the simulator's 128-entry slices: fifty-odd blocks
         pytest.skip("sized for the GPU's slices")
     st = _tensors([0.0, 0.0], vocab)
     logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(4))
@@ -232,9 +232,9 @@ def test_the_sampling_kernels_launch_as_dependents_exactly_when_the_forwards_do(
     seen, launch = [], sampling._launch
 
     def recording(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent=False, advance=None,
-                  space=""):
+                  space="", span=None):
         seen.append((rows_per_seq, dependent))
-        launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent, advance, space)
+        launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, dependent, advance, space, span)
 
     params = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=3)
     prompts = random_prompts(1, seed=2)
@@ -269,4 +269,7 @@ def test_the_callers_dependent_argument_picks_the_form(dependent, monkeypatch):
                 torch.zeros(1, 2, dtype=torch.int64, device=DEV), torch.ones(1, 2, vocab, device=DEV),
                 dependent=dependent)
     assert [flag for _, flag in launched] == [dependent, dependent]
-    assert [kernel for kernel, _ in launched] == list(sampling._kernels(dependent))  # statistics, probabilities
+    from protospec.kernels.sampling.stats import stats_kernel
+
+    # statistics, probabilities: one slice a block on a one-row grid
+    assert [kernel for kernel, _ in launched] == [stats_kernel(dependent, 1), sampling._kernel(dependent, 1)]

@@ -90,7 +90,7 @@ def install() -> None:
     interop.launch_tensors = lambda kernel, grid, block, args, dependent=False: build(kernel, args)
     interop.launch = lambda kernel, num_threads, args: build(kernel, args)
     interop.BoundLaunch = _BuildOnly
-    paged_attention._sm_count = lambda device: SM_COUNT
+    interop.sm_count = lambda device: SM_COUNT
     paged_attention._has_tensor_cores = lambda device: True
     from protospec.kernels.linear import gemv_mma
     gemv_mma.dependents_supported = lambda device: True  # the target is sm_90

@@ -12,6 +12,7 @@ def sampling_and_rejection_forms() -> None:
     from protospec.kernels.inputs import ngram_match
     from protospec.kernels.sampling import rejection, softmax_sample as sampling, verify_rejection
     from protospec.kernels.sampling.gumbel_sample import gumbel_sample_into
+    from protospec.kernels.sampling.slices import MAX_SPAN
     from protospec.config import SamplingParams
     from protospec.speculation.sampler import SamplingTensors
 
@@ -21,17 +22,20 @@ def sampling_and_rejection_forms() -> None:
     logits = torch.zeros(batch, vocab)
     draft = [torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, k, vocab), torch.zeros(batch, k),
              torch.zeros(batch, k, vocab), torch.zeros(batch, vocab)]  # ids, q, u, recovered and bonus noise
-    for dependent in (False, True):  # every form's kernels: plain launches, and dependents that load before the wait
+    forms = [(dependent, span) for dependent in (False, True) for span in (1, MAX_SPAN)]
+    for dependent, span in forms:  # plain launches and dependents that load before the wait; a slice a block or several
         sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
-                             torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent)
+                             torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent, span=span)
         sampling.probs_into(torch.zeros(batch * (k + 1), vocab), st, torch.zeros(batch * (k + 1), vocab), k + 1,
-                            dependent)
+                            dependent, span=span)
         sampling.sample_into(logits, st, 0, torch.zeros(batch, k, vocab), torch.zeros(batch, k, dtype=torch.int64),
                              torch.zeros(batch, k, vocab), torch.zeros(batch, dtype=torch.int64), dependent,
-                             _advance_launcher(batch))  # the form that advances the decode inputs too
+                             _advance_launcher(batch), span=span)  # the form that advances the decode inputs too
         gumbel_sample_into(logits, st, 0, torch.zeros(batch, k, dtype=torch.int64), torch.ones(batch, k, vocab),
-                           torch.zeros(batch, dtype=torch.int64), dependent, _advance_launcher(batch))  # one launch
-        verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft, dependent=dependent)
+                           torch.zeros(batch, dtype=torch.int64), dependent, _advance_launcher(batch),
+                           span=span)  # one launch
+        verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft, dependent=dependent,
+                                             span=span)
     rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:])
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))

@@ -9,7 +9,7 @@ import torch
 from protospec.bench.attention_cost import make_calls
 from protospec.kernels.attention import by_kv_head, mma as by_mma
 from protospec.kernels.launch import interop
-from protospec.kernels.attention.paged_attention import _sm_count
+from protospec.kernels.launch.interop import sm_count as _sm_count
 from protospec.model.loader import resolve_checkpoint
 
 p = argparse.ArgumentParser()

@@ -44,11 +44,6 @@ def supports(num_heads: int, head_dim: int, max_keys: int, dtype: torch.dtype, b
     return choose_path(head_dim, dtype, block_size, device) is not None and num_heads >= 1 and max_keys >= 1
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return 4 if interop.SIMULATOR else torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def serves(path: str, head_dim: int, dtype: torch.dtype, block_size: int) -> bool:
     """Whether `path` can run attention of this head size, dtype and cache block size (an engine
     checks a forced path once, before it builds anything)."""
@@ -80,7 +75,7 @@ def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.devi
     """The split-K factor of by_kv_head and mma: 1 where `groups` blocks already fill the GPU, else enough
     splits for blocks_per_sm (None: BLOCKS_PER_SM) blocks per SM, at most one per block-step (step_keys)
     of the widest possible context."""
-    target = (blocks_per_sm or BLOCKS_PER_SM) * _sm_count(device)
+    target = (blocks_per_sm or BLOCKS_PER_SM) * interop.sm_count(device)
     if groups >= target:
         return 1
     return max(1, min(-(-target // groups), -(-max_keys // step_keys)))
@@ -129,7 +124,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     group_rows = query_len * (heads // kv_heads)
     block_size = kv_cache.shape[2]
     if path == "by_kv_head":
-        rows = by_kv_head.rows_per_block(group_rows, num_seqs * kv_heads, _sm_count(dev))
+        rows = by_kv_head.rows_per_block(group_rows, num_seqs * kv_heads, interop.sm_count(dev))
         groups = num_seqs * kv_heads * -(-group_rows // rows)
         parts = splits or choose_splits(groups, max_keys, by_kv_head.keys_in_flight(head_dim, rows, block_size), dev)
         kernel, grid = by_kv_head.attention_kernel(rows, head_dim, block_size, heads // kv_heads), groups * parts
@@ -137,7 +132,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     else:
         groups = num_seqs * kv_heads * -(-group_rows // by_mma.rows_per_chunk(group_rows))
         warps = (by_mma.SIMULATOR_WARPS if interop.SIMULATOR
-                 else by_mma.warps_per_block(groups, _sm_count(dev), group_rows, head_dim))
+                 else by_mma.warps_per_block(groups, interop.sm_count(dev), group_rows, head_dim))
         parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(warps), dev, by_mma.BLOCKS_PER_SM)
         kernel, grid, threads = (by_mma.attention_kernel(group_rows, head_dim, warps, heads // kv_heads, dependent_launch),
                                  groups * parts, 32 * warps)

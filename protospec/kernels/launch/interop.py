@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import math
 
@@ -33,6 +34,13 @@ if SIMULATOR:
     lock_shared_allocations()
 
 KERNEL_DEVICE_TYPE = "cpu" if SIMULATOR else "cuda"
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The device's SMs, which the launches size their grids by (the simulator: a small GPU's 4)."""
+    return 4 if SIMULATOR else torch.cuda.get_device_properties(device).multi_processor_count
+
 
 
 def check_tensor(name: str, t, dtype: torch.dtype, ndim: int, rows: int | None = None) -> None:

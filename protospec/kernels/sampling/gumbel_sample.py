@@ -36,16 +36,18 @@ from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.primitives.reductions import better, block_argmax_or
 from protospec.kernels.sampling.advance import loads_for_advance
 from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance, placeholder
-from protospec.kernels.sampling.slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK
+from protospec.kernels.sampling.slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, span_for, span_groups
 
 if TYPE_CHECKING:
     from protospec.kernels.inputs.advance_step import AdvanceStepLauncher
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
+def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as constants)
     """DEPENDENT: launched as a programmatic dependent of the LM head that wrote the logits: the
-    noise (written kernels before it) and the advance's inputs are loaded before the wait."""
+    noise (written kernels before it) and the advance's inputs are loaded before the wait. SPAN:
+    vocabulary slices a block (slices.span_for; an argmax, so the same token at any span)."""
+    ENTRIES = SPAN * PER_THREAD  # noqa: N806
 
     @cuda.jit
     def gumbel_sample_kernel(logits, temperature, is_greedy, noise, out_step, logits_out, keep, win_key, counters,
@@ -60,25 +62,26 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         [r, out_step], mirror [r * use_mirror] where use_mirror > 0. advance and what follows: as
         sampling/softmax_sample.py's probabilities kernel.
         """
-        slices = (logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK
-        row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
+        groups = ((logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK + SPAN - 1) // SPAN
+        row, group = cuda.blockIdx.x // groups, cuda.blockIdx.x % groups
         tid = cuda.threadIdx.x
         vocab = logits.shape[1]
         greedy = is_greedy[row]
-        lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
-        gumbel = cuda.local.array(PER_THREAD, float32)  # -log E of entry lo + tid + j THREADS (0: greedy)
-        for j in range(PER_THREAD):
+        lo = group * SPAN * VOCAB_PER_BLOCK
+        hi = min(lo + SPAN * VOCAB_PER_BLOCK, vocab)
+        gumbel = cuda.local.array(ENTRIES, float32)  # -log E of entry lo + tid + j THREADS (0: greedy)
+        for j in range(ENTRIES):
             v = lo + tid + j * THREADS
             gumbel[j] = noise[row, out_step, v] if v < hi and not greedy else float32(1.0)
         loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
-        for j in range(PER_THREAD):  # while the LM head still runs
+        for j in range(ENTRIES):  # while the LM head still runs
             gumbel[j] = -math.log(gumbel[j])
         if DEPENDENT:
-            wait_after_issued_loads(slices)  # kept below the loads above in the machine code
+            wait_after_issued_loads(groups)  # kept below the loads above in the machine code
             allow_dependent_launch()
         t = temperature[row]
         value, index = float32(-math.inf), int64(vocab)
-        for j in range(PER_THREAD):  # ties (a row of -inf too) to the first entry, torch.argmax's rule
+        for j in range(ENTRIES):  # ties (a row of -inf too) to the first entry, torch.argmax's rule
             v = lo + tid + j * THREADS
             if v < hi:
                 x = logits[row, v]
@@ -94,7 +97,7 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         if tid == 0:  # the slice's winner into the row's key; the row's last block reads the best
             cuda.atomic.max(win_key, row, argmax_key(value, index))
             cuda.threadfence()
-            if cuda.atomic.add(counters, row, 1) == slices - 1:
+            if cuda.atomic.add(counters, row, 1) == groups - 1:
                 counters[row] = 0
                 cuda.threadfence()
                 chosen = key_index(cuda.atomic.exch(win_key, row, int64(EMPTY)))
@@ -125,11 +128,12 @@ def _key_buffer(rows: int, device: torch.device) -> torch.Tensor:
 def gumbel_sample_into(logits: torch.Tensor, st: RowSettings, step: int, draft_ids: torch.Tensor,
                        noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False,
                        advance: "AdvanceStepLauncher | None" = None, tokens_to: torch.Tensor | None = None,
-                       logits_out: torch.Tensor | None = None) -> None:
+                       logits_out: torch.Tensor | None = None, span: int | None = None) -> None:
     """One draft step's token (softmax_sample.sample_into's arguments, no probabilities): ids into
     draft_ids[:, step] ([B, k] int64), mirror and tokens_to as sample_into's; noise [B, k, V] Exp(1)
     read at [:, step] (None: every row greedy); advance: the decode inputs' advance after the sample,
-    written by this kernel; logits_out [B, k, V] f32: gets a copy of the logits at [:, step], or None."""
+    written by this kernel; logits_out [B, k, V] f32: gets a copy of the logits at [:, step], or None;
+    span: vocabulary slices a block (None: by the grid, slices.span_for)."""
     rows, vocab = logits.shape
     check_tensor("logits", logits, torch.float32, 2)
     check_tensor("draft_ids", draft_ids, torch.int64, 2, rows=rows)
@@ -153,9 +157,9 @@ def gumbel_sample_into(logits: torch.Tensor, st: RowSettings, step: int, draft_i
     one_mirror = tokens_to if tokens_to is not None else mirror  # the advance writes its inputs itself
     mirror_arg, mirror_stride = mirror_span(one_mirror, rows, device)
     advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(device))
-    slices = -(-vocab // VOCAB_PER_BLOCK)
+    span = span or span_for(rows, vocab, interop.sm_count(device))
     dependent = bool(dependent)
-    interop.launch_tensors(_kernel(dependent), rows * slices, THREADS,
+    interop.launch_tensors(_kernel(dependent, span), rows * span_groups(vocab, span), THREADS,
                            [logits, st.temperature, st.is_greedy, noise, int(step), logits_out, keep, _key_buffer(rows, device),
                             arrival_counters(device, rows, "gumbel"), draft_ids, mirror_arg, mirror_stride]
                            + advance_args, dependent=dependent)

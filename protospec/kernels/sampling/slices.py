@@ -1,6 +1,13 @@
 """The arithmetic of the sampling kernels over vocabulary slices, as device functions (sampling/softmax_sample.py: two
 kernels, the row's statistics then its probabilities; sampling/verify_rejection.py and sampling/gumbel_sample.py reuse
 them, so every form gives the same bits). Every thread of the block calls each function; shared arrays are [THREADS] scratch.
+
+A slice (VOCAB_PER_BLOCK entries) is the unit of the arithmetic: each slice's max and softmax sum are
+reduced by the same tree whatever the launch, so the probabilities' bits do not depend on the batch.
+A block takes a *span* of consecutive slices of one row (span_for): one slice a block at batch 1,
+where the grid is small and each block's latency is the cost; up to MAX_SPAN at batch, where a block
+a slice made tens of thousands of blocks that each paid the row's combine and a block reduction
+for two entries a thread.
 """
 from __future__ import annotations
 
@@ -13,14 +20,35 @@ from protospec.kernels.primitives.arrivals import arrived_last
 from protospec.kernels.launch.interop import cuda
 from protospec.kernels.primitives.reductions import better, block_argmax_or, block_sum_tree_order
 
-# Threads per block (a power of two, for the tree reductions) and vocabulary entries per block: on a
-# GPU 2 entries a thread, so a 32000-entry row spreads over 63 blocks (at 8 a thread its 16 blocks
-# left most SMs idle); a block combines its row's slices (their statistics, the last block their
-# winners) with all its threads. The simulator runs a Python thread per CUDA thread: a narrow block,
-# and small slices so its tests span several blocks.
+# Threads per block (a power of two, for the tree reductions) and vocabulary entries per slice: on a
+# GPU 2 entries a thread, so a 32000-entry row spreads over 63 slices (at 8 a thread its 16 blocks
+# left most SMs idle at batch 1); a block combines its row's slices (their statistics, the last block
+# their winners) with all its threads. The simulator runs a Python thread per CUDA thread: a narrow
+# block, and small slices so its tests span several blocks.
 THREADS = 32 if interop.SIMULATOR else 256
 VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
-PER_THREAD = VOCAB_PER_BLOCK // THREADS  # a slice's entries a thread (the prefetched form's local arrays)
+PER_THREAD = VOCAB_PER_BLOCK // THREADS  # a slice's entries a thread (the prefetched forms' local arrays)
+MAX_SPAN = 8           # slices a block at most: 16 entries a thread in each of up to three local arrays
+RESIDENT_BLOCKS = 8    # blocks of THREADS an SM holds at once (2048 threads)
+
+
+def span_for(rows: int, vocab: int, sm_count: int) -> int:
+    """Slices a block for `rows` rows of `vocab` entries on a GPU of `sm_count` SMs: doubled (up to
+    MAX_SPAN) while the grid would still fill the resident blocks twice over, so a small grid keeps a
+    block a slice (its latency is the cost) and a large one stops paying a row combine and a block
+    reduction per slice."""
+    slices = -(-vocab // VOCAB_PER_BLOCK)
+    resident = RESIDENT_BLOCKS * sm_count
+    span = 1
+    while span < MAX_SPAN and rows * slices >= 2 * span * resident:
+        span *= 2
+    return span
+
+
+def span_groups(vocab: int, span: int) -> int:
+    """Blocks a row takes at `span` slices a block."""
+    slices = -(-vocab // VOCAB_PER_BLOCK)
+    return -(-slices // span)
 
 
 @cuda.jit(device=True)
@@ -42,23 +70,40 @@ def block_sum(value, scratch, tid):
 
 
 @cuda.jit(device=True)
-def slice_stats(logits, row, piece, t, greedy, part_max, part_index, part_sum, best_value, best_index, no_flags,
-                tid):
-    """Slice `piece` of `row`: its max logit, that max's first index and its sum of exp(x/T - max/T)
-    (0 on greedy rows) into part_max / part_index / part_sum [R, S] at [row, piece]."""
+def load_span(logits, row, first, span, xs, tid):
+    """This thread's logits of slices first .. first + span - 1 of `row` into xs [span * PER_THREAD] f32:
+    entry lo_s + tid + jj THREADS of slice s at xs[s PER_THREAD + jj] (-inf past the slice or the row)."""
     vocab = logits.shape[1]
-    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
+    for s in range(span):
+        lo = (first + s) * VOCAB_PER_BLOCK
+        hi = min(lo + VOCAB_PER_BLOCK, vocab)
+        for jj in range(PER_THREAD):
+            v = lo + tid + jj * THREADS
+            xs[s * PER_THREAD + jj] = logits[row, v] if v < hi else float32(-math.inf)
+
+
+@cuda.jit(device=True)
+def slice_stats(xs, s, vocab, row, piece, t, greedy, part_max, part_index, part_sum, best_value, best_index, no_flags,
+                tid):
+    """Slice `piece` of `row`, its entries at xs[s PER_THREAD ..] (load_span's): its max logit, that max's
+    first index and its sum of exp(x/T - max/T) (0 on greedy rows) into part_max / part_index / part_sum
+    [R, S] at [row, piece]. Each thread's entries in ascending order, then the block's tree: the same
+    bits whatever the span."""
+    lo = piece * VOCAB_PER_BLOCK
+    hi = min(lo + VOCAB_PER_BLOCK, vocab)
     cuda.syncthreads()  # the scratch may still be read from the block's previous slice
     value, index = float32(-math.inf), int64(vocab)
-    for v in range(lo + tid, hi, THREADS):
-        x = logits[row, v]
-        if x > value:
+    for jj in range(PER_THREAD):
+        v = lo + tid + jj * THREADS
+        x = xs[s * PER_THREAD + jj]
+        if v < hi and x > value:
             value, index = x, v
     top, top_index = block_argmax(value, index, best_value, best_index, no_flags, tid)
     total = float32(0.0)
     if not greedy and top > float32(-math.inf):  # a slice of -inf logits (masked) adds nothing
-        for v in range(lo + tid, hi, THREADS):
-            total += math.exp(logits[row, v] / t - top / t)
+        for jj in range(PER_THREAD):
+            if lo + tid + jj * THREADS < hi:
+                total += math.exp(xs[s * PER_THREAD + jj] / t - top / t)
     total = block_sum(total, best_value, tid)
     if tid == 0:
         part_max[row, piece], part_index[row, piece], part_sum[row, piece] = top, top_index, total
@@ -86,29 +131,29 @@ def combine_stats(row, vocab, t, part_max, part_index, part_sum, best_value, bes
 
 
 @cuda.jit(device=True)
-def slice_winner(row, piece, value, index, win_value, win_index, counters, best_value, best_index, no_flags, last,
-                 tid):
-    """The block's best (value, index) over its threads' as the slice's winner in win_value / win_index
-    [R, S], counted at counters[row]; True in the row's last block to arrive."""
+def span_winner(row, group, value, index, win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
+    """The block's best (value, index) over its threads' as its span's winner in win_value / win_index
+    [R, G] at [row, group], counted at counters[row]; True in the row's last block to arrive."""
     value, index = block_argmax(value, index, best_value, best_index, no_flags, tid)
     if tid == 0:
-        win_value[row, piece], win_index[row, piece] = value, index
+        win_value[row, group], win_index[row, group] = value, index
     return arrived_last(counters, row, win_value.shape[1], last, tid)
 
 
 @cuda.jit(device=True)
-def slice_probs(logits, row, piece, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample, noise,
-                win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
-    """Slice `piece` of `row`: p = exp(x/T - M/T) / sum (greedy: one-hot at `chosen`, the row's max
-    index) into probs_out[row, out_step]; with do_sample, the slice's winner of p / noise into
-    win_value / win_index [R, S], counted at counters[row]. Returns (this block arrived last for the
-    row, the winner so far): the last one then calls combine_winners."""
+def span_probs(logits, row, group, span, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample, noise,
+               win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
+    """Slices group * span .. of `row`: p = exp(x/T - M/T) / sum (greedy: one-hot at `chosen`, the row's max
+    index) into probs_out[row, out_step]; with do_sample, the span's winner of p / noise into
+    win_value / win_index [R, G], counted at counters[row]. Returns whether this block arrived last
+    for the row: that one then calls combine_winners."""
     vocab = logits.shape[1]
-    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
+    lo = group * span * VOCAB_PER_BLOCK
+    hi = min(lo + span * VOCAB_PER_BLOCK, vocab)
     shift = row_max / t
     cuda.syncthreads()
     value, index = float32(-1.0), int64(vocab)
-    for v in range(lo + tid, hi, THREADS):
+    for v in range(lo + tid, hi, THREADS):  # ascending: a thread's ties go to its first entry
         if greedy:
             p = float32(1.0) if v == chosen else float32(0.0)
         else:
@@ -120,32 +165,35 @@ def slice_probs(logits, row, piece, t, greedy, row_max, chosen, total, probs_out
                 value, index = score, v
     if not do_sample:
         return False
-    return slice_winner(row, piece, value, index, win_value, win_index, counters, best_value, best_index, no_flags,
-                        last, tid)
+    return span_winner(row, group, value, index, win_value, win_index, counters, best_value, best_index, no_flags,
+                       last, tid)
 
 
 @cuda.jit(device=True)
-def prefetch_slice(logits, row, piece, greedy, do_sample, noise, out_step, xs, ns, tid):
-    """This thread's logits and noise of slice `piece` of `row` (entry lo + tid + j THREADS at xs[j],
-    ns[j], [PER_THREAD] f32), read before a dependent's wait where no running kernel writes them;
-    what slice_probs would read, and nothing it would not (no logits on a greedy row, no noise without
-    sampling)."""
-    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, logits.shape[1])
-    for j in range(PER_THREAD):
+def prefetch_span(logits, row, group, span, greedy, do_sample, noise, out_step, xs, ns, tid):
+    """This thread's logits and noise of slices group * span .. of `row` (entry lo + tid + j THREADS at
+    xs[j], ns[j], [span * PER_THREAD] f32), read before a dependent's wait where no running kernel
+    writes them; what span_probs would read, and nothing it would not (no logits on a greedy row, no
+    noise without sampling)."""
+    vocab = logits.shape[1]
+    lo = group * span * VOCAB_PER_BLOCK
+    hi = min(lo + span * VOCAB_PER_BLOCK, vocab)
+    for j in range(span * PER_THREAD):
         v = lo + tid + j * THREADS
         xs[j] = logits[row, v] if v < hi and not greedy else float32(0.0)
         ns[j] = noise[row, out_step, v] if v < hi and do_sample and not greedy else float32(1.0)
 
 
 @cuda.jit(device=True)
-def slice_probs_prefetched(row, piece, vocab, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample,
-                           xs, ns, win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
-    """slice_probs over prefetch_slice's xs, ns: the same arithmetic and order, so the same bits."""
-    lo, hi = piece * VOCAB_PER_BLOCK, min((piece + 1) * VOCAB_PER_BLOCK, vocab)
+def span_probs_prefetched(row, group, span, vocab, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample,
+                          xs, ns, win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
+    """span_probs over prefetch_span's xs, ns: the same arithmetic and order, so the same bits."""
+    lo = group * span * VOCAB_PER_BLOCK
+    hi = min(lo + span * VOCAB_PER_BLOCK, vocab)
     shift = row_max / t
     cuda.syncthreads()
     value, index = float32(-1.0), int64(vocab)
-    for j in range(PER_THREAD):
+    for j in range(span * PER_THREAD):
         v = lo + tid + j * THREADS
         if v < hi:
             p = (float32(1.0) if v == chosen else float32(0.0)) if greedy else math.exp(xs[j] / t - shift) / total
@@ -156,8 +204,8 @@ def slice_probs_prefetched(row, piece, vocab, t, greedy, row_max, chosen, total,
                     value, index = score, v
     if not do_sample:
         return False
-    return slice_winner(row, piece, value, index, win_value, win_index, counters, best_value, best_index, no_flags,
-                        last, tid)
+    return span_winner(row, group, value, index, win_value, win_index, counters, best_value, best_index, no_flags,
+                       last, tid)
 
 
 @cuda.jit(device=True)

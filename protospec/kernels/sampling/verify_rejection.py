@@ -3,23 +3,25 @@
 Unfused, a spec step ends in three launches after the verify's LM head: the row statistics, the
 probabilities p of the k + 1 rows (sampling/softmax_sample.py), then the rejection sampler reading them back
 (rejection.py). The sampler's work is slice-wise too, so here the probabilities kernel's blocks do it
-as they write p. Block (b, i, s) takes vocabulary slice s of sequence b's verify row i (the same
-slices as the probabilities kernel: 2 entries a thread on a GPU, 63 blocks a 32000-entry row):
+as they write p. Block (b, i, g) takes span g of sequence b's verify row i: `span` consecutive
+vocabulary slices of the probabilities kernel's (2 entries a thread a slice on a GPU, 63 slices a
+32000-entry row; one slice a block at batch 1, up to slices.MAX_SPAN at batch: slices.span_for):
     all       the row's max and sum from the slices' statistics, p = exp(x/T - M/T) / sum (one-hot at
               the max on greedy rows) into probs_out: the probabilities kernel's arithmetic, so its bits
-    i < k     the slice's winner of max(0, p - q_i) / noise_i and whether any p > q_i there (the race
-              of a rejection at i); slice 0's thread 0 also tests i: u_i q_i(d_i) < p_i(d_i) and
+    i < k     the span's winner of max(0, p - q_i) / noise_i and whether any p > q_i there (the race
+              of a rejection at i); span 0's thread 0 also tests i: u_i q_i(d_i) < p_i(d_i) and
               i < the proposed count, into passed_mask
-    i == k    the slice's winner of p / bonus noise (the race after k accepted)
-    each slice's winner goes into its row's packed key (sampling/packed_argmax.py: one atomic max); the last of
-    the sequence's (k + 1) S blocks to finish (an arrival count), in one thread, finds n, the first
+    i == k    the span's winner of p / bonus noise (the race after k accepted)
+    each span's winner goes into its row's packed key (sampling/packed_argmax.py: one atomic max); the last of
+    the sequence's (k + 1) G blocks to finish (an arrival count), in one thread, finds n, the first
     test that failed, and reads row n's key: the token after the n kept ones (where the residual is
     zero over the whole row, the race over p_n itself, read back from probs_out); then the output
     layout of rejection.py, the commit's row and the error flag.
 Every race is rejection.py's (the same float32 values, ties to the lowest index), so both give the
 same tokens; tests check that in the simulator and on the GPU. Each block races its own row whether
 or not that row turns out to be n: k + 1 races where the sampler ran one, each over one slice in a
-block that was running anyway.
+block that was running anyway. p's bits do not depend on the span (the row's sum is the slices'
+statistics', combined in one order), nor the races' winners (an argmax, ties to the lowest index).
 
 Waits: no block waits for another; the last block to arrive is found by a count each block passes
 once (arrivals.arrived_last says why that ends). Launched as a dependent, its
@@ -40,16 +42,18 @@ from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.sampling.packed_argmax import EMPTY, argmax_key, key_index
 from protospec.kernels.primitives.reductions import block_argmax_or
 from protospec.kernels.sampling.rejection import RejectionBuffers, checked_inputs
-from protospec.kernels.sampling.slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats
+from protospec.kernels.sampling.slices import (PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats, span_for,
+                                               span_groups)
 from protospec.kernels.sampling.stats import slice_statistics
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
+def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as constants)
     """DEPENDENT: launched as a programmatic dependent of the statistics kernel, which lets it launch
-    only after its own wait, so each thread loads its slice's logits, q and noise (written by kernels
-    finished by then) before its wait."""
+    only after its own wait, so each thread loads its span's logits, q and noise (written by kernels
+    finished by then) before its wait. SPAN: vocabulary slices a block."""
+    ENTRIES = SPAN * PER_THREAD  # noqa: N806
 
     @cuda.jit
     def verify_rejection_kernel(logits, temperature, is_greedy, stat_max, stat_index, stat_sum, probs_out,
@@ -68,23 +72,23 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
         best as a packed_argmax key; whether any slice had residual mass), EMPTY / 0 between calls
         counters [>= B] int32, zero between calls; error_flag [1] int32
         """
-        slices = (logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK
+        groups = ((logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK + SPAN - 1) // SPAN
         k = draft_ids.shape[1]
         vocab = logits.shape[1]
-        row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
+        row, group = cuda.blockIdx.x // groups, cuda.blockIdx.x % groups
         seq, i = row // (k + 1), row % (k + 1)
         tid = cuda.threadIdx.x
-        lo = piece * VOCAB_PER_BLOCK
-        hi = min(lo + VOCAB_PER_BLOCK, vocab)
+        lo = group * SPAN * VOCAB_PER_BLOCK
+        hi = min(lo + SPAN * VOCAB_PER_BLOCK, vocab)
         greedy = is_greedy[seq]
         residual = i < k
-        # What no running kernel writes, first: the slice's logits, q and noise; slice 0's thread 0
+        # What no running kernel writes, first: the span's logits, q and noise; span 0's thread 0
         # also the test's token, u q(d) and logit (a clamped, valid position).
-        xs = cuda.local.array(PER_THREAD, float32)
-        qs = cuda.local.array(PER_THREAD, float32)
-        ns = cuda.local.array(PER_THREAD, float32)
+        xs = cuda.local.array(ENTRIES, float32)
+        qs = cuda.local.array(ENTRIES, float32)
+        ns = cuda.local.array(ENTRIES, float32)
         ii = min(i, k - 1)
-        for j in range(PER_THREAD):
+        for j in range(ENTRIES):
             v = lo + tid + j * THREADS
             inside = v < hi
             xs[j] = logits[row, v] if inside and not greedy else float32(0.0)
@@ -92,12 +96,12 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
             ns[j] = float32(1.0)
             if inside:
                 ns[j] = recovered_noise[seq, ii, v] if residual else bonus_noise[seq, v]
-        tests = residual and piece == 0 and tid == 0
+        tests = residual and group == 0 and tid == 0
         d = min(max(draft_ids[seq, ii], int64(0)), int64(vocab - 1)) if tests else int64(0)
         uq = uniforms[seq, ii] * draft_probs[seq, ii, d] if tests else float32(0.0)
         x_d = logits[row, d] if tests and not greedy else float32(0.0)
         if DEPENDENT:
-            wait_after_issued_loads(slices)  # kept below the loads above in the machine code
+            wait_after_issued_loads(groups)  # kept below the loads above in the machine code
             allow_dependent_launch()
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)
@@ -111,7 +115,7 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
             p_d = (float32(1.0) if d == chosen else zero) if greedy else math.exp(x_d / t - shift) / total
             passed_mask[seq, i] = i < num_proposed[seq] and d == draft_ids[seq, i] and uq < p_d
         value, index, mass = float32(-1.0), int64(vocab), int64(0)
-        for j in range(PER_THREAD):
+        for j in range(ENTRIES):  # ascending: a thread's ties go to its first entry
             v = lo + tid + j * THREADS
             if v < hi:
                 p = (float32(1.0) if v == chosen else zero) if greedy else math.exp(xs[j] / t - shift) / total
@@ -122,12 +126,12 @@ def _kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
                 if w / ns[j] > value:
                     value, index = w / ns[j], v
         value, index, mass = block_argmax_or(value, index, mass, best_value, best_index, flags, tid, THREADS)
-        if tid == 0:  # the slice's race into the row's key and mass; the sequence's last block reads them
+        if tid == 0:  # the span's race into the row's key and mass; the sequence's last block reads them
             cuda.atomic.max(win_key, row, argmax_key(value, index))
             if mass != 0:
                 cuda.atomic.or_(win_mass, row, 1)
             cuda.threadfence()
-            if cuda.atomic.add(counters, seq, 1) == (k + 1) * slices - 1:
+            if cuda.atomic.add(counters, seq, 1) == (k + 1) * groups - 1:
                 counters[seq] = 0
                 cuda.threadfence()
                 _finish(seq, k, vocab, draft_ids, recovered_noise, probs_out, out_ids, num_accepted, accepted_mask,
@@ -197,10 +201,11 @@ def applies(st, acceptance) -> bool:
 
 def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, uniforms, recovered_noise,
                         bonus_noise, num_proposed=None, error_flag=None,
-                        dependent: bool = False) -> tuple[torch.Tensor, RejectionOutput]:
+                        dependent: bool = False, span: int | None = None) -> tuple[torch.Tensor, RejectionOutput]:
     """The verify's probabilities of logits [B (k + 1), V] f32 (st: the B rows' settings) and
     rejection.rejection_sample_fused's result over them, in the statistics launch and this one:
-    (probabilities [B, k + 1, V] f32, RejectionOutput). dependent: as the sampling kernels'."""
+    (probabilities [B, k + 1, V] f32, RejectionOutput). dependent: as the sampling kernels'; span:
+    vocabulary slices a block (None: by the grid, slices.span_for; the same results at any span)."""
     batch, k = draft_token_ids.shape
     vocab = logits.shape[-1]
     check_tensor("logits", logits, torch.float32, 2, rows=batch * (k + 1))
@@ -208,13 +213,15 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
         "probs_and_rejection", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, vocab)
     dependent = bool(dependent)
-    stats = slice_statistics(logits, st, k + 1, dependent)  # [B (k + 1), S] each
     device = logits.device
+    rows = batch * (k + 1)
+    span = span or span_for(rows, vocab, interop.sm_count(device))
+    stats = slice_statistics(logits, st, k + 1, dependent, span)  # [B (k + 1), S] each
     probs = torch.empty_like(logits)  # [B (k + 1), V]
     out = RejectionBuffers.empty(batch, k, device)
-    rows, slices = batch * (k + 1), -(-vocab // VOCAB_PER_BLOCK)
     args = [logits, st.temperature, st.is_greedy, *stats, probs, draft_token_ids, draft_probs, uniforms,
             recovered_noise, bonus_noise, num_proposed, *out.kernel_args, *_row_slots(rows, device),
             arrival_counters(device, batch, "verify_rejection"), flag]
-    interop.launch_tensors(_kernel(dependent), rows * slices, THREADS, args, dependent=dependent)
+    interop.launch_tensors(_kernel(dependent, span), rows * span_groups(vocab, span), THREADS, args,
+                           dependent=dependent)
     return probs.view(batch, k + 1, vocab), out.result(error_flag is not None)

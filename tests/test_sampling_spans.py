@@ -1,0 +1,93 @@
+"""A sampling block taking several vocabulary slices (a span) gives the bits of a block a slice: the
+slices' statistics, the probabilities, the samples, the rejection sampler's output. Simulator on CPU
+(its narrow blocks and 128-entry slices), the GPU where there is one; spans that cut the row unevenly."""
+import pytest
+import torch
+
+from protospec.config import SamplingParams
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.sampling import gumbel_sample, slices, verify_rejection
+from protospec.kernels.sampling.softmax_sample import probs_into, sample_into
+from protospec.kernels.sampling.stats import slice_statistics
+from protospec.speculation.sampler import SamplingTensors, exponential_noise
+
+DEV = KERNEL_DEVICE_TYPE
+SPANS = (1, 2, 4)
+
+
+def _case(temperatures, slices_per_row=5, seed=0):
+    """Rows at the given temperatures (0: greedy) over slices_per_row slices, the last one ragged; row 0
+    masked over its first slice and part of the second; a greedy row's max in the last slice."""
+    vocab = slices_per_row * slices.VOCAB_PER_BLOCK - 37
+    params = [SamplingParams(temperature=t) for t in temperatures]
+    st = SamplingTensors.build(params, [torch.Generator(device=DEV).manual_seed(i) for i in range(len(params))],
+                               vocab, DEV)
+    logits = torch.randn(len(params), vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    logits[0, : slices.VOCAB_PER_BLOCK + 5] = -float("inf")
+    logits[-1, vocab - 2] = 30.0
+    return st, logits.to(DEV), vocab
+
+
+def test_the_span_grows_with_the_grid_and_keeps_it_filled():
+    sms, vocab = 132, 63 * slices.VOCAB_PER_BLOCK
+    resident = slices.RESIDENT_BLOCKS * sms
+    assert slices.span_for(6, vocab, sms) == 1  # batch 1's verify: a block a slice
+    assert slices.span_for(64, vocab, sms) == 2
+    assert slices.span_for(384, vocab, sms) == slices.MAX_SPAN
+    spans = [slices.span_for(rows, vocab, sms) for rows in range(1, 2000, 7)]
+    assert spans == sorted(spans) and max(spans) == slices.MAX_SPAN
+    for rows, span in zip(range(1, 2000, 7), spans):
+        if span > 1:  # still at least two waves of resident blocks
+            assert rows * slices.span_groups(vocab, span) >= resident
+
+
+@pytest.mark.parametrize("span", SPANS[1:])
+def test_statistics_and_probabilities_have_the_same_bits_at_any_span(span):
+    st, logits, vocab = _case([0.7, 1.3, 0.0])
+    one = [t.clone() for t in slice_statistics(logits, st, 1, span=1)]
+    assert all(torch.equal(a, b) for a, b in zip(one, slice_statistics(logits, st, 1, span=span)))
+    assert one[1][0, 0] == vocab  # row 0's masked first slice found no max
+    probs = probs_into(logits, st, torch.empty_like(logits), span=1)
+    assert torch.equal(probs_into(logits, st, torch.empty_like(logits), span=span), probs)
+    assert probs[2, vocab - 2] == 1 and probs[0, : slices.VOCAB_PER_BLOCK].abs().sum() == 0
+
+
+@pytest.mark.parametrize("span", SPANS[1:])
+def test_samples_are_the_same_at_any_span(span):
+    st, logits, vocab = _case([0.7, 1.3, 0.0], seed=1)
+    k, step = 2, 1
+    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)[:, :k].contiguous()
+    got = []
+    for s in (1, span):
+        ids = torch.full((3, k), -7, dtype=torch.int64, device=DEV)
+        probs = torch.zeros(3, k, vocab, device=DEV)
+        sample_into(logits, st, step, probs, ids, noise, span=s)
+        gumbel_ids = torch.full((3, k), -7, dtype=torch.int64, device=DEV)
+        gumbel_sample.gumbel_sample_into(logits, st, step, gumbel_ids, noise, span=s)
+        got.append((ids[:, step].tolist(), probs, gumbel_ids[:, step].tolist()))
+    assert got[0][0] == got[1][0] and got[0][0][2] == vocab - 2
+    assert torch.equal(got[0][1], got[1][1])
+    reference = gumbel_sample.gumbel_reference(logits, st.temperature, st.is_greedy, noise[:, step])
+    assert got[0][2] == got[1][2] == reference.tolist()
+
+
+@pytest.mark.parametrize("span", SPANS[1:])
+def test_the_fused_rejection_sampler_is_the_same_at_any_span(span):
+    batch, k = 2, 2
+    params = [SamplingParams(temperature=t) for t in (1.0, 0.0)]
+    _, logits, vocab = _case([1.0] * (batch * (k + 1)), seed=2)
+    st = SamplingTensors.build(params, [torch.Generator(device=DEV).manual_seed(i) for i in range(batch)], vocab, DEV)
+    gen = torch.Generator().manual_seed(3)
+    draft_probs = torch.softmax(torch.randn(batch, k, vocab, generator=gen), -1).to(DEV)
+    draft_ids = torch.multinomial(draft_probs.view(-1, vocab).cpu(), 1, generator=gen).view(batch, k).to(DEV)
+    draft_probs[0, 1, draft_ids[0, 1]] = 1.0  # q(d) = 1 >= p(d): u = 1 rejects there (its residual race)
+    uniforms = torch.tensor([[0.0, 1.0], [0.0, 0.0]], device=DEV)
+    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)
+    args = (draft_ids, draft_probs, uniforms, noise[:, :k].contiguous(), noise[:, k].contiguous())
+    probs_one, out_one = verify_rejection.probs_and_rejection(logits, st, *args, span=1)
+    probs_one = probs_one.clone()
+    one = {f: getattr(out_one, f).tolist() for f in ("output_token_ids", "num_accepted", "accepted_mask")}
+    probs, out = verify_rejection.probs_and_rejection(logits, st, *args, span=span)
+    assert torch.equal(probs, probs_one)
+    assert {f: getattr(out, f).tolist() for f in one} == one
+    assert one["num_accepted"][0] == 1
