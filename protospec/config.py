@@ -115,7 +115,7 @@ class EngineConfig:
     # step graph: data/results/README.md); False: torch's ops; True: the kernels (the simulator's on a CPU).
     fused_sampling: bool | None = None
     # The layer kernels' linear layers: "cublas" (torch's) or "mma", the tensor-core GEMV
-    # (kernels/linear/gemv_mma.py) wherever it applies (float16, <= 8 token rows, K a multiple of 192);
+    # (kernels/linear/gemv_mma.py) wherever it applies (float16, <= layer_kernels.TENSOR_CORE_MAX_ROWS token rows, K a multiple of 192);
     # "mma_fused" also folds the norms, residual adds, RoPE with the cache store, SiLU x up, the embedding
     # and the final norm into it (layout.LINEAR_KERNELS). None: "mma_fused" with the layer kernels (the
     # fastest, measured: data/results/README.md), "cublas" without. "cublas" is the fusion's off switch.

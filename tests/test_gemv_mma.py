@@ -78,7 +78,7 @@ def test_gemv_mma_names_bad_arguments():
         kernel.gemv_mma(torch.zeros(1, 128, dtype=torch.float16, device=DEV),
                         torch.zeros(16, 128, dtype=torch.float16, device=DEV))
     with pytest.raises(KernelArgumentError, match="token rows"):
-        kernel.gemv_mma(torch.zeros(kernel.MAX_TOKENS + 1, k, dtype=torch.float16, device=DEV), w)
+        kernel.gemv_mma(torch.zeros(kernel.MAX_ROWS + 1, k, dtype=torch.float16, device=DEV), w)
     with pytest.raises(KernelArgumentError, match="columns"):
         kernel.gemv_mma(torch.zeros(1, 2 * k, dtype=torch.float16, device=DEV), w)
     x = torch.zeros(2, k, dtype=torch.float16, device=DEV)

@@ -236,12 +236,14 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
     assert tiny_llm(tiny_target, device=DEV, layer_kernels=False).engine.linear_kernel == "cublas"
 
 
+@pytest.mark.parametrize("query_len,lengths", [(2, [9, 14]), (3, [9, 14, 11, 20, 7])], ids=["4_rows", "15_rows"])
 @pytest.mark.parametrize("linear,norms,ropes", [("mma", 3, 1), ("mma_fused", 0, 0)])
-def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes):
+def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes, query_len, lengths):
     """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma" sends every
     linear layer through it (counted), "mma_fused" also folds the norms, RoPE and the cache store into
     them and the final norm into the last down projection and the LM head (no separate norm or RoPE
-    kernel is left); both agree with the torch path's forward, logits and K/V."""
+    kernel is left); both agree with the torch path's forward, logits and K/V, for one token tile of
+    the GEMV and for two."""
     from protospec.model import layer_kernels
     from protospec.kernels.linear import gemv_mma
     from protospec.model.layer_kernels import LayerKernelForward
@@ -255,7 +257,7 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
     block_size, num_blocks = 4, 24
-    inputs = _uniform_batch(2, [9, 14], block_size, num_blocks, seed=3)
+    inputs = _uniform_batch(query_len, lengths, block_size, num_blocks, seed=3)
     inputs.input_ids.copy_(torch.randint(3, cfg.vocab_size, inputs.input_ids.shape))
     caches = [_randn(2, num_blocks, block_size, 1, cfg.head_dim, dtype=torch.float16, seed=1)]
     mma_caches = [c.clone() for c in caches]

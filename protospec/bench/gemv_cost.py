@@ -54,7 +54,7 @@ def main(argv=None) -> dict:
         torch_us = time_calls([lambda w=w: torch.nn.functional.linear(x, w) for w in weights])
         row = {"shape": shape, "tokens": tokens, "floor_us": floor_us, "torch_us": torch_us, "numba": {}}
         expected = torch.nn.functional.linear(x.float(), weights[0].float())
-        applies = gemv_mma.supports(k) and tokens <= gemv_mma.MAX_TOKENS
+        applies = gemv_mma.supports(k) and tokens <= gemv_mma.MAX_ROWS
         if applies:  # tensor cores (key "mma")
             err = float((gemv_mma.gemv_mma(x, weights[0]).float() - expected).abs().max())
             us = time_calls([lambda w=w: gemv_mma.gemv_mma(x, w) for w in weights])

@@ -3,7 +3,7 @@
     embed -> per layer: add_rms_norm, qkv matmul, rope_and_cache, paged_attention, o matmul,
              add_rms_norm, gate_up matmul, silu_and_mul, down matmul
           -> add_rms_norm on the logits rows, LM head
-    linear="mma_fused" (float16, <= 8 tokens, widths the tensor-core GEMV takes): 5 per layer, the norms
+    linear="mma_fused" (float16, <= TENSOR_CORE_MAX_ROWS tokens, widths the tensor-core GEMV takes): 5 per layer, the norms
              and residual adds folded into the qkv and gate/up GEMVs, RoPE and the cache store into qkv's
              epilogue, SiLU x up into gate/up's; the embedding into the first GEMV; the final norm split
              between the last down projection (its output's sums of squares) and the LM head (its
@@ -34,6 +34,10 @@ from protospec.kernels.linear.layer_ops import ACTIVATION_DTYPES, add_rms_norm, 
 from protospec.model.llama import logits_float32
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path, unless long_chunks
+# Token rows up to which the tensor-core GEMV (and with mma_fused the fused forward) serves a forward:
+# past it cuBLAS's GEMM tiles, reusing the weights across many rows in shared memory, win
+# (bench.gemv_cost times both by rows; data/results/README.md has the crossover).
+TENSOR_CORE_MAX_ROWS = 64
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
@@ -127,7 +131,7 @@ class LayerKernelForward:
         return self._folded_head[1]
 
     def _tensor_cores(self, x: torch.Tensor) -> bool:
-        return (self.linear != "cublas" and x.dtype == torch.float16 and x.shape[0] <= gemv_mma.MAX_TOKENS
+        return (self.linear != "cublas" and x.dtype == torch.float16 and x.shape[0] <= TENSOR_CORE_MAX_ROWS
                 and gemv_mma.supports(x.shape[1]))
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [T, K] @ [N, K].T -> [T, N]
@@ -152,7 +156,7 @@ class LayerKernelForward:
                 meta: AttentionMetadata) -> torch.Tensor:  # [num_logits, vocab] float32
         tables = meta.block_tables if meta.block_tables.is_contiguous() else meta.block_tables.contiguous()
         wanted = meta.logits_indices if meta.logits_indices.is_contiguous() else meta.logits_indices.contiguous()
-        if self.fuses and input_ids.shape[0] <= gemv_mma.MAX_TOKENS:
+        if self.fuses and input_ids.shape[0] <= TENSOR_CORE_MAX_ROWS:
             return self._fused_forward(model, input_ids, positions, kv_caches, meta, tables, wanted)
         x = model.model.embed_tokens(input_ids)  # [T, hidden]
         rows = self._row_ids[: x.shape[0]]

@@ -1,4 +1,4 @@
-"""y = x @ W.T on tensor cores for a verify window's few token rows (T <= 8), float16, with the
+"""y = x @ W.T on tensor cores for a few token rows (T <= MAX_ROWS, 8 a block), float16, with the
 fused forms a decoder layer uses (the norm and residual add, SiLU x up, RoPE with the cache store,
 gathered rows, float32 logits, the final norm's sums of squares): the checked entry point. The
 kernel and its layout are in linear/gemv_mma_kernel.py, its torch twin in linear/gemv_mma_twin.py.
@@ -12,8 +12,8 @@ import torch
 from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import supported as dependents_supported
-from protospec.kernels.linear.gemv_mma_kernel import (COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS, TILE_ROWS, WARP,  # noqa: F401
-                                               gemv_mma_kernel, supports, warps_for)
+from protospec.kernels.linear.gemv_mma_kernel import (BLOCK_TOKENS, COLUMNS_PER_WARP, MAX_WARPS, TILE_ROWS, WARP,  # noqa: F401
+                                               MAX_ROWS, gemv_mma_kernel, supports, warps_for)
 from protospec.kernels.linear.gemv_mma_twin import RopeCache, gemv_mma_reference  # noqa: F401
 from protospec.kernels.launch.interop import check_tensor
 
@@ -23,7 +23,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
              x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16,
              dependent_launch: bool = False, allow_early: bool = False, residual_squares: torch.Tensor | None = None,
              row_squares: torch.Tensor | None = None):
-    """x [T, K] float16 (T <= 8), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
+    """x [T, K] float16 (T <= MAX_ROWS), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
     (gate rows, then up rows), y [T, I] = silu(gate) * up. x_rows [T] int64: token i's x (and residual)
@@ -46,8 +46,8 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         raise KernelArgumentError(f"gemv_mma: x has {k} columns, the weight {weight.shape[1]}")
     if x_rows is not None:
         check_tensor("gemv_mma x_rows", x_rows, torch.int64, 1)
-    if not 1 <= tokens <= MAX_TOKENS:
-        raise KernelArgumentError(f"gemv_mma: 1 to {MAX_TOKENS} token rows, got {tokens}")
+    if not 1 <= tokens <= MAX_ROWS:
+        raise KernelArgumentError(f"gemv_mma: 1 to {MAX_ROWS} token rows, got {tokens}")
     if not supports(k):
         raise KernelArgumentError(f"gemv_mma: K = {k} must be a multiple of {COLUMNS_PER_WARP} "
                                   f"(at most {MAX_WARPS * COLUMNS_PER_WARP})")
@@ -74,7 +74,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     x64 = x.view(torch.int64)
     norm = norm_weight is not None
     res_out = torch.empty(tokens, k, dtype=torch.float16, device=x.device) if norm else y
-    warps, tiles = warps_for(k), -(-n // TILE_ROWS)
+    warps, tiles = warps_for(k), -(-n // TILE_ROWS) * -(-tokens // BLOCK_TOKENS)  # row tiles x token tiles
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
                              dependent_launch, allow_early, residual_squares is not None, row_squares is not None,
                              weight.data_ptr() % 16 == 0, out_dtype == torch.float32,

@@ -1,4 +1,4 @@
-"""y = x @ W.T on tensor cores for a verify window's few token rows (T <= 8), float16.
+"""y = x @ W.T on tensor cores for a few token rows (T <= MAX_ROWS), float16.
 
     x [T, K] float16, W [N, K] float16 (nn.Linear's layout), y [T, N] float16; K a multiple of
     CHUNK x CHUNKS_PER_WARP (192: 768 and 3072 are), at most MAX_WARPS warps' worth.
@@ -6,7 +6,9 @@
 Why: at 6 tokens a CUDA-core GEMV loses to cuBLAS; a tensor-core product takes a 16x16
 weight tile and 8 token columns, so the loads set the pace again. Layout: one `mma.m16n8k16`
 (primitives/warp_mma.py) with A = a 16-row x 16-column weight tile, B = x^T (16 columns x 8 tokens), D = 16
-output rows x 8 tokens. A block owns 16 output rows; its warps split K,
+output rows x 8 tokens. A block owns 16 output rows and 8 token rows (the grid: row tiles x token
+tiles, a row tile's token tiles adjacent so its weights are read from memory once and from L2 after);
+its warps split K,
 each covering CHUNKS_PER_WARP chunks of 64 columns, and every weight word a warp needs is loaded
 before its first product (bytes in flight are what a memory-bound kernel needs). The sum over k does
 not care in which order the columns go into the products, so they go in the order that makes the
@@ -40,11 +42,11 @@ from numba import float32, int64, uint32
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import cuda
-from protospec.kernels.linear.gemv_mma_norm import (CHUNKS_PER_WARP, COLUMNS_PER_WARP, MAX_TOKENS, MAX_WARPS,  # noqa: F401
+from protospec.kernels.linear.gemv_mma_norm import (BLOCK_TOKENS, CHUNKS_PER_WARP, COLUMNS_PER_WARP, MAX_WARPS,  # noqa: F401
                                              WARP, WORDS, block_inv_rms, inv_rms_from_squares, load_row_squares,
                                              normed_halves, summed, tile_squares)
 from protospec.kernels.linear.gemv_mma_rope import rope_and_store, rope_inputs
-from protospec.kernels.linear.gemv_mma_shapes import check_forms, supports, variant_name, warps_for  # noqa: F401
+from protospec.kernels.linear.gemv_mma_shapes import MAX_ROWS, check_forms, supports, variant_name, warps_for  # noqa: F401
 from protospec.kernels.primitives.warp_mma import mma_f16, pack_half2, scratch_size, store_fragment
 from protospec.kernels.primitives.word_loads import load_flat, load_words, store_flat, unpack_f16x4
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
@@ -84,7 +86,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     SCRATCH = scratch_size(warps)     # array sizes must be literals to the typer: products taken here
     PRODUCTS = 2 if glu else 1
     PARTIALS = warps * WARP * 4 * PRODUCTS  # each lane's D fragments, per warp
-    SQUARES = warps * MAX_TOKENS      # each warp's sum of squares per token
+    SQUARES = warps * BLOCK_TOKENS    # each warp's sum of squares per token
     THREADS = warps * WARP
     UP_WORDS = WORDS if glu else 1
     ALLOW_EARLY = dependent and allow_early  # noqa: N806
@@ -92,10 +94,10 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     SQUARES_OUT, SQUARES_SCALE = squares_out, squares_scale  # noqa: N806
     WIDE, LOAD_WORDS, FLOAT_OUT = wide_loads, 2 if wide_loads else 1, float_out  # noqa: N806
     ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_scale else 1)  # noqa: N806
-    TILE_VALUES = MAX_TOKENS * TILE_ROWS if squares_out else 1  # noqa: N806
+    TILE_VALUES = BLOCK_TOKENS * TILE_ROWS if squares_out else 1  # noqa: N806
     ROPE_EARLY = rope_dim and rope_early  # noqa: N806
 
-    def gemv_mma(x64, x_rows, res64, norm64, eps, w64, tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
+    def gemv_mma(x64, x_rows, res64, norm64, eps, w64, all_tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
                  row_squares):
         """x64, res64 [R, K / 4] int64 (float16 words; R = T unless GATHER); x_rows [T] int64 (GATHER);
         norm64 [K / 4] int64; w64 [N (2I with GLU), K / 4] int64; y [T, N (I; h * d with ROPE)] float16
@@ -108,7 +110,10 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         tid = cuda.threadIdx.x
         warp, lane = tid // WARP, tid % WARP
         g, t = lane // 4, lane % 4
-        tile = cuda.blockIdx.x
+        token_tiles = (all_tokens + BLOCK_TOKENS - 1) // BLOCK_TOKENS  # a row tile's blocks are adjacent: ...
+        tile = cuda.blockIdx.x // token_tiles                        # ... its weights come from L2 after the first
+        tok0 = (cuda.blockIdx.x - tile * token_tiles) * BLOCK_TOKENS  # this block's first token row
+        tokens = min(BLOCK_TOKENS, all_tokens - tok0)                # ... and its count (the lane groups past it: zeros)
         n0 = tile * TILE_ROWS
         head = tile // GROUPS                                        # ROPE: this block's head ...
         dim = (tile % GROUPS) * 8 + g                                # ... and the lane's dim pair (dim, dim + d/2)
@@ -138,9 +143,9 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         shuffle_scratch = cuda.shared.array(THREADS, float32)        # the simulator's shuffles
         partials = cuda.shared.array(PARTIALS, float32)
         squares = cuda.shared.array(SQUARES, float32)
-        x_row = token
+        x_row = tok0 + token
         if GATHER and not DEPENDENT:
-            x_row = x_rows[token]
+            x_row = x_rows[tok0 + token]
         for c in range(CHUNKS_PER_WARP):                             # every load before any product
             for j in range(4):
                 word = first + 16 * c + j
@@ -157,7 +162,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                     if RESIDUAL:
                         rw[c * 4 + j] = load_flat(res64, x_row * k_words + word)
         if ROPE_EARLY:  # written before the forward: loaded while the kernel before ends
-            rope_inputs(positions, cos, sin, slots, t, dim, tokens, angles, slot_of)
+            rope_inputs(positions, cos, sin, slots, t, dim, tok0, tokens, angles, slot_of)
         if DEPENDENT:  # the weights are in flight; x is the previous kernel's output
             if ALLOW_EARLY:
                 allow_dependent_launch()
@@ -168,20 +173,20 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             if not ALLOW_EARLY:
                 allow_dependent_launch()
             if GATHER:
-                x_row = x_rows[token]
+                x_row = x_rows[tok0 + token]
             for i in range(WORDS):
                 word = first + 16 * (i // 4) + i % 4
                 xw[i] = load_flat(x64, x_row * k_words + word)
                 if RESIDUAL:
                     rw[i] = load_flat(res64, x_row * k_words + word)
         if ROPE_DIM and not ROPE_EARLY:  # with x's words, not in the epilogue
-            rope_inputs(positions, cos, sin, slots, t, dim, tokens, angles, slot_of)
+            rope_inputs(positions, cos, sin, slots, t, dim, tok0, tokens, angles, slot_of)
         if SQUARES_SCALE:  # with x's words: the same round trip
             load_row_squares(row_squares, k_words // 4, x_row, t, warps, sq_tiles)
         if SQUARES_OUT and warp == 0:  # the residual at this lane's D entries (rows n0 + g (+ 8), tokens 2t (+ 1))
             for i in range(4):
                 n = min(n0 + g + 8 * (i // 2), n_rows - 1)
-                row_res[i] = load_flat(res64, min(2 * t + i % 2, tokens - 1) * (n_rows // 4) + n // 4)
+                row_res[i] = load_flat(res64, (tok0 + min(2 * t + i % 2, tokens - 1)) * (n_rows // 4) + n // 4)
         inv_rms = float32(1.0)
         if SQUARES_SCALE:
             inv_rms = inv_rms_from_squares(sq_tiles, g, warps, tokens, k_words, eps, shuffle_scratch, tid)
@@ -194,10 +199,10 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
             if NORM:
                 word = first + 16 * (i // 4) + i % 4
                 gw = nw[i]
-                if cuda.blockIdx.x == 0 and g < tokens:              # the residual stream, once
+                if tile == 0 and g < tokens:                         # the residual stream, once a token
                     v0, v1 = summed(xw[i], rw[i], 0, RESIDUAL), summed(xw[i], rw[i], 1, RESIDUAL)
                     v2, v3 = summed(xw[i], rw[i], 2, RESIDUAL), summed(xw[i], rw[i], 3, RESIDUAL)
-                    store_flat(res_out64, g * k_words + word, int64(pack_half2(v0, v1)) | (int64(pack_half2(v2, v3)) << 32))
+                    store_flat(res_out64, (tok0 + g) * k_words + word, int64(pack_half2(v0, v1)) | (int64(pack_half2(v2, v3)) << 32))
                 b_lo[i], b_hi[i] = normed_halves(xw[i], rw[i], gw, inv_rms, RESIDUAL)
             else:
                 b_lo[i] = uint32(xw[i] & LOW32)
@@ -243,14 +248,14 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 n = n0 + g + 8 * (i // 2)
                 if ROPE_DIM:
                     if i < 2 and tok < tokens:
-                        rope_and_store(sums[i], sums[i + 2], tok, head, dim, HALF, angles[2 * i], angles[2 * i + 1],
+                        rope_and_store(sums[i], sums[i + 2], tok0 + tok, head, dim, HALF, angles[2 * i], angles[2 * i + 1],
                                        slot_of[i], y, kv_cache)
                 elif tok < tokens and n < n_rows:
-                    y[tok, n] = sums[i]
+                    y[tok0 + tok, n] = sums[i]
         if SQUARES_OUT:  # each token's sum of squares over the tile's rows, in their order
             cuda.syncthreads()
             if tid < tokens:
-                row_squares[tid * (n_rows // TILE_ROWS) + tile] = tile_squares(tile_values, tid)
+                row_squares[(tok0 + tid) * (n_rows // TILE_ROWS) + tile] = tile_squares(tile_values, tid)
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
                                                              ALLOW_EARLY, PIN_LOADS, SQUARES_OUT, SQUARES_SCALE, WIDE,

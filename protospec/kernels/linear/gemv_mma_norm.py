@@ -21,7 +21,7 @@ from protospec.kernels.primitives.word_loads import load_flat, unpack_f16x4
 
 # The tensor-core GEMV's lane layout (linear/gemv_mma_kernel.py takes it from here).
 WARP = 32
-MAX_TOKENS = 8        # token rows a block holds: the product's N (lane group g: token g)
+BLOCK_TOKENS = 8      # token rows a block holds: the product's N (lane group g: token g)
 CHUNK = 64            # columns a lane group of 4 covers per chunk (16 each)
 CHUNKS_PER_WARP = 3   # a warp's chunks, every word loaded before the first product
 WORDS = CHUNKS_PER_WARP * 4  # 8-byte words a lane loads per weight row (and per x row)
@@ -41,7 +41,7 @@ def summed(x_word, r_word, e, residual):
 @cuda.jit(device=True)
 def block_inv_rms(xw, rw, residual, g, t, warp, warps, tokens, k_words, eps, squares, shuffle_scratch, tid):
     """1 / rms of token g's row (x + residual with `residual`) over the block's K = 4 k_words columns,
-    in every lane of token g. xw, rw [WORDS] int64: the lane's words; squares [warps * MAX_TOKENS]
+    in every lane of token g. xw, rw [WORDS] int64: the lane's words; squares [warps * BLOCK_TOKENS]
     float32 shared. Lane groups past the tokens add nothing (their value is unused)."""
     sq = float32(0.0)
     for c in range(CHUNKS_PER_WARP):  # a 16-column tile (4 words) at a time, each summed from 0: the order in
@@ -55,17 +55,17 @@ def block_inv_rms(xw, rw, residual, g, t, warp, warps, tokens, k_words, eps, squ
     sq += xor_exchange(sq, 1, shuffle_scratch, tid)          # the 4 lanes of token g: the warp's K
     sq += xor_exchange(sq, 2, shuffle_scratch, tid)
     if t == 0:
-        squares[warp * MAX_TOKENS + g] = sq
+        squares[warp * BLOCK_TOKENS + g] = sq
     cuda.syncthreads()
     total = float32(0.0)
     for w in range(warps):
-        total += squares[w * MAX_TOKENS + g]
+        total += squares[w * BLOCK_TOKENS + g]
     return float32(1.0) / math.sqrt(total / float32(4 * k_words) + float32(eps))
 
 
 @cuda.jit(device=True)
 def tile_squares(values, token):
-    """The sum of squares of one token's 16 values of a tile, values [MAX_TOKENS * 16] float32 (token-major,
+    """The sum of squares of one token's 16 values of a tile, values [BLOCK_TOKENS * 16] float32 (token-major,
     the tile's rows in order), summed from 0 in row order: block_inv_rms's per-tile term, same bits."""
     tile = float32(0.0)
     for r in range(16):

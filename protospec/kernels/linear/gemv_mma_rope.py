@@ -9,13 +9,14 @@ from protospec.kernels.primitives.word_loads import store_flat
 
 
 @cuda.jit(device=True)
-def rope_inputs(positions, cos, sin, slots, t, dim, tokens, angles, slot_of):
-    """What the epilogue of lane (g, t) needs for its tokens 2t + i (i = 0, 1; clamped to a real row):
+def rope_inputs(positions, cos, sin, slots, t, dim, tok0, tokens, angles, slot_of):
+    """What the epilogue of lane (g, t) needs for its tokens tok0 + 2t + i (i = 0, 1; clamped to the
+    block's `tokens` rows):
     angles [4] float32 <- cos, sin of each token's position at `dim`; slot_of [2] int64 <- their cache
     slots. Loaded early (before the products, or before the kernel's wait) so the epilogue's stores
     wait on no load: in the epilogue, position then cos / sin were two round trips in a row."""
     for i in range(2):
-        tok = min(2 * t + i, tokens - 1)
+        tok = tok0 + min(2 * t + i, tokens - 1)
         pos = positions[tok]
         angles[2 * i] = float32(cos[pos, dim])
         angles[2 * i + 1] = float32(sin[pos, dim])

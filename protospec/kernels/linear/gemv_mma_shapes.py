@@ -4,6 +4,12 @@ from __future__ import annotations
 from protospec.kernels.linear.gemv_mma_norm import COLUMNS_PER_WARP, MAX_WARPS
 
 
+# Token rows one call takes: a block holds 8 (BLOCK_TOKENS), a row tile's weights serve each further 8
+# from L2, so the bytes from memory stay the weights' while L2 traffic grows with the rows; past a few
+# dozen rows cuBLAS's GEMM tiles (which reuse weights across their 64-256 rows in shared memory) win.
+MAX_ROWS = 256
+
+
 def warps_for(k: int) -> int:
     """Warps a block splits K over (K / 192)."""
     return k // COLUMNS_PER_WARP
