@@ -37,7 +37,7 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 # Token rows up to which the tensor-core GEMV (and with mma_fused the fused forward) serves a forward:
 # past it cuBLAS's GEMM tiles, reusing the weights across many rows in shared memory, win
 # (bench.gemv_cost times both by rows; data/results/README.md has the crossover).
-TENSOR_CORE_MAX_ROWS = 64
+TENSOR_CORE_MAX_ROWS = 32
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
