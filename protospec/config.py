@@ -131,7 +131,7 @@ class EngineConfig:
     overlap_commit: bool = True
     # A spec step the overlapped commit launched runs whole as one CUDA graph (speculation/step_graph.py):
     # draft steps 1..k, the verify's inputs built on the device, the verify, the rejection sampler and
-    # the commit's row. Applies to the graph draft loop with a draft model, k >= 2, fixed k and the
+    # the commit's row. Applies to the graph draft loop with a draft model, fixed k and the
     # overlapped commit. None (default): on wherever it applies (one launch a step leaves the host
     # idle, so host noise stops reaching the step; measured faster: data/results/README.md); False:
     # stage by stage; True: on, and an error where it cannot apply.

@@ -143,7 +143,7 @@ def test_the_step_graph_applies_only_where_it_can_and_says_why_not():
                 commit=registry.OVERLAPPED)
     assert step_graph_applies(None, **args) and step_graph_applies(True, **args)
     assert not step_graph_applies(False, **args)
-    assert not step_graph_applies(None, **(args | {"k": 1}))
+    assert step_graph_applies(None, **(args | {"k": 1}))  # draft step 1 alone, then the verify
     with pytest.raises(ConfigError, match="the graph draft loop, .*the overlapped commit"):
         step_graph_applies(True, **(args | {"draft_loop": registry.GPU, "commit": registry.SYNCED}))
     with pytest.raises(ConfigError, match="fixed k"):
@@ -158,7 +158,8 @@ def test_asking_for_the_step_graph_on_a_cpu_engine_names_what_is_missing(tiny_ta
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature):
+@pytest.mark.parametrize("k", [1, 4])
+def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature, k):
     """Requests of different lengths share two batch slots, so launched steps are discarded (their keys
     kept) and graphs of several batch sizes replay; with the step graph on or off the tokens are the
     same (its random numbers and verify inputs built on a branch beside draft step 1)."""
@@ -167,7 +168,7 @@ def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_ta
               for i, n in enumerate((40, 61, 33, 18, 29))]
     outs, counters = {}, {}
     for setting in (False, None):
-        llm = tiny_llm(tiny_target, tiny_draft, k=4, device="cuda", dtype="float16", draft_loop="graph",
+        llm = tiny_llm(tiny_target, tiny_draft, k=k, device="cuda", dtype="float16", draft_loop="graph",
                        max_num_seqs=2, spec_step_graph=setting, check_no_sync=True)
         outs[setting] = [o.token_ids for o in llm.generate(prompts, params)]
         counters[setting] = llm.counters["draft"]

@@ -55,7 +55,7 @@ class SpeculativeStep:
         self.device = target.device
         self.fused_sampling = fused_sampling  # kernels/sampling/softmax_sample.py: the verify's probabilities in two launches
         # A step launched by the overlapped commit runs whole as one CUDA graph (step_graph.py); the
-        # engine turns it on only where it applies (graph draft loop, k > 1, fixed k, the draft proposer).
+        # engine turns it on only where it applies (graph draft loop, fixed k, the draft proposer).
         self.step_graph = step_graph
         self._step_graphs: dict = {}  # its DraftLoopGraph (held, so never a reused identity) -> the SpecStepGraph
         self.timer = NULL_TIMER

@@ -51,7 +51,6 @@ def step_graph_applies(setting: bool | None, draft_loop: str, proposer: str | No
     missing = [need for need, absent in (
         ("the graph draft loop", draft_loop != registry.GRAPH),
         ("a draft model", proposer != registry.DRAFT),
-        ("k >= 2", k < 2),
         ("fixed k (dynamic_k='off')", dynamic_k != registry.DYNAMIC_K_OFF),
         ("the overlapped commit", commit != registry.OVERLAPPED)) if absent]
     if setting and missing:
