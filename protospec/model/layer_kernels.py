@@ -7,7 +7,8 @@
              and residual adds folded into the qkv and gate/up GEMVs, RoPE and the cache store into qkv's
              epilogue, SiLU x up into gate/up's; the embedding into the first GEMV; the final norm split
              between the last down projection (its output's sums of squares) and the LM head (its
-             weight times the norm's, its rows scaled by 1 / rms)
+             weight times the norm's, its rows scaled by 1 / rms; past LM_HEAD_MAX_ROWS rows the
+             separate norm and cuBLAS)
 
 The draft loop, the verify and the target's decode feed a few tokens per sequence; at batch 1 such
 a forward costs its kernel count (a few microseconds each on the GPU, plus a gap between kernels
@@ -36,8 +37,11 @@ from protospec.model.llama import logits_float32
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path, unless long_chunks
 # Token rows up to which the tensor-core GEMV (and with mma_fused the fused forward) serves a forward:
 # past it cuBLAS's GEMM tiles, reusing the weights across many rows in shared memory, win
-# (bench.gemv_cost times both by rows; data/results/README.md has the crossover).
-TENSOR_CORE_MAX_ROWS = 32
+# (bench.gemv_cost times both by rows; data/results/README.md has the crossovers). The LM head
+# crosses over sooner than the layers' linears (the same table), so past LM_HEAD_MAX_ROWS rows it
+# takes the separate norm and cuBLAS even inside the fused forward.
+TENSOR_CORE_MAX_ROWS = 64
+LM_HEAD_MAX_ROWS = 8
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
@@ -177,7 +181,7 @@ class LayerKernelForward:
         if wanted.shape[0] == 0:  # a prefill that wants no logits (the draft's): no head, no empty launch
             return torch.empty(0, model.lm_head.weight.shape[0], dtype=torch.float32, device=x.device)
         h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # only the rows whose logits are wanted
-        if self._tensor_cores(h):
+        if h.shape[0] <= LM_HEAD_MAX_ROWS and self._tensor_cores(h):
             return gemv_mma.gemv_mma(h if h.is_contiguous() else h.contiguous(), model.lm_head.weight,
                                      out_dtype=torch.float32, dependent_launch=self.dependent)
         return logits_float32(h, model.lm_head.weight)
@@ -209,5 +213,8 @@ class LayerKernelForward:
                                   residual_squares=residual if last else None)  # the last: (stream, its squares)
             x_rows = None
         stream, squares = x  # [T, hidden] float16, [T, hidden / 16] float32
+        if wanted.shape[0] > LM_HEAD_MAX_ROWS:  # the separate norm and cuBLAS (the squares go unused)
+            h, _ = add_rms_norm(stream, None, norm.weight, norm.eps, wanted)
+            return logits_float32(h, model.lm_head.weight)
         return gemv_mma.gemv_mma(stream, self.folded_head(model), eps=norm.eps, x_rows=wanted, row_squares=squares,
                                  out_dtype=torch.float32, dependent_launch=dep)
