@@ -166,3 +166,19 @@ def test_captured_replays_give_the_one_step_tokens_on_cuda(tiny_target):
     llm.engine.decoder = None
     assert _run(llm, prompts, params) == got
     assert llm.counters["target"]["decode_graphs"] > 0
+
+
+def test_the_sampling_kernel_draws_the_torch_samplers_tokens(tiny_target):
+    """With the sampling kernels a decode step samples its token alone (a Gumbel-max over the logits and
+    the request's Exp(1) noise, no probabilities): the same seeded tokens as the torch sampler's race
+    (probabilities over the same noise), up to float32 ties, which this model does not reach."""
+    prompts = random_prompts(3, lengths=(6, 11, 4))
+    params = [SamplingParams(temperature=t, max_tokens=10, ignore_eos=True, seed=s) for s, t in ((5, 0.7), (6, 1.0), (7, 0.0))]
+    tokens = {}
+    for fused in (False, True):
+        llm = _multi_step(tiny_llm(tiny_target, None, device=KERNEL_DEVICE_TYPE, fused_sampling=fused), steps=4)
+        assert llm.engine.fused_sampling == fused
+        tokens[fused] = [o.token_ids for o in llm.generate(prompts, params)]
+        probs = [state.probs for state in llm.engine.decoder._rows.values()] if fused else []
+        assert not fused or (probs and all(not p.any() for p in probs))  # the kernel path wrote no probabilities
+    assert tokens[True] == tokens[False]

@@ -33,6 +33,8 @@ from protospec.requests.sequence import Sequence
 from protospec.errors import AdvanceStepError
 from protospec.kernels.randoms import counter_randoms
 from protospec.kernels.randoms.counter_randoms import split_key
+from protospec.kernels.sampling.gumbel_sample import gumbel_sample_into
+from protospec.kernels.sampling.softmax_sample import fused_applies
 from protospec.kernels.inputs.decode_advance import decode_advance, position_keys
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID, PLACEHOLDER_TOKEN_ID
 from protospec.model.graphs import bucket, sync_allowed
@@ -70,7 +72,7 @@ class DecodeRows:
         self.noise = torch.ones(rows, 1, vocab, device=device)         # [rows, 1, V] Exp(1)
         self.no_uniforms = torch.zeros(rows, 0, device=device)         # the fill's uniforms: none needed
         self.ids = torch.zeros(rows, 1, **i64)                         # [rows, 1] the sampler's ids
-        self.probs = torch.zeros(rows, 1, vocab, device=device)        # [rows, 1, V] the sampler's probabilities
+        self.probs = torch.zeros(rows, 1, vocab, device=device)        # [rows, 1, V] the torch sampler's probabilities
         # Padding rows sample with harmless settings (temperature 1, no filter); they make no tokens.
         self.temperature = torch.ones(rows, device=device)
         self.is_greedy = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -130,8 +132,11 @@ class DecodeRows:
                 counter_randoms.fill_kernel(self.step_keys, self.noise, self.no_uniforms)
                 noise = self.noise
             logits = target.model(view.input_ids, view.positions, target.kv_caches, view.meta)  # [rows, V] f32
-            sample_draft_step(logits, st, 0, self.ids, self.probs, noise, self.sampled, fused,
-                              dependent=target.launches_dependents)
+            if fused and fused_applies(st):  # the token alone (one Gumbel-max launch): decoding reads no probabilities
+                gumbel_sample_into(logits, st, 0, self.ids, noise, self.sampled, dependent=target.launches_dependents)
+            else:
+                sample_draft_step(logits, st, 0, self.ids, self.probs, noise, self.sampled, fused,
+                                  dependent=target.launches_dependents)
             inp = self.inputs
             decode_advance(step, self.block_size, self.sampled, self.stop_ids, self.remaining, self.base_keys,
                            self.step_keys, self.out_tokens, inp.input_ids, inp.positions, inp.seq_lens,
