@@ -189,14 +189,15 @@ class LayerKernelForward:
     def _fused_forward(self, model, input_ids, positions, kv_caches, meta, tables, wanted) -> torch.Tensor:
         """linear="mma_fused": 5 kernels a layer (qkv with the norm, RoPE and the cache store; attention;
         o; gate/up with the norm and SiLU x up; down) and the LM head (float32): the embedding rows are
-        gathered by the first qkv projection; the last down projection adds the residual and writes its
-        tiles' sums of squares, from which the LM head, its weight times the final norm's, scales its
+        gathered by the first qkv projection; up to LM_HEAD_MAX_ROWS logits rows the last down projection
+        adds the residual and writes its tiles' sums of squares, from which the LM head, its weight times the final norm's, scales its
         rows by 1 / rms (no norm in its ~2000 blocks' prologue; the logits to float16 rounding of the
         separate norm's). The o, gate/up and down projections let the next kernel launch before their
         wait (its loads before its own wait are weights); qkv does not: the attention after it loads
         cached keys before its wait."""
         x, x_rows, residual = model.model.embed_tokens.weight, input_ids, None  # [V, hidden]: rows by token id
         dep, norm = self.dependent, model.model.norm
+        head_fused = wanted.shape[0] <= LM_HEAD_MAX_ROWS  # past it: the final norm with the residual, and cuBLAS
         for layer, kv_cache in zip(model.model.layers, kv_caches):
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
             rope = RopeCache(positions, self.cos, self.sin, kv_cache, meta.slot_mapping, self.num_heads,
@@ -210,11 +211,11 @@ class LayerKernelForward:
                                               dependent_launch=dep, allow_early=True)
             last = layer is model.model.layers[-1]
             x = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep, allow_early=True,
-                                  residual_squares=residual if last else None)  # the last: (stream, its squares)
+                                  residual_squares=residual if last and head_fused else None)  # then (stream, squares)
             x_rows = None
-        stream, squares = x  # [T, hidden] float16, [T, hidden / 16] float32
-        if wanted.shape[0] > LM_HEAD_MAX_ROWS:  # the separate norm and cuBLAS (the squares go unused)
-            h, _ = add_rms_norm(stream, None, norm.weight, norm.eps, wanted)
+        if not head_fused:
+            h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)
             return logits_float32(h, model.lm_head.weight)
+        stream, squares = x  # [T, hidden] float16, [T, hidden / 16] float32
         return gemv_mma.gemv_mma(stream, self.folded_head(model), eps=norm.eps, x_rows=wanted, row_squares=squares,
                                  out_dtype=torch.float32, dependent_launch=dep)
