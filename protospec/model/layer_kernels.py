@@ -191,8 +191,8 @@ class LayerKernelForward:
         o; gate/up with the norm and SiLU x up; down) and the LM head (float32): the embedding rows are
         gathered by the first qkv projection; up to LM_HEAD_MAX_ROWS logits rows the last down
         projection adds the residual and writes its tiles' sums of squares, from which the LM head, its
-        weight times the final norm's, scales its rows by 1 / rms (no norm in its ~2000 blocks' prologue; the logits to float16 rounding of the
-        separate norm's). The o, gate/up and down projections let the next kernel launch before their
+        weight times the final norm's, scales its rows by 1 / rms (no norm in its ~2000 blocks'
+        prologue; the logits to float16 rounding of the separate norm's). The o, gate/up and down projections let the next kernel launch before their
         wait (its loads before its own wait are weights); qkv does not: the attention after it loads
         cached keys before its wait."""
         x, x_rows, residual = model.model.embed_tokens.weight, input_ids, None  # [V, hidden]: rows by token id
