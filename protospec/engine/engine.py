@@ -291,7 +291,7 @@ class Engine:
         """Target-only decoding: one token per sequence per forward."""
         for seq in seqs:
             self.block_manager.ensure_capacity(seq.block_table, seq.num_tokens)
-        chunks = [s.token_ids[s.num_cached_target:] for s in seqs]
+        chunks = [s.tokens(s.num_cached_target) for s in seqs]
         starts = [s.num_cached_target for s in seqs]
         logits = self.target.execute(self.target.prepare("decode", chunks, starts, [s.block_table for s in seqs], num_logits=1))
         ids = sample_tokens(logits, self.sampling_tensors(seqs), self.fused_sampling, self.target.launches_dependents)

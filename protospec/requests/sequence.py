@@ -41,6 +41,21 @@ class Sequence:
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def tokens(self, start: int, end: int | None = None) -> list[int]:
+        """token_ids[start:end] (Python's slice rules) without building the whole list first: the
+        engine reads a few tokens at the end of every sequence every step, and token_ids copies the
+        whole prompt each time, host time that grows with the batch and the prompts."""
+        start, end, _ = slice(start, end).indices(self.num_tokens)
+        prompt, output = self.prompt_token_ids, self.output_token_ids
+        p = len(prompt)
+        if end <= start:
+            return []
+        if start >= p:
+            return output[start - p : end - p]
+        if end <= p:
+            return prompt[start:end]
+        return prompt[start:] + output[: end - p]
+
     @property
     def last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]

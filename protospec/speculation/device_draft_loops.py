@@ -50,7 +50,7 @@ class DeviceAdvanceLoop(DraftLoop):
         self.draft.counters["gpu_first_step"] += 1
         back = 1 if committed else 0  # the result re-emits the committed last token: L and t_{L-1} one back
         inputs = self.first_step.build(result, [seq.block_table for seq in seqs], [seq.num_tokens - back for seq in seqs],
-                                       [seq.token_ids[-1 - back] for seq in seqs])
+                                       [seq.tokens(-1 - back)[0] for seq in seqs])
         if self.advances:
             self.decode.seed(inputs.meta)
         return inputs

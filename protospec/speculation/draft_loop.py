@@ -74,7 +74,7 @@ class DraftLoop:
         behind = [seq for seq in seqs if seq.num_cached_draft < seq.num_tokens - 2]
         if not behind:
             return
-        chunks = [seq.token_ids[seq.num_cached_draft : seq.num_tokens - 2] for seq in behind]
+        chunks = [seq.tokens(seq.num_cached_draft, seq.num_tokens - 2) for seq in behind]
         starts = [seq.num_cached_draft for seq in behind]
         self.draft.execute(self.draft.prepare("catch_up", chunks, starts, [seq.block_table for seq in behind], 0))
         for seq in behind:
@@ -85,7 +85,7 @@ class DraftLoop:
         """Draft step 1 on the CPU. The draft lacks t_{L-1}, and after a full accept d_k (at L-2) too.
         Feed the last two tokens always: one fixed layout (a CUDA graph can replay it), and rewriting
         the K/V of L-2 stores the same values again."""
-        chunks = [seq.token_ids[-2:] for seq in s.seqs]
+        chunks = [seq.tokens(-2) for seq in s.seqs]
         starts = [seq.num_tokens - 2 for seq in s.seqs]
         return self.draft.prepare("first_draft_step", chunks, starts, [seq.block_table for seq in s.seqs], 1,
                                   s.max_blocks)

@@ -117,7 +117,7 @@ class SpeculativeStep:
         batch, seqs, width = len(s.seqs), s.seqs, self.look.verify_len
         with self.timer.phase("verify"):
             self.dynamic_k.limit(s)  # after the previous step's commit: its outcome is known
-            heads = [seq.token_ids[seq.num_cached_target:] for seq in seqs]
+            heads = [seq.tokens(seq.num_cached_target) for seq in seqs]
             if s.host_draft_ids is None:  # draft ids are on the device: placeholders, then a device copy
                 assert all(len(h) == 1 for h in heads), "the target must lag by exactly one token"
                 chunks = [h + [0] * self.k for h in heads]
