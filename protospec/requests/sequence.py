@@ -74,14 +74,16 @@ class Sequence:
 
     def append_tokens(self, token_ids: list[int]) -> int:
         """Append emitted tokens, stopping at max_tokens or EOS. Returns how many were kept."""
-        kept = 0
-        for tok in token_ids:
-            if self.finished:
-                break
-            self.output_token_ids.append(tok)
-            kept += 1
-            if tok == self.eos_token_id and not self.params.ignore_eos:
-                self.finish_reason = FinishReason.EOS
-            elif self.num_remaining == 0:
-                self.finish_reason = FinishReason.LENGTH
-        return kept
+        if self.finished:
+            return 0
+        # The budget and the stop id once, not per token: every spec step commits k + 1 tokens a request.
+        room = self.num_remaining
+        stop = None if self.params.ignore_eos else self.eos_token_id
+        take = token_ids[:room]
+        if stop is not None and stop in take:
+            take = take[: take.index(stop) + 1]
+            self.finish_reason = FinishReason.EOS
+        elif len(take) == room:
+            self.finish_reason = FinishReason.LENGTH
+        self.output_token_ids.extend(take)
+        return len(take)
