@@ -67,7 +67,7 @@ class NgramLoop(DraftLoop):
             index.extend(range(row * width + start, row * width + len(tokens)))
             values.extend(tokens[start:])
             self._rows[row] = (seq, len(tokens))
-        staged = host_to_device(index + values + [len(seq.token_ids) for seq in seqs], torch.int64, self.device)
+        staged = host_to_device(index + values + [seq.num_tokens for seq in seqs], torch.int64, self.device)
         n = len(index)
         if n:
             self.history.view(-1).index_copy_(0, staged[:n], staged[n : 2 * n])
