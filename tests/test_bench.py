@@ -90,6 +90,8 @@ def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
           "--sweep-ks", "1", "2", "--modes", "main", "gpu", "--output-dir", str(tmp_path)])
     report = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert len(report["sweep"]["points"]) == 2 * 2 * 2
+    # tokens a spec step: at least the one the verify always makes, at most k + 1
+    assert all(1.0 <= p["mean_accepted_len"] <= p["k"] + 1 for p in report["sweep"]["points"])
     assert next(tmp_path.glob("*_sweep_*.png")).stat().st_size > 10_000  # sweep-only: date_device_sweep_commit_time.png
     # A sweep alone still records its configuration, so the plot's title names the pair, not "None".
     assert (report["config"]["model"], report["config"]["speculative_model"]) == (tiny_target, tiny_draft)
@@ -113,7 +115,7 @@ def test_sweep_rounds_interleave_the_grid_and_report_medians(monkeypatch):
     def fake_run_mode(llm, setup, mode, breakdown):
         calls.append(llm.batch)
         p50 = next(script)
-        return {"p50_s": p50, "p10_s": p50 / 2, "p90_s": p50 * 2, "acceptance_rate": 0.5}
+        return {"p50_s": p50, "p10_s": p50 / 2, "p90_s": p50 * 2, "acceptance_rate": 0.5, "mean_accepted_len": 2.0}
 
     monkeypatch.setattr(ablation, "run_mode", fake_run_mode)
     setup = ablation.BenchSetup(model="m", speculative_model="d", num_speculative_tokens=5, input_len=8, output_len=8,

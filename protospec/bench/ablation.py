@@ -319,6 +319,9 @@ def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), mo
         point = {"k": k, "batch_size": batch, "mode": mode}
         for key in ("p50_s", "p10_s", "p90_s", "acceptance_rate"):
             point[key] = float(np.median([e[key] for e in entries]))
+        # tokens a spec step made (None without a spec step): what compares points of different k
+        lengths = [e["mean_accepted_len"] for e in entries]
+        point["mean_accepted_len"] = None if None in lengths else float(np.median(lengths))
         if rounds > 1:
             point["p50_rounds_s"] = [e["p50_s"] for e in entries]
         point["kernel_plan"] = entries[0]["kernel_plan"]
