@@ -24,6 +24,7 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.launch.interop import cuda
+from protospec.kernels.primitives.divisions import divide32
 from protospec.kernels.inputs.slot_lookup import slot_in_block
 
 
@@ -35,7 +36,7 @@ def advance_loads(row, num_queries, block_size, seq_lens, block_tables):
     pos = int64(seq_lens[row])
     block = int64(NULL_BLOCK)
     if real:  # a padding row's length means nothing
-        block_index = pos // block_size
+        block_index, _ = divide32(pos, block_size)
         if block_index < block_tables.shape[1]:
             block = int64(block_tables[row, block_index])
     return real, pos, block

@@ -24,6 +24,7 @@ from protospec.layout import PAD_SLOT_ID
 from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.primitives.divisions import divide32
 from protospec.kernels.inputs.slot_lookup import slot_or_flag
 
 
@@ -49,12 +50,11 @@ def _verify_kernel(TOKENS: bool = True):  # noqa: N803 (Numba freezes it as a co
         error_row           [1] int32               out: row + 1 of a position the table cannot hold
         """
         t = cuda.grid(1)
-        q = input_ids.shape[0] // seq_lens.shape[0]
+        q, _ = divide32(input_ids.shape[0], seq_lens.shape[0])
         k = q - 1
         if t >= input_ids.shape[0]:
             return
-        row = t // q
-        i = t - row * q
+        row, i = divide32(t, q)
         length = first_seq_lens[row]
         if length == 0:
             if TOKENS or i == 0:

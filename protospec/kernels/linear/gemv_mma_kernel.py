@@ -110,9 +110,13 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         tid = cuda.threadIdx.x
         warp, lane = tid // WARP, tid % WARP
         g, t = lane // 4, lane % 4
-        token_tiles = (all_tokens + BLOCK_TOKENS - 1) // BLOCK_TOKENS  # a row tile's blocks are adjacent: ...
-        tile = cuda.blockIdx.x // token_tiles                        # ... its weights come from L2 after the first
-        tok0 = (cuda.blockIdx.x - tile * token_tiles) * BLOCK_TOKENS  # this block's first token row
+        # A row tile's token tiles are adjacent blocks (its weights come from L2 after the first). The
+        # division is 32-bit and skipped at one token tile: a 64-bit one by a runtime value is a
+        # subroutine call, ahead of every load of the block.
+        token_tiles = uint32(all_tokens + BLOCK_TOKENS - 1) // uint32(BLOCK_TOKENS)
+        block = uint32(cuda.blockIdx.x)
+        tile = int64(block // token_tiles) if token_tiles > uint32(1) else int64(block)
+        tok0 = (int64(block) - tile * int64(token_tiles)) * BLOCK_TOKENS  # this block's first token row
         tokens = min(BLOCK_TOKENS, all_tokens - tok0)                # ... and its count (the lane groups past it: zeros)
         n0 = tile * TILE_ROWS
         head = tile // GROUPS                                        # ROPE: this block's head ...

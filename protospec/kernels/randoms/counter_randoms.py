@@ -25,6 +25,7 @@ from numba import float32, uint64
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.primitives.divisions import block_row_and_part, divide32
 
 MASK32 = 0xFFFFFFFF
 MULT_A, MULT_B = 0x7FEB352D, 0x846CA68B  # lowbias32's multipliers
@@ -66,9 +67,9 @@ def fill_randoms_kernel(keys, noise, uniforms):
     n_noise, k = noise.shape[1], uniforms.shape[1]
     per_request = n_noise + k
     chunk = cuda.blockDim.x * PER_THREAD
-    runs = (per_request + chunk - 1) // chunk
-    b = cuda.blockIdx.x // runs
-    start = (cuda.blockIdx.x - b * runs) * chunk + cuda.threadIdx.x
+    runs, _ = divide32(per_request + chunk - 1, chunk)
+    b, run = block_row_and_part(runs)
+    start = run * chunk + cuda.threadIdx.x
     key_lo, key_hi = uint64(keys[b, 0]), uint64(keys[b, 1])
     for j in range(PER_THREAD):
         i = start + j * cuda.blockDim.x

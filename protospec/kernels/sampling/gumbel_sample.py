@@ -31,6 +31,7 @@ from protospec.kernels.launch import interop
 from protospec.kernels.inputs.advance_step import advance_stores
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, wait_after_issued_loads
 from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.primitives.divisions import block_row_and_part
 from protospec.kernels.sampling.packed_argmax import EMPTY, argmax_key, key_index
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.primitives.reductions import better, block_argmax_or
@@ -63,7 +64,7 @@ def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as co
         sampling/softmax_sample.py's probabilities kernel.
         """
         groups = ((logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK + SPAN - 1) // SPAN
-        row, group = cuda.blockIdx.x // groups, cuda.blockIdx.x % groups
+        row, group = block_row_and_part(groups)
         tid = cuda.threadIdx.x
         vocab = logits.shape[1]
         greedy = is_greedy[row]

@@ -33,6 +33,7 @@ from numba import float32, int32, int64
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.primitives.divisions import block_row_and_part
 from protospec.kernels.primitives.arrivals import arrival_counters, arrived_last
 from protospec.kernels.primitives.reductions import better, block_argmax_or, block_min_and_sum
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
@@ -69,7 +70,7 @@ def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, reco
     error_flag      [1] int32: the step's device-built inputs' flag (0 = none), copied into commit
     """
     slices = part_mass.shape[1]
-    row, piece = cuda.blockIdx.x // slices, cuda.blockIdx.x % slices
+    row, piece = block_row_and_part(slices)
     tid = cuda.threadIdx.x
     k = draft_ids.shape[1]
     vocab = target_probs.shape[2]

@@ -34,6 +34,7 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, wait_after_issued_loads
 from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.primitives.divisions import block_row_and_part, divide32
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.sampling.advance import finish_row, loads_for_advance
 from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance, placeholder, scratch
@@ -74,9 +75,9 @@ def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as co
         seq_lens [>= R] int32, block_tables [>= R, W] int32, error_row [1] int32), 0 = they are placeholders.
         """
         groups = part_max.shape[1]
-        row, group = cuda.blockIdx.x // groups, cuda.blockIdx.x % groups
+        row, group = block_row_and_part(groups)
         tid = cuda.threadIdx.x
-        seq = row // rows_per_seq
+        seq, _ = divide32(row, rows_per_seq)
         vocab = logits.shape[1]
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)

@@ -16,6 +16,7 @@ from numba import float32, int64
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.launch.interop import cuda
+from protospec.kernels.primitives.divisions import block_row_and_part, divide32
 from protospec.kernels.sampling.buffers import scratch
 from protospec.kernels.sampling.slices import PER_THREAD, THREADS, load_span, slice_stats, span_for, span_groups
 
@@ -38,9 +39,9 @@ def stats_kernel(DEPENDENT: bool, SPAN: int = 1):  # noqa: N803 (Numba freezes t
             allow_dependent_launch()
         slices = part_max.shape[1]
         groups = (slices + SPAN - 1) // SPAN
-        row, group = cuda.blockIdx.x // groups, cuda.blockIdx.x % groups
+        row, group = block_row_and_part(groups)
         tid = cuda.threadIdx.x
-        seq = row // rows_per_seq
+        seq, _ = divide32(row, rows_per_seq)
         best_value = cuda.shared.array(THREADS, float32)
         best_index = cuda.shared.array(THREADS, int64)
         no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots (it writes them), unused here

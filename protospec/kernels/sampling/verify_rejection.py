@@ -38,6 +38,7 @@ from numba import float32, int32, int64
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, wait_after_issued_loads
 from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.primitives.divisions import block_row_and_part, divide32
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.sampling.packed_argmax import EMPTY, argmax_key, key_index
 from protospec.kernels.primitives.reductions import block_argmax_or
@@ -75,8 +76,8 @@ def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as co
         groups = ((logits.shape[1] + VOCAB_PER_BLOCK - 1) // VOCAB_PER_BLOCK + SPAN - 1) // SPAN
         k = draft_ids.shape[1]
         vocab = logits.shape[1]
-        row, group = cuda.blockIdx.x // groups, cuda.blockIdx.x % groups
-        seq, i = row // (k + 1), row % (k + 1)
+        row, group = block_row_and_part(groups)
+        seq, i = divide32(row, k + 1)
         tid = cuda.threadIdx.x
         lo = group * SPAN * VOCAB_PER_BLOCK
         hi = min(lo + SPAN * VOCAB_PER_BLOCK, vocab)
