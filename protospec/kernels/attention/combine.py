@@ -16,6 +16,7 @@ from numba import float32, int64, uint32
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import cuda
+from protospec.kernels.primitives.divisions import block_row_and_part
 from protospec.kernels.primitives.arrivals import arrived_last
 
 OPTIONS = {} if interop.SIMULATOR else {"fastmath": True}
@@ -132,7 +133,7 @@ def row_group_writer(R: int, D: int, WARPS: int, THREADS: int, GROUP: int, STRID
                     if e == 0:
                         part_max[row, split] = merged_top[r]  # NO_KEY, sum 0 for a split with no key
                         part_sum[row, split] = total
-        if splits > 1 and arrived_last(counters, cuda.blockIdx.x // splits, splits, last_block, tid):
+        if splits > 1 and arrived_last(counters, block_row_and_part(splits)[0], splits, last_block, tid):
             # Each row's scale once (a thread per row), then every cell in one round of loads.
             row_top = cuda.shared.array(R, float32)
             row_inv = cuda.shared.array(R, float32)

@@ -64,8 +64,10 @@ def first_draft_step_kernel(batch, block_size, width, staged, output_ids, num_ac
                 slot_mapping[2 * row + i] = PAD_SLOT_ID
             seq_lens[row] = 0
         return
-    for j in range(lane, block_tables.shape[1], cuda.blockDim.x):
+    j = lane  # a while loop: range with a run-time step divides for its trip count
+    while j < block_tables.shape[1]:
         block_tables[row, j] = staged[row * width + j] if j < width else NULL_BLOCK
+        j += cuda.blockDim.x
     cuda.syncthreads()  # the slot lookup below reads the table just written
     if lane != 0:
         return

@@ -73,8 +73,10 @@ def _verify_kernel(TOKENS: bool = True):  # noqa: N803 (Numba freezes it as a co
         slot_mapping[t] = slot_or_flag(first_block_tables, row, pos, width, block_size, error_row)
         if i == 0:
             seq_lens[row] = length + k
-        for j in range(i, width, q):  # the row's k + 1 threads share the table's copy (a load an entry)
+        j = i  # the row's k + 1 threads share the table's copy (a load an entry); a while loop, as a
+        while j < width:  # range with a run-time step divides for its trip count
             block_tables[row, j] = first_block_tables[row, j]
+            j += q
 
     return verify_inputs_kernel
 

@@ -21,6 +21,7 @@ from numba import float32, int64, uint32
 from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.primitives.divisions import divide32
 from protospec.kernels.primitives.reductions import tree_sum
 from protospec.kernels.primitives.word_loads import store_flat
 
@@ -109,12 +110,12 @@ def silu_and_mul_kernel(gate_up, out):
     """gate_up [T, 2I] act (gate, then up)  ->  out [T, I] act = silu(gate) * up."""
     inter = out.shape[1]
     total = out.shape[0] * inter
-    start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    for n in range(start, total, cuda.gridDim.x * cuda.blockDim.x):
-        t = int64(uint32(n) // uint32(inter))  # 32 bits: a 64-bit division is a subroutine call on a GPU
-        i = n - t * inter
+    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    while n < total:  # grid-stride; not range, whose run-time step costs a 64-bit division
+        t, i = divide32(n, inter)
         g = float32(gate_up[t, i])
         out[t, i] = g / (float32(1.0) + math.exp(-g)) * float32(gate_up[t, inter + i])
+        n += cuda.gridDim.x * cuda.blockDim.x
 
 
 def _check_activation(name: str, t: torch.Tensor, ndim: int) -> None:
