@@ -248,6 +248,22 @@ def test_kernel_census_splits_each_phases_uncovered_time_by_kernel_name():
                                                           "outside_spec_step": {"gemv": 0.5}}
 
 
+def test_kernel_census_labels_keep_two_specializations_of_one_kernel_apart():
+    from protospec.bench.kernel_census import kernel_label, top_by_phase
+
+    # Numba's names for two compiled forms of one kernel differ only past their first 90 characters
+    stem = "protospec::kernels::attention::mma_kernel::make_mma_kernel::_3clocals_3e::attention_mma_kernel"
+    decode, prefill = (f"{stem}[abi:v{v}][abi:cw51cXTLSUwv1sDUaKtLoBzEW4A_2fADJdlUE+kjgA](Array<long long, 3>, int)"
+                       for v in (12, 13))
+    assert kernel_label(decode) == "attention::mma_kernel::make_mma_kernel.attention_mma_kernel[abi:v12]"
+    assert kernel_label(decode) != kernel_label(prefill)
+    torch_name = "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::fill>(int, float)"
+    assert "(anonymous namespace)" in kernel_label(torch_name)  # not cut at the template's first parenthesis
+    # both forms keep their own time in a phase; labels that do collide add up rather than overwrite
+    uncovered = {("verify", decode): 30.0, ("verify", prefill): 2.0, ("verify", decode + " "): 4.0}
+    assert top_by_phase(uncovered, steps=2) == {"verify": {kernel_label(decode): 17.0, kernel_label(prefill): 1.0}}
+
+
 def _census(commit: str, by_phase: dict) -> dict:
     return {"git_commit": commit, "device": "NVIDIA H200",
             "config": {"num_speculative_tokens": 5, "batch_size": 1},

@@ -16,6 +16,7 @@ also split by the phase that launched each kernel (bench/phase_plot.py draws it 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from collections import Counter
 
@@ -31,6 +32,16 @@ from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.layout import ATTENTION_PATHS
 from protospec.speculation.phase_timer import NULL_TIMER, ProfilerPhases
 from protospec.command_line import CommandParser, run_command
+
+
+def kernel_label(name: str) -> str:
+    """A profiler kernel name, short but still one label per compiled kernel: the package's namespace,
+    Numba's `<locals>` and its closure tags and the argument list dropped, the specialization's
+    version tag (`[abi:vN]`) kept. Two specializations of one kernel (attention's prefill and decode
+    row groups) share a 90-character prefix, so a truncated name would merge or hide one of them."""
+    head = name.split("(", 1)[0] if not name.startswith("void ") else name
+    head = re.sub(r"\[abi:cw[^\]]*\]", "", head.removeprefix("protospec::kernels::")).replace("::_3clocals_3e::", ".")
+    return head[:160]
 
 
 def engine_spec_steps(phases: list[tuple[float, float, str]], request_steps: int) -> int:
@@ -114,12 +125,15 @@ def uncovered_by_name(kernels: list[tuple[float, float, str]],
 
 
 def top_by_phase(uncovered: dict[tuple[str, str], float], steps: int, per_phase: int = 8) -> dict[str, dict[str, float]]:
-    """Per phase its `per_phase` kernel names of most uncovered time, in us per spec step."""
+    """Per phase its `per_phase` kernel labels (kernel_label) of most uncovered time, in us per spec step."""
+    labelled: Counter = Counter()
+    for (phase, name), us in uncovered.items():
+        labelled[phase, kernel_label(name)] += us
     phases: dict[str, dict[str, float]] = {}
-    for (phase, name), us in sorted(uncovered.items(), key=lambda kv: -kv[1]):
+    for (phase, name), us in labelled.most_common():
         names = phases.setdefault(phase, {})
         if len(names) < per_phase:
-            names[name[:90]] = round(us / max(1, steps), 2)
+            names[name] = round(us / max(1, steps), 2)
     return phases
 
 
@@ -175,14 +189,15 @@ def census(llm, setup: BenchSetup, mode: str | None) -> dict:
     steps = engine_spec_steps(phases, llm.metrics.num_spec_steps)
     idle = idle_by_phase(spans, phases)
     by_phase = busy_by_phase(spans, on_device)
-    names = Counter(e.name for e in kernels)
-    top = {name[:90]: round(count / max(1, steps), 1) for name, count in names.most_common(20)}
-    durations: Counter = Counter()
+    names, durations, uncovered = Counter(), Counter(), Counter()  # by kernel_label
     for e in kernels:
-        durations[e.name] += e.time_range.end - e.time_range.start
+        names[kernel_label(e.name)] += 1
+        durations[kernel_label(e.name)] += e.time_range.end - e.time_range.start
     named = [(e.time_range.start, e.time_range.end, e.name) for e in kernels]
-    uncovered = uncovered_by_name(named)
-    top_time = {name[:90]: {"ms": round(us / 1e3, 2), "calls": names[name], "us_per_call": round(us / names[name], 2),
+    for name, us in uncovered_by_name(named).items():
+        uncovered[kernel_label(name)] += us
+    top = {name: round(count / max(1, steps), 1) for name, count in names.most_common(20)}
+    top_time = {name: {"ms": round(us / 1e3, 2), "calls": names[name], "us_per_call": round(us / names[name], 2),
                             "uncovered_us_per_call": round(uncovered.get(name, 0.0) / names[name], 2)}
                 for name, us in durations.most_common(16)}
     return {"wall_ms": wall_us / 1e3, "gpu_busy_ms": busy_us / 1e3, "gpu_idle_ms": (wall_us - busy_us) / 1e3,
@@ -255,7 +270,7 @@ def main(argv=None) -> dict:
         print(f"         busy ms per spec step by the phase that launched it: {r['busy_ms_per_spec_step_by_phase']}")
         for name, t in list(r["top_kernels_by_time"].items())[:6]:
             print(f"         {t['ms']:8.2f} ms  {t['calls']:6d} x {t['us_per_call']:7.2f} us "
-                  f"({t['uncovered_us_per_call']:6.2f} us not overlapped)  {name[:70]}")
+                  f"({t['uncovered_us_per_call']:6.2f} us not overlapped)  {name[:100]}")
     if args.target_only:
         del llm
         report["target_only"] = target_only_census(setup, floor)
@@ -278,7 +293,7 @@ def target_only_census(setup: BenchSetup, floor: dict) -> dict:
           f"busy {r['busy_ms_per_token'] * 1e3:.1f} us a token = {r['busy_over_floor']:.2f}x its weights floor "
           f"({floor_ms * 1e3:.1f} us), wall / busy {r['wall_over_busy']:.2f}")
     for name, t in list(r["top_kernels_by_time"].items())[:8]:
-        print(f"         {t['ms']:8.2f} ms  {t['calls']:6d} x {t['us_per_call']:7.2f} us  {name[:70]}")
+        print(f"         {t['ms']:8.2f} ms  {t['calls']:6d} x {t['us_per_call']:7.2f} us  {name[:100]}")
     return r
 
 
