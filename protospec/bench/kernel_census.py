@@ -191,8 +191,9 @@ def census(llm, setup: BenchSetup, mode: str | None) -> dict:
     by_phase = busy_by_phase(spans, on_device)
     names, durations, uncovered = Counter(), Counter(), Counter()  # by kernel_label
     for e in kernels:
-        names[kernel_label(e.name)] += 1
-        durations[kernel_label(e.name)] += e.time_range.end - e.time_range.start
+        label = kernel_label(e.name)
+        names[label] += 1
+        durations[label] += e.time_range.end - e.time_range.start
     named = [(e.time_range.start, e.time_range.end, e.name) for e in kernels]
     for name, us in uncovered_by_name(named).items():
         uncovered[kernel_label(name)] += us
