@@ -103,7 +103,8 @@ def main(argv=None) -> dict:
     p.add_argument("--contexts", type=int, nargs="+", default=[320, 1024, 2048], help="keys per sequence")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--paths", nargs="*", default=[], choices=list(kernel.PATHS), help="also time these paths, forced")
-    p.add_argument("--splits", type=int, nargs="*", default=[], help="also time by_kv_head with these split-K factors")
+    p.add_argument("--splits", type=int, nargs="*", default=[],
+                   help="also time the path chosen by shape with these split-K factors, forced")
     p.add_argument("--torch", action="store_true", help="also time the torch path (K/V write + gather + SDPA)")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
@@ -115,7 +116,7 @@ def main(argv=None) -> dict:
     print(f"{'batch':>5} {'queries':>7} {'context':>7} {'path':>16} {'splits':>6} {'MB':>7} {'floor us':>8} {'us':>8} {'x floor':>7}"
           + (f" {'torch us':>8}" if args.torch else ""))
     for batch, queries, context in itertools.product(args.batch_sizes, args.queries, args.contexts):
-        variants = [(None, None), *[(p, None) for p in args.paths], *[("by_kv_head", s) for s in args.splits]]
+        variants = [(None, None), *[(p, None) for p in args.paths], *[(None, s) for s in args.splits]]
         for path, splits in variants:
             calls, nbytes = make_calls(cfg, batch, queries, context, args.block_size, dev, path, splits)
             us = time_calls(calls)
