@@ -11,6 +11,7 @@ from protospec.kernels.sampling import gumbel_sample, softmax_sample as sampling
 from protospec.kernels.inputs.advance_step import AdvanceStepLauncher
 from protospec.kernels.sampling.gumbel_sample import gumbel_reference, gumbel_sample_into
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.randoms import counter_randoms
 from protospec.layout import NULL_BLOCK
 from protospec.speculation.sampler import exponential_noise
 from test_advance_step import NAMES, make_batch
@@ -62,6 +63,31 @@ def test_the_one_launch_sample_is_the_races_winner_and_advances_the_same(monkeyp
     for name in ("input_ids", "positions", "seq_lens", "slot_mapping", "error_row"):
         assert torch.equal(inputs[name][:rows], race_inputs[name][:rows]), name
     assert inputs["input_ids"][:2].tolist() == ids[:2, step].tolist()
+
+
+@pytest.mark.parametrize("dependent", [False, True], ids=["plain", "dependent"])
+def test_noise_drawn_from_the_rows_keys_is_the_noise_the_counter_fill_writes(monkeypatch, dependent):
+    """Target-only decoding hands the kernel its rows' counter keys instead of a filled noise tensor:
+    the numbers it draws at [r, step] must be the fill's, so the sampled ids are the same bits. Logits
+    near zero let the noise decide every sampled row; step 2 of 3 catches a draw at the wrong index."""
+    width = _narrow(monkeypatch)
+    rows, k, step, vocab = 3, 3, 2, 3 * width + 5
+    st = _tensors([0.7, 0.0, 1.3], vocab)
+    logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(4)) * 0.01).to(DEV)
+    keys = torch.tensor([[12345, 678], [0, 0], [2**31 + 5, 2**32 - 1]], dtype=torch.int64, device=DEV)  # [B, 2]
+    noise = torch.zeros(rows, k, vocab, device=DEV)
+    counter_randoms.fill_kernel(keys, noise, torch.zeros(rows, 0, device=DEV))
+    by_noise = torch.full((rows, k), -7, dtype=torch.int64, device=DEV)
+    by_keys = by_noise.clone()
+    gumbel_sample_into(logits, st, step, by_noise, noise, dependent=dependent)
+    gumbel_sample_into(logits, st, step, by_keys, None, dependent=dependent, noise_keys=keys)
+    twin = gumbel_reference(logits.cpu(), st.temperature.cpu(), st.is_greedy.cpu(), noise[:, step].cpu())
+    assert by_keys[:, step].tolist() == by_noise[:, step].tolist() == twin.tolist()
+    assert by_keys[1, step].item() == logits[1].argmax().item()  # the greedy row ignores its key
+    wrong_step = gumbel_reference(logits.cpu(), st.temperature.cpu(), st.is_greedy.cpu(), noise[:, 0].cpu())
+    assert wrong_step[[0, 2]].tolist() != twin[[0, 2]].tolist()  # the noise, not the logits, decides here
+    with pytest.raises(KernelArgumentError, match="not both"):
+        gumbel_sample_into(logits, st, step, by_keys, noise, noise_keys=keys)
 
 
 def test_ties_go_to_the_first_index_and_a_row_of_minus_infinity_to_zero(monkeypatch):

@@ -124,16 +124,20 @@ class DecodeRows:
                                                                          self.sampled.device))
 
     def record(self, target: ModelRunner, st: SamplingTensors, width: int, fused: bool) -> None:
-        """The replay's work, issued once: STEPS x (noise, forward, sample, decode_advance)."""
+        """The replay's work, issued once: STEPS x (forward, sample, decode_advance); the noise filled
+        before the forward only where the sampler is not the Gumbel-max kernel, which draws its own
+        from the rows' keys."""
         view = self.inputs.view(self.rows, width)
         for step in range(self.steps):
+            one_launch = fused and fused_applies(st)  # the token alone (one Gumbel-max launch): no probabilities
             noise = None
-            if not st.all_greedy:
+            if not st.all_greedy and not one_launch:  # (the Gumbel-max kernel draws its own numbers)
                 counter_randoms.fill_kernel(self.step_keys, self.noise, self.no_uniforms)
                 noise = self.noise
             logits = target.model(view.input_ids, view.positions, target.kv_caches, view.meta)  # [rows, V] f32
-            if fused and fused_applies(st):  # the token alone (one Gumbel-max launch): decoding reads no probabilities
-                gumbel_sample_into(logits, st, 0, self.ids, noise, self.sampled, dependent=target.launches_dependents)
+            if one_launch:
+                gumbel_sample_into(logits, st, 0, self.ids, None, self.sampled, dependent=target.launches_dependents,
+                                   noise_keys=None if st.all_greedy else self.step_keys)
             else:
                 sample_draft_step(logits, st, 0, self.ids, self.probs, noise, self.sampled, fused,
                                   dependent=target.launches_dependents)

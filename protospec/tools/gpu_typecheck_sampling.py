@@ -34,6 +34,9 @@ def sampling_and_rejection_forms() -> None:
         gumbel_sample_into(logits, st, 0, torch.zeros(batch, k, dtype=torch.int64), torch.ones(batch, k, vocab),
                            torch.zeros(batch, dtype=torch.int64), dependent, _advance_launcher(batch),
                            span=span)  # one launch
+        gumbel_sample_into(logits, st, 0, torch.zeros(batch, 1, dtype=torch.int64), None,
+                           torch.zeros(batch, dtype=torch.int64), dependent, span=span,
+                           noise_keys=torch.zeros(batch, 2, dtype=torch.int64))  # target-only's: draws its noise
         verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft, dependent=dependent,
                                              span=span)
     rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:])

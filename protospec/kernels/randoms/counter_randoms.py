@@ -59,6 +59,13 @@ def _hash(index, key_lo, key_hi):
     return _lowbias32(h ^ key_hi)
 
 
+@cuda.jit(device=True)
+def exponential(index, key_lo, key_hi):
+    """Number `index` of a key as Exp(1): what the fill writes there, for a kernel that draws its own."""
+    u = (float32(_hash(index, key_lo, key_hi) >> uint64(9)) + float32(0.5)) * float32(2.0 ** -23)
+    return -math.log(u)
+
+
 @cuda.jit
 def fill_randoms_kernel(keys, noise, uniforms):
     """keys [B, 2] int64 (low, high halves) -> noise [B, R * V] f32 Exp(1), uniforms [B, k] f32 U[0, 1).
@@ -74,12 +81,10 @@ def fill_randoms_kernel(keys, noise, uniforms):
     for j in range(PER_THREAD):
         i = start + j * cuda.blockDim.x
         if i < per_request:
-            h = _hash(uint64(i), key_lo, key_hi)
             if i < n_noise:
-                u = (float32(h >> uint64(9)) + float32(0.5)) * float32(2.0 ** -23)
-                noise[b, i] = -math.log(u)
+                noise[b, i] = exponential(uint64(i), key_lo, key_hi)
             else:
-                uniforms[b, i - n_noise] = float32(h >> uint64(8)) * float32(2.0 ** -24)
+                uniforms[b, i - n_noise] = float32(_hash(uint64(i), key_lo, key_hi) >> uint64(8)) * float32(2.0 ** -24)
 
 
 def fill_kernel(keys: torch.Tensor, noise: torch.Tensor, uniforms: torch.Tensor) -> None:

@@ -24,7 +24,7 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-from numba import float32, int64
+from numba import float32, int64, uint64
 
 from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
@@ -35,6 +35,7 @@ from protospec.kernels.primitives.divisions import block_row_and_part
 from protospec.kernels.sampling.packed_argmax import EMPTY, argmax_key, key_index
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.primitives.reductions import better, block_argmax_or
+from protospec.kernels.randoms.counter_randoms import exponential
 from protospec.kernels.sampling.advance import loads_for_advance
 from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance, placeholder
 from protospec.kernels.sampling.slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, span_for, span_groups
@@ -44,10 +45,12 @@ if TYPE_CHECKING:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as constants)
+def _kernel(DEPENDENT: bool, SPAN: int, KEYED: bool = False):  # noqa: N803 (Numba freezes them as constants)
     """DEPENDENT: launched as a programmatic dependent of the LM head that wrote the logits: the
     noise (written kernels before it) and the advance's inputs are loaded before the wait. SPAN:
-    vocabulary slices a block (slices.span_for; an argmax, so the same token at any span)."""
+    vocabulary slices a block (slices.span_for; an argmax, so the same token at any span). KEYED: the
+    noise argument is the rows' counter keys [R, 2] and the kernel draws the very numbers the counter
+    fill would have written at [r, out_step] (randoms/counter_randoms.py): no fill launch before it."""
     ENTRIES = SPAN * PER_THREAD  # noqa: N806
 
     @cuda.jit
@@ -71,9 +74,16 @@ def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as co
         lo = group * SPAN * VOCAB_PER_BLOCK
         hi = min(lo + SPAN * VOCAB_PER_BLOCK, vocab)
         gumbel = cuda.local.array(ENTRIES, float32)  # -log E of entry lo + tid + j THREADS (0: greedy)
-        for j in range(ENTRIES):
-            v = lo + tid + j * THREADS
-            gumbel[j] = noise[row, out_step, v] if v < hi and not greedy else float32(1.0)
+        if KEYED:
+            key_lo, key_hi = uint64(noise[row, 0]), uint64(noise[row, 1])
+            for j in range(ENTRIES):
+                v = lo + tid + j * THREADS
+                e = exponential(uint64(out_step * vocab + v), key_lo, key_hi) if v < hi and not greedy else float32(1.0)
+                gumbel[j] = e
+        else:
+            for j in range(ENTRIES):
+                v = lo + tid + j * THREADS
+                gumbel[j] = noise[row, out_step, v] if v < hi and not greedy else float32(1.0)
         loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
         for j in range(ENTRIES):  # while the LM head still runs
             gumbel[j] = -math.log(gumbel[j])
@@ -129,20 +139,27 @@ def _key_buffer(rows: int, device: torch.device) -> torch.Tensor:
 def gumbel_sample_into(logits: torch.Tensor, st: RowSettings, step: int, draft_ids: torch.Tensor,
                        noise: torch.Tensor | None, mirror: torch.Tensor | None = None, dependent: bool = False,
                        advance: "AdvanceStepLauncher | None" = None, tokens_to: torch.Tensor | None = None,
-                       logits_out: torch.Tensor | None = None, span: int | None = None) -> None:
+                       logits_out: torch.Tensor | None = None, span: int | None = None,
+                       noise_keys: torch.Tensor | None = None) -> None:
     """One draft step's token (softmax_sample.sample_into's arguments, no probabilities): ids into
     draft_ids[:, step] ([B, k] int64), mirror and tokens_to as sample_into's; noise [B, k, V] Exp(1)
-    read at [:, step] (None: every row greedy); advance: the decode inputs' advance after the sample,
+    read at [:, step] (None: every row greedy, or noise_keys); noise_keys [B, 2] int64: the rows'
+    counter keys, from which the kernel draws the numbers counter_randoms.fill_kernel would write into
+    a [B, k, V] noise at [:, step] (one launch fewer); advance: the decode inputs' advance after the sample,
     written by this kernel; logits_out [B, k, V] f32: gets a copy of the logits at [:, step], or None;
     span: vocabulary slices a block (None: by the grid, slices.span_for)."""
     rows, vocab = logits.shape
     check_tensor("logits", logits, torch.float32, 2)
     check_tensor("draft_ids", draft_ids, torch.int64, 2, rows=rows)
-    if noise is not None:
+    if noise is not None and noise_keys is not None:
+        raise KernelArgumentError("gumbel_sample_into: noise or noise_keys, not both")
+    if noise_keys is not None:
+        check_tensor("noise_keys", noise_keys, torch.int64, 2, rows=rows)
+    elif noise is not None:
         check_tensor("noise", noise, torch.float32, 3, rows=rows)
         if noise.shape[2] != vocab:
             raise KernelArgumentError(f"noise {tuple(noise.shape)} does not fit logits {tuple(logits.shape)}")
-    elif not st.all_greedy:
+    elif noise_keys is None and not st.all_greedy:
         raise KernelArgumentError("noise: None, but some rows sample with a temperature")
     if advance is not None and rows > advance.num_rows:
         raise KernelArgumentError(f"gumbel_sample_into: {rows} rows to sample, but the inputs to advance hold "
@@ -154,13 +171,14 @@ def gumbel_sample_into(logits: torch.Tensor, st: RowSettings, step: int, draft_i
     device = logits.device
     keep = int(logits_out is not None)
     logits_out = logits_out if logits_out is not None else placeholder(torch.float32, 3, device)  # (never written)
-    noise = noise if noise is not None else placeholder(torch.float32, 3, device)  # (never read: greedy rows)
+    keyed = noise_keys is not None
+    noise = noise_keys if keyed else noise if noise is not None else placeholder(torch.float32, 3, device)  # (greedy: never read)
     one_mirror = tokens_to if tokens_to is not None else mirror  # the advance writes its inputs itself
     mirror_arg, mirror_stride = mirror_span(one_mirror, rows, device)
     advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(device))
     span = span or span_for(rows, vocab, interop.sm_count(device))
     dependent = bool(dependent)
-    interop.launch_tensors(_kernel(dependent, span), rows * span_groups(vocab, span), THREADS,
+    interop.launch_tensors(_kernel(dependent, span, keyed), rows * span_groups(vocab, span), THREADS,
                            [logits, st.temperature, st.is_greedy, noise, int(step), logits_out, keep, _key_buffer(rows, device),
                             arrival_counters(device, rows, "gumbel"), draft_ids, mirror_arg, mirror_stride]
                            + advance_args, dependent=dependent)
