@@ -23,8 +23,8 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict,  # n
                     DEPENDENT: bool = False):  # noqa: N803
     """RH 8-row halves a chunk (1 or 2), head dim D, WARPS warps a block, GROUP query heads a KV head.
     DEPENDENT: launched as a programmatic dependent, which issues the loads no kernel of the forward
-    writes (positions, table entries, the first two tiles where their keys are older than its tokens)
-    before its wait: the wait then overlaps them instead of preceding them.
+    writes (positions, table entries, a first tile of keys older than its tokens) before its wait: the
+    wait then overlaps them instead of preceding them.
     Each tile's K and V words go out before the products of the tile before it (a second set of words
     in flight during this tile's products), so a warp's walk waits on a load only at its first tile."""
     R = 8 * RH                 # rows per chunk: g (and g + 8 when RH = 2) for lane 4 g + t
@@ -133,21 +133,13 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict,  # n
         if offset2 >= block_size:
             offset2 -= block_size
             column2 += 1
-        prefetched, prefetched2 = False, False
-        if DEPENDENT:  # the first two tiles before the wait where no kernel of this forward writes their keys
+        prefetched = False
+        if DEPENDENT:  # the first tile before the wait if no kernel of this forward writes its keys
             oldest_new = load_flat(positions, seq * query_len)  # the sequence's first query token
             prefetched = key0 + TILE <= oldest_new
             if prefetched:
                 load_tile(kv64, block * block_words + offset * key_stride, k_lane, v_lane, key_stride, key0, end, t,
                           kb, vw)
-            # The second into the walk's next-tile words (the loop's first step then loads none): one
-            # load's latency fewer after the wait, where a warp walks more than one tile.
-            prefetched2 = key0 + STEP < end and key0 + STEP + TILE <= oldest_new
-            if prefetched2:
-                offset1 = offset + rest
-                offset1 = offset1 - block_size if offset1 >= block_size else offset1
-                load_tile(kv64, next_block * block_words + offset1 * key_stride, k_lane, v_lane, key_stride,
-                          key0 + STEP, end, t, kb2, vw2)
             grid_dependency_wait()  # everything below may be the previous kernel's output (q, the new K/V)
             allow_dependent_launch()
         for hi in range(RH):  # the rows' queries (a real row's, clamped; zeroed here if past: no branch)
@@ -170,9 +162,7 @@ def make_mma_kernel(RH: int, D: int, WARPS: int, GROUP: int, options: dict,  # n
             offset += rest
             if offset >= block_size:
                 offset -= block_size
-            if prefetched2:  # this step's next tile came before the wait
-                prefetched2 = False
-            elif key0 + STEP < end:  # the same for the warp's lanes; no load is waited on here
+            if key0 + STEP < end:  # the same for the warp's lanes; no load is waited on here
                 load_tile(kv64, next_block * block_words + offset * key_stride, k_lane, v_lane, key_stride,
                           key0 + STEP, end, t, kb2, vw2)
             else:  # no tile left: zeros, as load_tile gives V past the end (K's scores are masked)
