@@ -10,7 +10,6 @@ import torch
 from protospec.bench.ablation import MODES, PEERS, BenchSetup
 from protospec.bench.compare import TRAINED_PAIR
 from protospec.bench.engine_flags import add_engine_flags, engine_switches
-from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
 from protospec import registry
 from protospec.command_line import CommandParser
 
@@ -123,24 +122,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                    help="; ".join(f"{name}: {doc}" for name, doc in registry.DYNAMIC_K_DOC.items()))
     p.add_argument("--draft-confidence-threshold", type=float, default=0.4, help="--dynamic-k confidence: the cutoff")
     p = parser.add_argument_group("kernels and graphs")
-    p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
-    p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"],
-                   help="decode-shaped forwards on the Numba layer kernels (9 kernels per layer instead of ~20); "
-                        "auto = on CUDA for float16/float32 unless --compile")
-    p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
-                   help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
-                        "mma for fp16 in whole 16-key tiles; default: %(default)s)")
-    p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
-                   help="cublas (no fusion), mma (the tensor-core GEMV: float16, <= 8 rows) or mma_fused (norms, "
-                        "RoPE, SiLU folded in)")
-    p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
-                   help="each draft step's softmax and sample (and the verify's softmax) as two Numba kernels "
-                        "over vocabulary slices instead of torch's ops (auto: on a GPU with the layer kernels)")
     add_engine_flags(p)
-    p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
-                   help="the tensor-core GEMVs start while the kernel before them ends (auto: on sm_90 and later)")
-    p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
-                   help="a launched spec step whole as one CUDA graph (auto: wherever it applies)")
     for flag, (default, _) in IGNORED_VLLM_FLAGS.items():  # named in the epilog
         kind = {"action": "store_true"} if default is False else {"default": default, "type": type(default) if default is not None else str}
         parser.add_argument(flag, **kind, help=argparse.SUPPRESS)
@@ -245,19 +227,9 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
 def setup_from(args) -> BenchSetup:
     return BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
                       args.batch_size, args.num_iters_warmup, args.num_iters, args.dtype, args.block_size,
-                      args.load_format, args.seed, args.temperature, args.device, args.compile,
-                      {"auto": None, "on": True, "off": False}[args.layer_kernels], args.enforce_eager,
-                      args.max_model_len, args.acceptance, args.posterior_threshold, args.posterior_alpha,
-                      args.prompt_lookup_min, args.prompt_lookup_max, args.dynamic_k, args.draft_confidence_threshold,
-                      args.speculative_disable_by_batch_size, auto_as_none(args.attention_kernel),
-                      auto_as_none(args.linear_kernel), ON_OFF[args.fused_sampling],
-                      ON_OFF[args.dependent_launch], ON_OFF[args.spec_step_graph], **engine_switches(args))
-
-
-ON_OFF = {"auto": None, "on": True, "off": False}  # a three-way engine setting as EngineConfig takes it
-
-
-def auto_as_none(choice: str) -> str | None:
-    """A kernel choice (--attention-kernel, --linear-kernel) as EngineConfig takes it: "auto" is None,
-    the engine's choice."""
-    return None if choice == "auto" else choice
+                      args.load_format, args.seed, args.temperature, args.device, enforce_eager=args.enforce_eager,
+                      max_model_len=args.max_model_len, acceptance=args.acceptance,
+                      posterior_threshold=args.posterior_threshold, posterior_alpha=args.posterior_alpha,
+                      prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
+                      dynamic_k=args.dynamic_k, draft_confidence_threshold=args.draft_confidence_threshold,
+                      speculative_disable_by_batch_size=args.speculative_disable_by_batch_size, **engine_switches(args))

@@ -1,18 +1,47 @@
-"""The engine setting the bench and the kernel census share as a flag (EngineConfig.prefill_kernels),
-and its value as BenchSetup takes it."""
+"""The engine's kernel and graph settings as flags, declared once for every CLI that builds an engine
+(the bench and the kernel census), and their values as BenchSetup (and EngineConfig) take them."""
 from __future__ import annotations
 
 import argparse
 
-ON_OFF_CHOICES = ["on", "off"]
+from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
+
+ON_OFF = {"auto": None, "on": True, "off": False}  # a three-way engine setting as EngineConfig takes it
 
 
 def add_engine_flags(p) -> None:
     """p: a parser or an argument group."""
-    p.add_argument("--prefill-kernels", default="auto", choices=["auto", *ON_OFF_CHOICES],
+    p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
+    p.add_argument("--layer-kernels", default="auto", choices=list(ON_OFF),
+                   help="decode-shaped forwards on the Numba layer kernels (5 kernels a layer instead of ~20); "
+                        "auto = on CUDA for float16/float32 unless --compile")
+    p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
+                   help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
+                        "mma for fp16 in whole 16-key tiles)")
+    p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
+                   help="cublas (no fusion), mma (the tensor-core GEMV) or mma_fused (norms, RoPE, SiLU folded "
+                        "in; auto)")
+    p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
+                   help="each draft step's softmax and sample (and the verify's softmax) as Numba kernels over "
+                        "vocabulary slices instead of torch's ops (auto: on a GPU with the layer kernels)")
+    p.add_argument("--prefill-kernels", default="auto", choices=list(ON_OFF),
                    help="a batch-1 prefill on the layer kernels, not the torch path (auto: on a GPU)")
+    p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
+                   help="the tensor-core GEMVs start while the kernel before them ends (auto: on sm_90 and later)")
+    p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
+                   help="a launched spec step whole as one CUDA graph (auto: wherever it applies; off: each "
+                        "phase's kernels apart)")
+
+
+def auto_as_none(choice: str) -> str | None:
+    """A kernel choice (--attention-kernel, --linear-kernel) as EngineConfig takes it: "auto" is None,
+    the engine's choice."""
+    return None if choice == "auto" else choice
 
 
 def engine_switches(args: argparse.Namespace) -> dict:
-    """The settings the flags chose, as BenchSetup (and EngineConfig) take them."""
-    return dict(prefill_kernels={"auto": None, "on": True, "off": False}[args.prefill_kernels])
+    """The settings the flags chose, as BenchSetup's keywords."""
+    return dict(compile=args.compile, layer_kernels=ON_OFF[args.layer_kernels],
+                attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
+                fused_sampling=ON_OFF[args.fused_sampling], prefill_kernels=ON_OFF[args.prefill_kernels],
+                dependent_launch=ON_OFF[args.dependent_launch], spec_step_graph=ON_OFF[args.spec_step_graph])

@@ -24,12 +24,9 @@ import torch
 
 from protospec import registry
 from protospec.bench.ablation import MODES, BenchSetup, apply_mode
-from protospec.bench.args import ON_OFF, auto_as_none
-from protospec.layout import LINEAR_KERNELS
 from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.engine_flags import add_engine_flags, engine_switches
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.layout import ATTENTION_PATHS
 from protospec.speculation.phase_timer import NULL_TIMER, ProfilerPhases
 from protospec.command_line import CommandParser, run_command
 
@@ -223,19 +220,6 @@ def main(argv=None) -> dict:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: %(default)s)")
     p.add_argument("--modes", nargs="+", default=[m for m in MODES if m != registry.SAMPLER], choices=MODES,
                    help="draft-loop modes (default: %(default)s)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains")
-    p.add_argument("--layer-kernels", default="auto", choices=["auto", "on", "off"], help="Numba layer kernels (default: %(default)s)")
-    p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
-                   help="the layer kernels' paged attention (auto: by shape; default: %(default)s)")
-    p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
-                   help="the layer kernels' linear layers (cublas: the fusion off; auto = mma_fused)")
-    p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
-                   help="the draft steps' and verify's sampling kernels (auto: on a GPU with the layer kernels)")
-    p.add_argument("--dependent-launch", default="auto", choices=list(ON_OFF),
-                   help="the tensor-core GEMVs as programmatic dependents (auto: on sm_90 and later)")
-    p.add_argument("--spec-step-graph", default="auto", choices=list(ON_OFF),
-                   help="a launched spec step whole as one CUDA graph (auto: wherever it applies; off: each "
-                        "phase's kernels attributed apart)")
     p.add_argument("--target-only", action="store_true",
                    help="also target-only decoding (the engine without a draft): GPU busy and wall per token "
                         "against the target's weights floor")
@@ -246,11 +230,7 @@ def main(argv=None) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("kernel_census needs a CUDA device (it counts GPU kernels)")
     setup = BenchSetup(args.model, args.speculative_model, args.num_speculative_tokens, args.input_len, args.output_len,
-                       args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, compile=args.compile,
-                       layer_kernels={"auto": None, "on": True, "off": False}[args.layer_kernels],
-                       attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
-                       fused_sampling=ON_OFF[args.fused_sampling], dependent_launch=ON_OFF[args.dependent_launch],
-                       spec_step_graph=ON_OFF[args.spec_step_graph], **engine_switches(args))
+                       args.batch_size, 3, 1, load_format="dummy", temperature=args.temperature, **engine_switches(args))
     llm = setup.llm()
     floor = spec_step_floor(llm, args.num_speculative_tokens, copy_bandwidth_gbs(llm.engine.device))
     print(f"weights per spec step: {floor['spec_step_weight_mb']:.0f} MB ({args.num_speculative_tokens} x draft "
