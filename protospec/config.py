@@ -93,7 +93,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_model_len: int | None = None     # None: the target's max_position_embeddings
     seed: int = 0
-    draft_loop: str = registry.AUTO      # the draft loop's way: a name of registry.DRAFT_LOOP_DOC
+    draft_loop: str = registry.AUTO      # the draft loop's way: one of registry.DRAFT_LOOP_NAMES
     check_no_sync: bool = False          # trip on any host sync inside the draft loop (debugging)
     cuda_graphs: bool | None = None      # replay fixed-shape forwards as CUDA graphs; None = on CUDA
     compile: bool = False                # torch.compile the per-layer op chains (fewer, fused kernels)

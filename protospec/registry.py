@@ -39,16 +39,9 @@ DRAFT_LOOPS: dict[str, DraftLoopKind] = {kind.name: kind for kind in (
     DraftLoopKind(GRAPH, "as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph",
                   on_device=True, needs_cuda_graphs=True, host_sync_per_step=False, builds_first_step=True),
 )}
-AUTO_DOC = ("graph on CUDA with cuda_graphs on, gpu on CUDA without them, main on a CPU (where the kernels would "
-            "only run in Numba's simulator)")
+# auto: graph on CUDA with cuda_graphs on, gpu on CUDA without them, main on a CPU (where the kernels
+# would only run in Numba's simulator).
 DRAFT_LOOP_NAMES = (AUTO, *DRAFT_LOOPS)
-DRAFT_LOOP_DOC = {**{name: kind.doc for name, kind in DRAFT_LOOPS.items()}, AUTO: AUTO_DOC}
-
-COMMIT_DOC = {
-    SYNCED: "the host waits for the rejection output, commits, then prepares the next spec step",
-    OVERLAPPED: "the next spec step's draft step 1 is built on the device and queued before the host syncs "
-                "(device draft loops only)",
-}
 
 # Proposers other than a draft model. The n-gram proposer's matching runs on the device where a device
 # way is chosen (draft_loop gpu / graph / auto on CUDA), on the host otherwise.
