@@ -39,8 +39,8 @@ DRAFT_LOOPS: dict[str, DraftLoopKind] = {kind.name: kind for kind in (
     DraftLoopKind(GRAPH, "as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph",
                   on_device=True, needs_cuda_graphs=True, host_sync_per_step=False, builds_first_step=True),
 )}
-# auto: graph on CUDA with cuda_graphs on, gpu on CUDA without them, main on a CPU (where the kernels
-# would only run in Numba's simulator).
+AUTO_DOC = ("graph on CUDA with cuda_graphs on, gpu on CUDA without them, main on a CPU (where the kernels would "
+            "only run in Numba's simulator)")
 DRAFT_LOOP_NAMES = (AUTO, *DRAFT_LOOPS)
 
 # Proposers other than a draft model. The n-gram proposer's matching runs on the device where a device
