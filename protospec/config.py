@@ -96,14 +96,12 @@ class EngineConfig:
     draft_loop: str = registry.AUTO      # the draft loop's way: one of registry.DRAFT_LOOP_NAMES
     check_no_sync: bool = False          # trip on any host sync inside the draft loop (debugging)
     cuda_graphs: bool | None = None      # replay fixed-shape forwards as CUDA graphs; None = on CUDA
-    compile: bool = False                # torch.compile the per-layer op chains (fewer, fused kernels)
     # The rejection sampler as one Numba kernel (kernels/sampling/rejection.py) instead of ~25 torch ops;
     # None = on CUDA. Same tokens either way (a test checks); on a CPU the torch ops are faster
     # than the simulator.
     fused_rejection: bool | None = None
     # Decode-shaped forwards (draft steps, verify, target decode) on the Numba layer kernels: 9
-    # kernels per layer instead of ~20 (layer_kernels.py). None = on CUDA for float16/float32
-    # unless compile is on (torch.compile is the other way to fuse the same chains).
+    # kernels per layer instead of ~20 (layer_kernels.py). None = on CUDA for float16/float32.
     layer_kernels: bool | None = None
     # The layer kernels' paged attention: one of layout.ATTENTION_PATHS (by_kv_head, mma:
     # tensor cores, float16) for every decode-shaped forward, or None to choose by shape (mma for

@@ -55,8 +55,7 @@ class BenchSetup:
     seed: int = 0
     temperature: float = 1.0
     device: str | None = None
-    compile: bool = False
-    layer_kernels: bool | None = None  # None: the engine's default (on CUDA unless compile)
+    layer_kernels: bool | None = None  # None: the engine's default (on CUDA)
     enforce_eager: bool = False        # no CUDA graphs
     max_model_len: int | None = None   # None: the target's max_position_embeddings
     acceptance: str = registry.REJECTION  # speculation/acceptance.py
@@ -85,7 +84,7 @@ class BenchSetup:
         draft = self.speculative_model if speculative else None
         return LLM(self.model, speculative_model=draft, num_speculative_tokens=self.num_speculative_tokens,
                    load_format=self.load_format, dtype=self.dtype, device=self.device, block_size=self.block_size,
-                   seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop, compile=self.compile,
+                   seed=self.seed, max_num_seqs=self.batch_size, draft_loop=draft_loop,
                    layer_kernels=self.layer_kernels, cuda_graphs=False if self.enforce_eager else None,
                    max_model_len=self.max_model_len, kv_cache_gib=self.kv_cache_gib, acceptance=self.acceptance,
                    posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,

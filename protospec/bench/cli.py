@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"protospec.bench: model={setup.model} speculative_model={setup.speculative_model} "
           f"k={setup.num_speculative_tokens if setup.speculative_model else 0} input_len={setup.input_len} "
           f"output_len={setup.output_len} batch_size={setup.batch_size} load_format={setup.load_format} "
-          f"dtype={setup.dtype} temperature={setup.temperature} compile={setup.compile} "
+          f"dtype={setup.dtype} temperature={setup.temperature} "
           f"iters={setup.num_iters_warmup}+{setup.num_iters} torch_threads={args.threads}", flush=True)
     if args.ablation or args.sweep:
         return run_report(args, setup, argv)
@@ -131,7 +131,6 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
                                     progress=progress_bar("sweep points (round x k x batch)"), rounds=args.sweep_rounds)
         report.setdefault("config", asdict(setup))  # a sweep alone: its plot's title names the models
     tag = ("ablation" if args.ablation else "sweep") + ("_draft-equals-target" if args.draft_equals_target else "")
-    tag += "_compile" if args.compile else ""
     tag += "_torch-layers" if args.layer_kernels == "off" else ""
     caveat = cpu_caveat(device)
     if caveat:

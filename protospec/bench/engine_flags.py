@@ -11,10 +11,9 @@ ON_OFF = {"auto": None, "on": True, "off": False}  # a three-way engine setting 
 
 def add_engine_flags(p) -> None:
     """p: a parser or an argument group."""
-    p.add_argument("--compile", action="store_true", help="torch.compile the per-layer op chains (fused kernels)")
     p.add_argument("--layer-kernels", default="auto", choices=list(ON_OFF),
                    help="decode-shaped forwards on the Numba layer kernels (5 kernels a layer instead of ~20); "
-                        "auto = on CUDA for float16/float32 unless --compile")
+                        "auto = on CUDA for float16/float32")
     p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
                    help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
                         "mma for fp16 in whole 16-key tiles)")
@@ -41,7 +40,7 @@ def auto_as_none(choice: str) -> str | None:
 
 def engine_switches(args: argparse.Namespace) -> dict:
     """The settings the flags chose, as BenchSetup's keywords."""
-    return dict(compile=args.compile, layer_kernels=ON_OFF[args.layer_kernels],
+    return dict(layer_kernels=ON_OFF[args.layer_kernels],
                 attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
                 fused_sampling=ON_OFF[args.fused_sampling], prefill_kernels=ON_OFF[args.prefill_kernels],
                 dependent_launch=ON_OFF[args.dependent_launch], spec_step_graph=ON_OFF[args.spec_step_graph])

@@ -1,6 +1,6 @@
 """Where a generate() call's wall time goes on the GPU: kernels launched, GPU busy time, GPU idle.
 
-    python -m protospec.bench.kernel_census [--batch-size 64] [--modes graph] [--compile] [--output-json PATH]
+    python -m protospec.bench.kernel_census [--batch-size 64] [--modes graph] [--output-json PATH]
 
 For each draft-loop mode, one generate() of the seed configuration (dummy weights; batch size, k,
 lengths and temperature take the bench's flags) under the torch profiler: the number of GPU

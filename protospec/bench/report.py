@@ -55,7 +55,7 @@ def markdown_table(report: dict) -> str:
         f"Config: {cfg['model']} + {cfg['speculative_model']}, k={cfg['num_speculative_tokens']}, input {cfg['input_len']}, "
         f"output {cfg['output_len']}, batch {cfg['batch_size']}, {cfg['resolved_dtype']}, temperature {cfg['temperature']}, "
         f"{cfg['num_iters_warmup']}+{cfg['num_iters']} iterations, CUDA graphs {cfg['cuda_graphs']}, "
-        f"torch.compile {cfg.get('compile', False)}, layer kernels {cfg.get('resolved_layer_kernels', False)}, "
+        f"layer kernels {cfg.get('resolved_layer_kernels', False)}, "
         f"{cfg.get('repeats', 1)} round(s) of the modes, torch threads {report.get('torch_threads', '?')}",
         "",
         *([f"**{report['note']}**", ""] if report.get("note") else []),

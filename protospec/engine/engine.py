@@ -65,10 +65,6 @@ class Engine:
                               f"max_position_embeddings ({min(model_limits)}{', the smaller of the two models' if draft else ''}): "
                               "positions past it have no trained RoPE meaning; leave max_model_len unset or lower it")
         self.max_model_len = config.max_model_len or min(model_limits)
-        if config.compile:
-            for m in (target, draft):
-                if m is not None:
-                    m.enable_compile()
         self.plan = self._resolve_kernel_plan([m for m in (target, draft) if m is not None])
         if self.plan.layer_kernels:
             for m in (target, draft):
@@ -99,7 +95,7 @@ class Engine:
         self.eos_token_id = target.config.eos_token_id
         # Target-only steps (no proposer, or speculation off at this batch size): several tokens per
         # CUDA graph replay where graphs run (decode_graph.py); one forward and host read per token else.
-        self.decoder = self.multi_step_decode(graphs=True) if self.use_cuda_graphs and not config.compile else None
+        self.decoder = self.multi_step_decode(graphs=True) if self.use_cuda_graphs else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.reserved_blocks = 0  # what the running requests' admissions reserved (_admit)
@@ -154,7 +150,7 @@ class Engine:
         cfg = self.config
         supported = self.dtype in ACTIVATION_DTYPES
         if cfg.layer_kernels is None:
-            return self.device.type == "cuda" and supported and not cfg.compile
+            return self.device.type == "cuda" and supported
         if cfg.layer_kernels and not supported:
             raise ConfigError(f"layer_kernels=True with dtype {self.dtype}: the kernels take {ACTIVATION_DTYPES}")
         return self._resolve_kernel_flag("layer_kernels", cfg.layer_kernels)

@@ -5,9 +5,8 @@ Tokens come flattened: one batch of T tokens from all sequences, found in the ca
 AttentionMetadata (see attention.py).
 
 Each layer is  [pre-attention] -> paged attention -> [post-attention], the bracketed parts pure
-functions of tensors. They carry the long chains of small elementwise ops (norms, RoPE, SiLU);
-`enable_compile()` hands them to torch.compile, which fuses each chain into a few kernels. The
-paged attention (it writes the KV cache in place) always stays eager.
+functions of tensors carrying the chains of small elementwise ops (norms, RoPE, SiLU). Decode-shaped
+forwards on a GPU run the Numba layer kernels instead (layer_kernels.py), which fuse those chains.
 """
 from __future__ import annotations
 
@@ -147,14 +146,13 @@ class LlamaDecoderLayer(nn.Module):
                 m.weight = nn.Parameter(fused[start : start + rows], requires_grad=False)
                 start += rows
 
-    def forward(self, x, residual, rope, kv_cache, meta, plan, blocks):
-        """blocks: (pre_attention, post_attention), plain or compiled."""
-        pre, post = blocks
-        q, k, v, residual = pre(x, residual, self.input_layernorm.weight, self.input_layernorm.eps,
-                                self.qkv_weight, *rope, self.num_heads, self.num_kv_heads)
+    def forward(self, x, residual, rope, kv_cache, meta, plan):
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        q, k, v, residual = pre_attention(x, residual, norm1.weight, norm1.eps, self.qkv_weight, *rope, self.num_heads,
+                                          self.num_kv_heads)
         out = paged_attention(q, k, v, kv_cache, meta, plan, self.scale)  # [T, h, d]
-        return post(out.flatten(1), residual, self.self_attn.o_proj.weight, self.post_attention_layernorm.weight,
-                    self.post_attention_layernorm.eps, self.gate_up_weight, self.mlp.down_proj.weight)
+        return post_attention(out.flatten(1), residual, self.self_attn.o_proj.weight, norm2.weight, norm2.eps,
+                              self.gate_up_weight, self.mlp.down_proj.weight)
 
 
 class LlamaBody(nn.Module):
@@ -179,9 +177,6 @@ class LlamaForCausalLM(nn.Module):
         # end of a request (those tokens are then dropped), so the caller may ask for more.
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.rope = RotaryEmbedding(cfg.head_dim, self.max_positions, cfg.rope_theta)
-        self.prologue = forward_prologue
-        self.blocks = (pre_attention, post_attention)
-        self.head = lm_head_logits
         self.layer_kernels = None  # set by layer_kernels.enable_layer_kernels: decode-shaped forwards on the Numba kernels
 
     def place(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaForCausalLM":
@@ -192,18 +187,6 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             layer.fuse_projections()
         return self.eval()
-
-    def enable_compile(self) -> None:
-        """Fuse the pre/post-attention op chains with torch.compile (CUDA). One compiled graph
-        serves every layer (weights are inputs); each new token count compiles once."""
-        import torch._dynamo
-
-        for name in ("cache_size_limit", "recompile_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
-        self.prologue = torch.compile(forward_prologue, dynamic=False)  # the mask's ~8 ops and the RoPE lookup
-        self.blocks = (torch.compile(pre_attention, dynamic=False), torch.compile(post_attention, dynamic=False))
-        self.head = torch.compile(lm_head_logits, dynamic=False)
 
     @torch.inference_mode()
     def forward(
@@ -216,9 +199,9 @@ class LlamaForCausalLM(nn.Module):
         if self.layer_kernels is not None and self.layer_kernels.applies(meta):
             return self.layer_kernels.forward(self, input_ids, positions, kv_caches, meta)
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        rope, plan = self.prologue(positions, self.rope.cos, self.rope.sin, meta, x.dtype)
+        rope, plan = forward_prologue(positions, self.rope.cos, self.rope.sin, meta, x.dtype)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x, residual = layer(x, residual, rope, kv_cache, meta, plan, self.blocks)
+            x, residual = layer(x, residual, rope, kv_cache, meta, plan)
         norm = self.model.norm
-        return self.head(x, residual, meta.logits_indices, norm.weight, norm.eps, self.lm_head.weight)
+        return lm_head_logits(x, residual, meta.logits_indices, norm.weight, norm.eps, self.lm_head.weight)

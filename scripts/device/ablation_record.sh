@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device run of record: GPU tests, the trained pair's acceptance and batch-1 speedup on the fixed
-# held-out prompts, the ablation with the per-phase breakdown (3 interleaved rounds), the same with
-# torch.compile, and draft == target. Results land in $OUT/results.tgz.
+# held-out prompts, the ablation with the per-phase breakdown (3 interleaved rounds), and draft ==
+# target. Results land in $OUT/results.tgz.
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/ablation_record.sh [--full-tests]
 # (The sweep: bench 300 --sweep --num-iters-warmup 1 --num-iters 3, in a call of its own.)
 set -uo pipefail
@@ -16,6 +16,5 @@ fi
 timeout 70 python3 -m protospec.train.evaluate --models data/models --prompts-json data/models/heldout_prompts.json \
   --timing --output-json res/trained_pair_evaluate.json 2>&1 | quiet | tail -3
 bench 200 --ablation --breakdown --repeats 3
-bench 150 --ablation --compile --repeats 3 --peers target_only
 bench 90 --ablation --draft-equals-target --repeats 2 --peers target_only hf_assisted
 tar czf "$OUT/results.tgz" res
