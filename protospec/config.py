@@ -100,7 +100,7 @@ class EngineConfig:
     # None = on CUDA. Same tokens either way (a test checks); on a CPU the torch ops are faster
     # than the simulator.
     fused_rejection: bool | None = None
-    # Decode-shaped forwards (draft steps, verify, target decode) on the Numba layer kernels: 9
+    # Decode-shaped forwards (draft steps, verify, target decode) on the Numba layer kernels: 5-9
     # kernels per layer instead of ~20 (layer_kernels.py). None = on CUDA for float16/float32.
     layer_kernels: bool | None = None
     # The layer kernels' paged attention: one of layout.ATTENTION_PATHS (by_kv_head, mma:

@@ -88,6 +88,8 @@ def test_noise_drawn_from_the_rows_keys_is_the_noise_the_counter_fill_writes(mon
     assert wrong_step[[0, 2]].tolist() != twin[[0, 2]].tolist()  # the noise, not the logits, decides here
     with pytest.raises(KernelArgumentError, match="not both"):
         gumbel_sample_into(logits, st, step, by_keys, noise, noise_keys=keys)
+    with pytest.raises(KernelArgumentError, match="key pair"):
+        gumbel_sample_into(logits, st, step, by_keys, None, noise_keys=keys[:, :1].contiguous())
 
 
 def test_ties_go_to_the_first_index_and_a_row_of_minus_infinity_to_zero(monkeypatch):

@@ -125,7 +125,7 @@ def main(argv=None) -> dict:
             row = {"batch": batch, "queries": queries, "context": context, "path": path or f"auto:{chosen}",
                    "splits": splits or "auto",
                    "bytes": nbytes, "floor_us": floor_us, "us": us, "x_floor": us / floor_us}
-            if args.torch and path is None:
+            if args.torch and path is None and splits is None:  # once a shape, beside the chosen path
                 row["torch_us"] = time_calls(make_calls(cfg, batch, queries, context, args.block_size, dev, use_torch=True)[0])
             report["cases"].append(row)
             print(f"{batch:>5} {queries:>7} {context:>7} {row['path']:>16} {str(row['splits']):>6} {nbytes / 1e6:>7.2f} {floor_us:>8.2f} "

@@ -12,7 +12,7 @@ ON_OFF = {"auto": None, "on": True, "off": False}  # a three-way engine setting 
 def add_engine_flags(p) -> None:
     """p: a parser or an argument group."""
     p.add_argument("--layer-kernels", default="auto", choices=list(ON_OFF),
-                   help="decode-shaped forwards on the Numba layer kernels (5 kernels a layer instead of ~20); "
+                   help="decode-shaped forwards on the Numba layer kernels (5-9 kernels a layer instead of ~20); "
                         "auto = on CUDA for float16/float32")
     p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
                    help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "

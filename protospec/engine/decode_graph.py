@@ -14,8 +14,9 @@ holds that request's row frozen; the next change of the batch uploads the runnin
 from the host again (and an upload of a new batch waits for nothing).
 
 Random numbers: each request draws one 64-bit key from its generator when it first decodes here; the
-Exp(1) noise for its token at position p is counter_randoms' hash of (that key, p), filled inside the
-replay. A seeded request's tokens therefore depend on its seed and positions only, never on how its
+Exp(1) noise for its token at position p is counter_randoms' hash of (that key, p), drawn inside the
+replay (by the Gumbel-max sampler itself, or filled before the forward for the sampler with
+probabilities). A seeded request's tokens therefore depend on its seed and positions only, never on how its
 steps are grouped into replays or on the batch it runs in.
 
 Where CUDA graphs are off (the CPU simulator, in tests) the same steps run eagerly, one replay's worth

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 @functools.lru_cache(maxsize=None)
 def _kernel(DEPENDENT: bool, SPAN: int, KEYED: bool = False):  # noqa: N803 (Numba freezes them as constants)
     """DEPENDENT: launched as a programmatic dependent of the LM head that wrote the logits: the
-    noise (written kernels before it) and the advance's inputs are loaded before the wait. SPAN:
+    noise or its keys (written kernels before it) and the advance's inputs are loaded before the wait. SPAN:
     vocabulary slices a block (slices.span_for; an argmax, so the same token at any span). KEYED: the
     noise argument is the rows' counter keys [R, 2] and the kernel draws the very numbers the counter
     fill would have written at [r, out_step] (randoms/counter_randoms.py): no fill launch before it."""
@@ -59,7 +59,7 @@ def _kernel(DEPENDENT: bool, SPAN: int, KEYED: bool = False):  # noqa: N803 (Num
                              positions, seq_lens, slot_mapping, block_tables, error_row):
         """
         logits [R, V] f32; temperature [R] f32; is_greedy [R] bool; noise [R, S, V] f32 Exp(1), read at
-        [r, out_step] on rows that are not greedy. keep = 1: the logits also go to logits_out [R, S, V] f32
+        [r, out_step] on rows that are not greedy (KEYED: [R, 2] int64, the rows' counter keys). keep = 1: the logits also go to logits_out [R, S, V] f32
         at [r, out_step] (the probabilities' pass reads them there later). win_key [R] int64: the row's
         best so far (sampling/packed_argmax.py), EMPTY between calls; counters [>= R] int32, zero between calls.
         Out: ids_out [R, S] int64 at
@@ -155,11 +155,13 @@ def gumbel_sample_into(logits: torch.Tensor, st: RowSettings, step: int, draft_i
         raise KernelArgumentError("gumbel_sample_into: noise or noise_keys, not both")
     if noise_keys is not None:
         check_tensor("noise_keys", noise_keys, torch.int64, 2, rows=rows)
+        if noise_keys.shape[1] != 2:
+            raise KernelArgumentError(f"noise_keys {tuple(noise_keys.shape)}: a (low, high) key pair a row")
     elif noise is not None:
         check_tensor("noise", noise, torch.float32, 3, rows=rows)
         if noise.shape[2] != vocab:
             raise KernelArgumentError(f"noise {tuple(noise.shape)} does not fit logits {tuple(logits.shape)}")
-    elif noise_keys is None and not st.all_greedy:
+    elif not st.all_greedy:
         raise KernelArgumentError("noise: None, but some rows sample with a temperature")
     if advance is not None and rows > advance.num_rows:
         raise KernelArgumentError(f"gumbel_sample_into: {rows} rows to sample, but the inputs to advance hold "
