@@ -57,7 +57,7 @@ class DecodeRows:
     the stop rules, the random keys, the sampling settings and the replay's tokens."""
 
     def __init__(self, rows: int, max_blocks: int, block_size: int, vocab: int, steps: int, device: torch.device):
-        self.rows, self.steps, self.block_size = rows, steps, block_size
+        self.rows, self.steps, self.block_size, self.vocab = rows, steps, block_size, vocab
         self.inputs = PersistentInputs("decode_graph", rows, 1, max_blocks, 1, block_size, device)
         i64 = dict(dtype=torch.int64, device=device)
         self.sampled = torch.zeros(rows, **i64)                        # [rows] the step's tokens
@@ -70,10 +70,12 @@ class DecodeRows:
         self.readback = torch.full((1 + rows * steps,), PLACEHOLDER_TOKEN_ID, **i64)
         self.out_tokens = self.readback[1:].view(rows, steps)          # [rows, steps]
         self.error_row = torch.zeros(1, dtype=torch.int32, device=device)
-        self.noise = torch.ones(rows, 1, vocab, device=device)         # [rows, 1, V] Exp(1)
+        # [rows, 1, V] Exp(1) noise and the sampler's probabilities: only the sampler with probabilities
+        # (top-k / top-p rows) reads them, so they are made when a layout first records it.
+        self.noise: torch.Tensor | None = None
+        self.probs: torch.Tensor | None = None
         self.no_uniforms = torch.zeros(rows, 0, device=device)         # the fill's uniforms: none needed
         self.ids = torch.zeros(rows, 1, **i64)                         # [rows, 1] the sampler's ids
-        self.probs = torch.zeros(rows, 1, vocab, device=device)        # [rows, 1, V] the torch sampler's probabilities
         # Padding rows sample with harmless settings (temperature 1, no filter); they make no tokens.
         self.temperature = torch.ones(rows, device=device)
         self.is_greedy = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -113,7 +115,7 @@ class DecodeRows:
         self.step_keys.copy_(packed[:, 7:9])
         self.load_tables(tables)
         for mine, theirs, pad in ((self.temperature, st.temperature, 1.0), (self.is_greedy, st.is_greedy, False),
-                                  (self.top_k, st.top_k, self.top_k.new_tensor(self.noise.shape[-1])),
+                                  (self.top_k, st.top_k, self.top_k.new_tensor(self.vocab)),
                                   (self.top_p, st.top_p, 1.0)):
             mine[:batch].copy_(theirs)
             mine[batch:].fill_(pad)
@@ -132,6 +134,9 @@ class DecodeRows:
         for step in range(self.steps):
             one_launch = fused and fused_applies(st)  # the token alone (one Gumbel-max launch): no probabilities
             noise = None
+            if not one_launch and self.probs is None:
+                self.noise = torch.ones(self.rows, 1, self.vocab, device=self.sampled.device)
+                self.probs = torch.zeros(self.rows, 1, self.vocab, device=self.sampled.device)
             if not st.all_greedy and not one_launch:  # (the Gumbel-max kernel draws its own numbers)
                 counter_randoms.fill_kernel(self.step_keys, self.noise, self.no_uniforms)
                 noise = self.noise
