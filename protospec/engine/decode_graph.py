@@ -131,12 +131,12 @@ class DecodeRows:
         before the forward only where the sampler is not the Gumbel-max kernel, which draws its own
         from the rows' keys."""
         view = self.inputs.view(self.rows, width)
+        one_launch = fused and fused_applies(st)  # the token alone (one Gumbel-max launch): no probabilities
+        if not one_launch and self.probs is None:
+            self.noise = torch.ones(self.rows, 1, self.vocab, device=self.sampled.device)
+            self.probs = torch.zeros(self.rows, 1, self.vocab, device=self.sampled.device)
         for step in range(self.steps):
-            one_launch = fused and fused_applies(st)  # the token alone (one Gumbel-max launch): no probabilities
             noise = None
-            if not one_launch and self.probs is None:
-                self.noise = torch.ones(self.rows, 1, self.vocab, device=self.sampled.device)
-                self.probs = torch.zeros(self.rows, 1, self.vocab, device=self.sampled.device)
             if not st.all_greedy and not one_launch:  # (the Gumbel-max kernel draws its own numbers)
                 counter_randoms.fill_kernel(self.step_keys, self.noise, self.no_uniforms)
                 noise = self.noise
