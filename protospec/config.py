@@ -147,10 +147,6 @@ class EngineConfig:
     # prompt_lookup_min tokens that occurred before is looked up (kernels/inputs/ngram_match.py).
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
-    # Dynamic k (speculation/dynamic_k.py): "off", "heuristic" (per-request schedule) or "confidence" (stop
-    # proposing below draft_confidence_threshold); k above is then the most a step proposes.
-    dynamic_k: str = registry.DYNAMIC_K_OFF
-    draft_confidence_threshold: float = 0.4
     # Target-only steps while more requests than this run (vLLM's name); None = always speculate.
     speculative_disable_by_batch_size: int | None = None
     # The longest the host waits for the device at any one point (a prefill's tokens, a step's commit)
@@ -206,11 +202,6 @@ class EngineConfig:
             value = getattr(self, name)
             if not _is_real(value) or not math.isfinite(value) or not 0 < value <= 1:
                 raise ConfigError(f"{name} must be a number in (0, 1], got {value!r}")
-        if self.dynamic_k not in registry.DYNAMIC_K_DOC:
-            raise ConfigError(f"dynamic_k must be one of {tuple(registry.DYNAMIC_K_DOC)}, got {self.dynamic_k!r}")
-        c = self.draft_confidence_threshold
-        if not _is_real(c) or not math.isfinite(c) or not 0 <= c <= 1:
-            raise ConfigError(f"draft_confidence_threshold must be a number in [0, 1], got {c!r}")
         cap = self.speculative_disable_by_batch_size
         if cap is not None and (not _is_int(cap) or cap < 1):
             raise ConfigError(f"speculative_disable_by_batch_size must be None or an integer >= 1, got {cap!r}")

@@ -13,7 +13,6 @@ MAIN, SAMPLER, GPU, GRAPH = "main", "sampler", "gpu", "graph"
 SYNCED, OVERLAPPED = "synced", "overlapped"
 REJECTION, TYPICAL = "rejection", "typical"
 DRAFT, NGRAM = "draft", "ngram"
-DYNAMIC_K_OFF, DYNAMIC_K_HEURISTIC, DYNAMIC_K_CONFIDENCE = "off", "heuristic", "confidence"
 NGRAM_MODEL = "[ngram]"  # speculative_model that selects the n-gram proposer (vLLM's spelling)
 
 
@@ -53,12 +52,6 @@ PROPOSER_DOC = {DRAFT: "a draft model proposes k tokens one step at a time", NGR
 ACCEPTANCE_DOC = {
     REJECTION: "lossless rejection sampling: the output follows the target exactly",
     TYPICAL: "typical acceptance (Medusa): keep d_i while p_i(d_i) > min(threshold, alpha * exp(-entropy)); lossy",
-}
-
-DYNAMIC_K_DOC = {
-    DYNAMIC_K_OFF: "every spec step proposes k tokens",
-    DYNAMIC_K_HEURISTIC: "per request k + 2 after a full accept, k - 1 otherwise, within [1, k] (transformers' schedule)",
-    DYNAMIC_K_CONFIDENCE: "stop proposing at the first draft step whose top probability is below the threshold",
 }
 
 

@@ -325,13 +325,13 @@ def test_profile_writes_a_trace(tiny_target, tiny_draft, tmp_path, capsys):
 def test_the_ngram_proposer_and_typical_acceptance_through_the_bench(tiny_target, tmp_path, capsys, flags):
     out_json = tmp_path / "ngram.json"
     main(["--model", tiny_target, *flags, *TINY, "--spec-decoding-acceptance-method", "typical_acceptance_sampler",
-          "--typical-acceptance-sampler-posterior-threshold", "0.2", "--dynamic-k", "heuristic",
+          "--typical-acceptance-sampler-posterior-threshold", "0.2",
           "--speculative-disable-by-batch-size", "4", "--output-json", str(out_json)])
     saved = json.loads(out_json.read_text())
     cfg = saved["config"]
     assert cfg["speculative_model"] == "[ngram]" and cfg["acceptance"] == "typical" and cfg["posterior_threshold"] == 0.2
     assert cfg["prompt_lookup_max"] == (2 if "2" in flags else 4)
-    assert cfg["dynamic_k"] == "heuristic" and cfg["speculative_disable_by_batch_size"] == 4
+    assert cfg["speculative_disable_by_batch_size"] == 4
     # auto: on a GPU the match runs as a kernel; on a CPU, where auto is the main way, on the host
     where = "kernel" if torch.cuda.is_available() else "cpu"
     assert f"ngram_match:{where}" in saved["result"]["counters"]["proposer"]
@@ -342,15 +342,14 @@ def test_compare_runs_every_arm_and_writes_its_report(tmp_path, capsys):
     markdown and a plot; greedy arms under lossless rejection emit the target-only tokens' rates."""
     from pathlib import Path
 
-    report = main(["--compare", "--compare-prompts", "2", "--compare-max-tokens", "8", "--compare-dynamic-k", "off",
-                   "heuristic", "--compare-repeats", "1", "--output-dir", str(tmp_path)])
+    report = main(["--compare", "--compare-prompts", "2", "--compare-max-tokens", "8", "--compare-repeats", "1",
+                   "--output-dir", str(tmp_path)])
     rows = report["compare"]
-    assert set(rows) == {"target_only"} | {f"{p}/{a}/k-{d}" for p in ("draft", "ngram") for a in ("rejection", "typical")
-                                           for d in ("off", "heuristic")}
+    assert set(rows) == {"target_only"} | {f"{p}/{a}" for p in ("draft", "ngram") for a in ("rejection", "typical")}
     for name, entry in rows.items():
         for temp in ("T=0", "T=1"):
             assert entry[temp]["calls"] == 2 and entry[temp]["p50_s"] > 0
-    assert rows["draft/rejection/k-off"]["T=0"]["acceptance_rate"] > 0.1  # the trained draft drafts
+    assert rows["draft/rejection"]["T=0"]["acceptance_rate"] > 0.1  # the trained draft drafts
     written = sorted(p.suffix for p in Path(tmp_path).iterdir())
     assert written == [".json", ".md", ".png"]
     assert "target-only / arm" in capsys.readouterr().out

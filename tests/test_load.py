@@ -96,14 +96,14 @@ def test_one_call_of_mixed_requests_turns_the_batch_over_on_a_cpu(tiny_target, t
 
 def _turn_over(target, draft, steps, **kwargs):
     plain = tiny_llm(target, **kwargs)
-    for i, (proposer, dynamic_k) in enumerate(turnover.SETUPS):
-        llm = tiny_llm(target, draft if proposer == "draft" else proposer, k=3, dynamic_k=dynamic_k, **kwargs)
+    for i, proposer in enumerate(turnover.SETUPS):
+        llm = tiny_llm(target, draft if proposer == "draft" else proposer, k=3, **kwargs)
         run = turnover.turn_over(llm, steps // len(turnover.SETUPS), seed=i, max_prompt_len=24, max_tokens=12)
         check = turnover.check_run(run, llm, plain)
         assert run["steps"] >= steps // len(turnover.SETUPS) and run["widest_batch"] > 1
         assert check["greedy"] > 0 and check["greedy_differ"] == [] and check["unfinished"] == []
         assert check["free_blocks"] == check["usable_blocks"] and check["reserved_blocks"] == 0
-        if proposer == "draft" and dynamic_k == registry.DYNAMIC_K_OFF and kwargs.get("draft_loop") == registry.GRAPH:
+        if proposer == "draft" and kwargs.get("draft_loop") == registry.GRAPH:
             assert llm.counters["draft"]["spec_step_graph"] > 0  # the replayed step ran under turnover
 
 

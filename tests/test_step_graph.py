@@ -139,15 +139,14 @@ def test_commit_row_lays_out_ids_counts_and_the_flag():
 
 
 def test_the_step_graph_applies_only_where_it_can_and_says_why_not():
-    args = dict(draft_loop=registry.GRAPH, proposer=registry.DRAFT, k=5, dynamic_k=registry.DYNAMIC_K_OFF,
-                commit=registry.OVERLAPPED)
+    args = dict(draft_loop=registry.GRAPH, proposer=registry.DRAFT, commit=registry.OVERLAPPED)
     assert step_graph_applies(None, **args) and step_graph_applies(True, **args)
     assert not step_graph_applies(False, **args)
-    assert step_graph_applies(None, **(args | {"k": 1}))  # draft step 1 alone, then the verify
     with pytest.raises(ConfigError, match="the graph draft loop, .*the overlapped commit"):
         step_graph_applies(True, **(args | {"draft_loop": registry.GPU, "commit": registry.SYNCED}))
-    with pytest.raises(ConfigError, match="fixed k"):
-        step_graph_applies(True, **(args | {"dynamic_k": registry.DYNAMIC_K_HEURISTIC}))
+    with pytest.raises(ConfigError, match="needs a draft model$"):
+        step_graph_applies(True, **(args | {"proposer": registry.NGRAM}))
+    assert not step_graph_applies(None, **(args | {"proposer": registry.NGRAM}))
 
 
 def test_asking_for_the_step_graph_on_a_cpu_engine_names_what_is_missing(tiny_target, tiny_draft):

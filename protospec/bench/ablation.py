@@ -63,8 +63,6 @@ class BenchSetup:
     posterior_alpha: float = 0.3
     prompt_lookup_min: int = 1         # the n-gram proposer (speculative_model "[ngram]")
     prompt_lookup_max: int = 4
-    dynamic_k: str = registry.DYNAMIC_K_OFF  # speculation/dynamic_k.py
-    draft_confidence_threshold: float = 0.4
     speculative_disable_by_batch_size: int | None = None
     attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
     linear_kernel: str | None = None       # EngineConfig.linear_kernel (None: mma_fused with the layer kernels)
@@ -89,7 +87,6 @@ class BenchSetup:
                    max_model_len=self.max_model_len, kv_cache_gib=self.kv_cache_gib, acceptance=self.acceptance,
                    posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
                    prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
-                   dynamic_k=self.dynamic_k, draft_confidence_threshold=self.draft_confidence_threshold,
                    speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
                    attention_kernel=self.attention_kernel,
                    linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling,

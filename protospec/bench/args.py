@@ -118,9 +118,6 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                    default=0.09, help="typical acceptance: the bar's upper limit")
     p.add_argument("--posterior-alpha", "--typical-acceptance-sampler-posterior-alpha", type=float, default=0.3,
                    help="typical acceptance: the bar is min(threshold, alpha * exp(-entropy))")
-    p.add_argument("--dynamic-k", default=registry.DYNAMIC_K_OFF, choices=list(registry.DYNAMIC_K_DOC),
-                   help="; ".join(f"{name}: {doc}" for name, doc in registry.DYNAMIC_K_DOC.items()))
-    p.add_argument("--draft-confidence-threshold", type=float, default=0.4, help="--dynamic-k confidence: the cutoff")
     p = parser.add_argument_group("kernels and graphs")
     add_engine_flags(p)
     for flag, (default, _) in IGNORED_VLLM_FLAGS.items():  # named in the epilog
@@ -142,7 +139,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--sweep-ks", type=int, nargs="+", default=[1, 3, 5, 7], help="the sweep's k values")
     g.add_argument("--sweep-rounds", type=int, default=1,
                    help="run the sweep's grid this many times in turn; each point's figures are the medians of its rounds'")
-    c = parser.add_argument_group("compare report (proposers x acceptance rules x dynamic k)")
+    c = parser.add_argument_group("compare report (proposers x acceptance rules)")
     c.add_argument("--compare", action="store_true",
                    help="every combination below on one pair over a fixed prompt set, greedy and T=1 "
                         f"(default pair: the trained pair in {TRAINED_PAIR}, its held-out prompts)")
@@ -151,9 +148,6 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--compare-acceptance", nargs="+", default=list(registry.ACCEPTANCE_DOC),
                    choices=list(registry.ACCEPTANCE_DOC), metavar="RULE",
                    help=f"acceptance rules to compare (default: all: {' '.join(registry.ACCEPTANCE_DOC)})")
-    c.add_argument("--compare-dynamic-k", nargs="+", default=list(registry.DYNAMIC_K_DOC),
-                   choices=list(registry.DYNAMIC_K_DOC), metavar="RULE",
-                   help=f"dynamic-k rules to compare (default: all: {' '.join(registry.DYNAMIC_K_DOC)})")
     c.add_argument("--compare-prompts", type=int, default=32, help="prompts from --compare-prompts-json")
     c.add_argument("--compare-prompts-json", default=f"{TRAINED_PAIR}/heldout_prompts.json",
                    help="a JSON with a 'prompts' list of token-id lists")
@@ -231,5 +225,4 @@ def setup_from(args) -> BenchSetup:
                       max_model_len=args.max_model_len, acceptance=args.acceptance,
                       posterior_threshold=args.posterior_threshold, posterior_alpha=args.posterior_alpha,
                       prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
-                      dynamic_k=args.dynamic_k, draft_confidence_threshold=args.draft_confidence_threshold,
                       speculative_disable_by_batch_size=args.speculative_disable_by_batch_size, **engine_switches(args))

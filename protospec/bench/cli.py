@@ -151,11 +151,10 @@ def run_compare_report(args, argv) -> dict:
     engine = dict(device=args.device, dtype=args.dtype, load_format=args.load_format, seed=args.seed,
                   draft_loop=draft_loop_of(args.draft_loop), prompt_lookup_min=args.prompt_lookup_min,
                   prompt_lookup_max=args.prompt_lookup_max, posterior_threshold=args.posterior_threshold,
-                  posterior_alpha=args.posterior_alpha, draft_confidence_threshold=args.draft_confidence_threshold,
-                  max_num_seqs=1)
+                  posterior_alpha=args.posterior_alpha, max_num_seqs=1)
     setup = CompareSetup(args.model, args.speculative_model, prompts, args.num_speculative_tokens or 5,
                          args.compare_max_tokens, tuple(args.compare_proposers), tuple(args.compare_acceptance),
-                         tuple(args.compare_dynamic_k), seed=args.seed, repeats=args.compare_repeats, engine=engine)
+                         seed=args.seed, repeats=args.compare_repeats, engine=engine)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     print(f"protospec.bench --compare: {args.model} + {args.speculative_model}, {len(prompts)} prompts, "
           f"{len(setup.arms())} arms x {len(setup.temperatures)} temperatures, device {device}", flush=True)

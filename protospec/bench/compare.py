@@ -1,10 +1,10 @@
-"""--compare: proposers x acceptance rules x dynamic k, side by side on one pair and one prompt set.
+"""--compare: proposers x acceptance rules, side by side on one pair and one prompt set.
 
     python -m protospec.bench --compare                    # the trained pair, its fixed held-out prompts
     python -m protospec.bench --compare --compare-proposers draft ngram --compare-acceptance rejection typical \\
-        --compare-dynamic-k off heuristic confidence --compare-prompts 32 --compare-max-tokens 64
+        --compare-prompts 32 --compare-max-tokens 64
 
-Each arm is one engine (a proposer, an acceptance rule, a dynamic-k rule), run over every prompt at
+Each arm is one engine (a proposer and an acceptance rule), run over every prompt at
 batch 1, greedy and at temperature 1 (seeded). Per arm and temperature: acceptance rate, accepted
 prefix, mean accepted length, per-position acceptance (metrics.py defines them) over all prompts,
 and the p50 over prompts of each prompt's median latency over --compare-repeats passes; target-only decoding is timed beside them as the baseline.
@@ -36,19 +36,17 @@ class CompareSetup:
     max_tokens: int = 64
     proposers: tuple = (registry.DRAFT, registry.NGRAM)
     acceptances: tuple = (registry.REJECTION, registry.TYPICAL)
-    dynamic_ks: tuple = (registry.DYNAMIC_K_OFF, registry.DYNAMIC_K_HEURISTIC, registry.DYNAMIC_K_CONFIDENCE)
     temperatures: tuple = TEMPERATURES
     seed: int = 0
     repeats: int = 3
     engine: dict = field(default_factory=dict)  # device, dtype, draft_loop, ...
 
     def arms(self) -> list[dict]:
-        return [dict(proposer=p, acceptance=a, dynamic_k=d)
-                for p, a, d in itertools.product(self.proposers, self.acceptances, self.dynamic_ks)]
+        return [dict(proposer=p, acceptance=a) for p, a in itertools.product(self.proposers, self.acceptances)]
 
 
 def arm_name(arm: dict) -> str:
-    return f"{arm['proposer']}/{arm['acceptance']}/k-{arm['dynamic_k']}"
+    return f"{arm['proposer']}/{arm['acceptance']}"
 
 
 def _time_prompts(llm: LLM, prompts, params: SamplingParams, repeats: int, progress=None) -> tuple[RequestMetrics, list[float]]:
@@ -83,7 +81,7 @@ def run_compare(setup: CompareSetup, progress=None, log=print) -> dict:
     for arm in setup.arms():
         draft = registry.NGRAM_MODEL if arm["proposer"] == registry.NGRAM else setup.draft
         llm = LLM(setup.target, speculative_model=draft, num_speculative_tokens=setup.k, acceptance=arm["acceptance"],
-                  dynamic_k=arm["dynamic_k"], **setup.engine)
+                  **setup.engine)
         name = arm_name(arm)
         results[name] = {"arm": arm, "kernel_plan": llm.engine.plan.as_record()}
         for t in setup.temperatures:

@@ -1,13 +1,13 @@
 """A batch that turns over every few steps: requests arrive between spec steps and finish at random.
 
-    python -m protospec.bench.turnover --steps 10000                # graph mode on a GPU, four proposers' setups
+    python -m protospec.bench.turnover --steps 10000                # graph mode on a GPU, both proposers
     python -m protospec.bench.turnover --steps 200 --device cpu --draft-loop main   # a CPU check
 
 Each step adds a few requests with probability 1/3 (short prompts and outputs, so requests finish
 within a few steps) and runs one engine step, so the running batch, its sampling mix and its block
 tables change all the time: launched steps are discarded, graphs of every batch bucket replay with
 other rows in them, blocks go back to the pool and come out for others. The run is split over the
-setups a researcher switches between: the draft model and the n-gram proposer, dynamic k off and on.
+setups a researcher switches between: the draft model and the n-gram proposer.
 At the end every KV block must be free, and every greedy request's tokens must equal what target-only
 decoding gives it (lossless speculation). The host's waits are bounded (device_wait_timeout_s), so
 a stuck device ends the run with DeviceWaitError instead of a hang.
@@ -25,8 +25,7 @@ from protospec.requests.sequence import Sequence
 from protospec.errors import ProtospecError
 from protospec.command_line import CommandParser, run_command
 
-SETUPS = (("draft", registry.DYNAMIC_K_OFF), ("draft", registry.DYNAMIC_K_HEURISTIC),
-          (registry.NGRAM_MODEL, registry.DYNAMIC_K_OFF), (registry.NGRAM_MODEL, registry.DYNAMIC_K_HEURISTIC))
+SETUPS = ("draft", registry.NGRAM_MODEL)  # the proposers
 
 
 def arrivals(rng: random.Random, vocab_size: int, max_prompt_len: int, max_tokens: int) -> tuple[list, list]:
@@ -107,18 +106,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{type(e).__name__}: {e}") from None
     report = provenance(plain.engine.device, argv, "protospec.bench.turnover") | {"config": vars(args), "setups": []}
     ok = True
-    for i, (proposer, dynamic_k) in enumerate(SETUPS):
+    for i, proposer in enumerate(SETUPS):
         draft = args.speculative_model if proposer == "draft" else proposer
-        llm = LLM(args.model, speculative_model=draft, draft_loop=args.draft_loop, dynamic_k=dynamic_k, **common)
+        llm = LLM(args.model, speculative_model=draft, draft_loop=args.draft_loop, **common)
         start = time.perf_counter()
         run = turn_over(llm, args.steps // len(SETUPS), args.seed + i)
         seconds = time.perf_counter() - start
-        result = {"proposer": proposer, "dynamic_k": dynamic_k, "steps": run["steps"], "widest_batch": run["widest_batch"],
+        result = {"proposer": proposer, "steps": run["steps"], "widest_batch": run["widest_batch"],
                   "seconds": round(seconds, 2), "counters": llm.counters, "kernel_plan": llm.engine.plan.as_record(),
                   **check_run(run, llm, plain)}
         ok &= not result["greedy_differ"] and not result["unfinished"] and result["free_blocks"] == result["usable_blocks"]
         report["setups"].append(result)
-        print(f"{proposer:8s} dynamic_k={dynamic_k:9s} {run['steps']:6d} steps {seconds:7.1f} s, {result['requests']} "
+        print(f"{proposer:8s} {run['steps']:6d} steps {seconds:7.1f} s, {result['requests']} "
               f"requests (widest batch {run['widest_batch']}), greedy differ {len(result['greedy_differ'])} of "
               f"{result['greedy']}, unfinished {len(result['unfinished'])}, free blocks "
               f"{result['free_blocks']}/{result['usable_blocks']}", flush=True)

@@ -24,7 +24,6 @@ from protospec.speculation.commit import make_commit_policy
 from protospec.speculation.draft_loop import DraftLoop
 from protospec.speculation.draft_loops import make_draft_loop
 from protospec.speculation.draft_sampling import sample_tokens
-from protospec.speculation.dynamic_k import make_dynamic_k
 from protospec.speculation.lookahead import Lookahead
 from protospec.speculation.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, ModelOutputError, OutOfKVBlocksError, VocabMismatchError
@@ -190,12 +189,11 @@ class Engine:
         guard = forbid_host_sync if cfg.check_no_sync else None
         acceptance = make_acceptance(cfg.acceptance, self.plan.fused_rejection, cfg.posterior_threshold,
                                      cfg.posterior_alpha)
-        dynamic_k = make_dynamic_k(cfg.dynamic_k, self.k, cfg.draft_confidence_threshold)
         return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
-                               fused_sampling=self.fused_sampling, dynamic_k=dynamic_k, wait_s=cfg.device_wait_timeout_s,
+                               fused_sampling=self.fused_sampling, wait_s=cfg.device_wait_timeout_s,
                                forced_acceptance=self.forced_acceptance, batched_randoms=self.plan.batched_randoms,
                                step_graph=step_graph_applies(cfg.spec_step_graph, loop.kind.name, cfg.proposer,
-                                                             self.k, cfg.dynamic_k, commit.name))
+                                                             commit.name))
 
     def _draft_loop(self, name: str, reason: str, kind: registry.DraftLoopKind) -> DraftLoop:
         """The proposer's loop for a draft-loop way, built once (its buffers and graphs are kept)."""

@@ -20,7 +20,6 @@ from protospec.model.runner import ModelRunner
 from protospec.speculation.commit import SyncedCommit
 from protospec.speculation.draft_loop import DraftLoop
 from protospec.speculation.draft_sampling import target_probs
-from protospec.speculation.dynamic_k import FixedK
 from protospec.speculation.lookahead import Lookahead
 from protospec.speculation.phase_timer import NULL_TIMER
 from protospec.speculation.randoms import SpecStepRandoms, force_acceptance
@@ -43,12 +42,11 @@ class SpeculativeStep:
 
     def __init__(self, target: ModelRunner, draft_loop: DraftLoop, commit_policy: SyncedCommit,
                  block_manager: BlockManager, loop_guard=None, acceptance=None, fused_sampling: bool = False,
-                 dynamic_k=None, step_graph: bool = False, wait_s: float = DEFAULT_TIMEOUT_S,
+                 step_graph: bool = False, wait_s: float = DEFAULT_TIMEOUT_S,
                  forced_acceptance: float | None = None, batched_randoms: bool | None = None):
         self.target, self.draft_loop, self.commit_policy = target, draft_loop, commit_policy
         self.block_manager = block_manager
         self.acceptance = acceptance or RejectionSampling()  # acceptance.py: which draft tokens are kept
-        self.dynamic_k = dynamic_k or FixedK()               # dynamic_k.py: how many of them are proposed
         self.look: Lookahead = draft_loop.look
         self.k = self.look.k
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
@@ -116,7 +114,6 @@ class SpeculativeStep:
             return s.target_probs
         batch, seqs, width = len(s.seqs), s.seqs, self.look.verify_len
         with self.timer.phase("verify"):
-            self.dynamic_k.limit(s)  # after the previous step's commit: its outcome is known
             heads = [seq.tokens(seq.num_cached_target) for seq in seqs]
             if s.host_draft_ids is None:  # draft ids are on the device: placeholders, then a device copy
                 assert all(len(h) == 1 for h in heads), "the target must lag by exactly one token"
@@ -224,7 +221,6 @@ class SpeculativeStep:
                 emitted = [t for t in row[: k + 1] if t != PLACEHOLDER_TOKEN_ID]
                 kept = seq.append_tokens(emitted)
                 seq.metrics.record_step(proposed, accepted, kept, num_passed=passed, num_verified=k + 1)
-                self.dynamic_k.observe(seq, proposed, accepted)
                 # Target has K/V for t_{L-1}, d_1..d_accepted; the draft never ran on d_k.
                 seq.num_cached_target = length + accepted
                 seq.num_cached_draft = length + min(accepted, self.k - 1)

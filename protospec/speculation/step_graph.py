@@ -44,14 +44,12 @@ from protospec.speculation.verify_inputs import build_verify_inputs
 
 
 
-def step_graph_applies(setting: bool | None, draft_loop: str, proposer: str | None, k: int, dynamic_k: str,
-                       commit: str) -> bool:
+def step_graph_applies(setting: bool | None, draft_loop: str, proposer: str | None, commit: str) -> bool:
     """EngineConfig.spec_step_graph resolved for an engine's draft loop (None: wherever it applies);
     True where it cannot apply is an error that names what is missing."""
     missing = [need for need, absent in (
         ("the graph draft loop", draft_loop != registry.GRAPH),
         ("a draft model", proposer != registry.DRAFT),
-        ("fixed k (dynamic_k='off')", dynamic_k != registry.DYNAMIC_K_OFF),
         ("the overlapped commit", commit != registry.OVERLAPPED)) if absent]
     if setting and missing:
         raise ConfigError(f"spec_step_graph=True needs {', '.join(missing)}")

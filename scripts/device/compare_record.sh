@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The proposers x acceptance rules x dynamic k comparison of record on the trained pair (its 32
+# The proposers x acceptance rules comparison of record on the trained pair (its 32
 # held-out prompts, batch 1, greedy and T=1), then attention against its bytes floor.
 # Results under $OUT (copy the compare files into data/results/ to record them).
 #   PROTOSPEC_GIT_COMMIT=<sha> bash scripts/device/compare_record.sh
