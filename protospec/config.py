@@ -11,7 +11,7 @@ import torch
 
 from protospec.device_wait import DEFAULT_TIMEOUT_S
 from protospec.errors import ConfigError, SamplingParamsError
-from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
+from protospec.layout import LINEAR_KERNELS
 from protospec import registry
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -103,20 +103,15 @@ class EngineConfig:
     # Decode-shaped forwards (draft steps, verify, target decode) on the Numba layer kernels: 5-9
     # kernels per layer instead of ~20 (layer_kernels.py). None = on CUDA for float16/float32.
     layer_kernels: bool | None = None
-    # The layer kernels' paged attention: one of layout.ATTENTION_PATHS (by_kv_head, mma:
-    # tensor cores, float16) for every decode-shaped forward, or None to choose by shape (mma for
-    # float16 in whole 16-key tiles, by_kv_head otherwise). The ablation's attention switch.
-    attention_kernel: str | None = None
     # Softmax + exponential-race sample of each draft step (and the verify's softmax) as two Numba
     # kernels over vocabulary slices writing into the spec step's buffers (kernels/sampling/softmax_sample.py) instead
     # of torch's ops. None: on a CUDA device with the layer kernels (measured faster there, with the
     # step graph: data/results/README.md); False: torch's ops; True: the kernels (the simulator's on a CPU).
     fused_sampling: bool | None = None
-    # The layer kernels' linear layers: "cublas" (torch's) or "mma", the tensor-core GEMV
-    # (kernels/linear/gemv_mma.py) wherever it applies (float16, <= layer_kernels.TENSOR_CORE_MAX_ROWS token rows, K a multiple of 192);
-    # "mma_fused" also folds the norms, residual adds, RoPE with the cache store, SiLU x up, the embedding
-    # and the final norm into it (layout.LINEAR_KERNELS). None: "mma_fused" with the layer kernels (the
-    # fastest, measured: data/results/README.md), "cublas" without. "cublas" is the fusion's off switch.
+    # The layer kernels' linear layers: "cublas" (torch's) or "mma_fused", the tensor-core GEMV with the
+    # norms, residual adds, RoPE with the cache store, SiLU x up, the embedding and the final norm folded
+    # in, where it applies (layout.LINEAR_KERNELS). None: "mma_fused" with the layer kernels (the fastest,
+    # measured: data/results/README.md), "cublas" without. "cublas" is the fusion's off switch.
     linear_kernel: str | None = None
     # The tensor-core GEMVs launched as programmatic dependents (sm_90 and later): each starts while
     # the kernel before it ends and loads its weights before it waits for that kernel's output
@@ -194,8 +189,6 @@ class EngineConfig:
             raise ConfigError(f"prefill_kernels must be None, True or False, got {self.prefill_kernels!r}")
         if self.linear_kernel is not None and self.linear_kernel not in LINEAR_KERNELS:
             raise ConfigError(f"linear_kernel must be None or one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
-        if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_PATHS:
-            raise ConfigError(f"attention_kernel must be None or one of {ATTENTION_PATHS}, got {self.attention_kernel!r}")
         if self.acceptance not in registry.ACCEPTANCE_DOC:
             raise ConfigError(f"acceptance must be one of {tuple(registry.ACCEPTANCE_DOC)}, got {self.acceptance!r}")
         for name in ("posterior_threshold", "posterior_alpha"):

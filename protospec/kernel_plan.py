@@ -11,8 +11,6 @@ class KernelPlan:
     # Decode-shaped forwards (draft steps, verify, target decode) on the Numba layer kernels
     # (model/layer_kernels.py) rather than torch's ~20 kernels a layer.
     layer_kernels: bool
-    # The layer kernels' paged attention: one of layout.ATTENTION_PATHS, or None (chosen by shape).
-    attention_kernel: str | None
     # The layer kernels' linears: one of layout.LINEAR_KERNELS ("cublas" without the layer kernels).
     linear_kernel: str
     # The tensor-core GEMVs, and the kernels after them, as programmatic dependents (sm_90 and later).

@@ -11,13 +11,11 @@ import torch
 NULL_BLOCK = 0              # block 0 is never handed out: block tables are padded with it
 PAD_SLOT_ID = -1            # a token with this slot writes no K/V (padding rows of a fixed-shape batch)
 PLACEHOLDER_TOKEN_ID = -1   # an empty position of a spec step's output ids
-# The paged-attention kernels of decode-shaped forwards (kernels/attention/paged_attention.py says what each is).
-ATTENTION_PATHS = ("by_kv_head", "mma")
-# The layer kernels' linear layers: torch's (cuBLAS), or the tensor-core GEMV (kernels/linear/gemv_mma.py)
-# wherever it applies (float16, at most layer_kernels.TENSOR_CORE_MAX_ROWS token rows, K a multiple of 192), cuBLAS elsewhere;
-# "mma_fused" also folds each RMSNorm and residual add into the GEMV after it and SiLU x up into the
-# gate/up GEMV (6 kernels a decoder layer instead of 9).
-LINEAR_KERNELS = ("cublas", "mma", "mma_fused")
+# The layer kernels' linear layers: torch's (cuBLAS), or "mma_fused": the tensor-core GEMV
+# (kernels/linear/gemv_mma.py) wherever it applies (float16, at most layer_kernels.TENSOR_CORE_MAX_ROWS
+# token rows, K a multiple of 192), with each RMSNorm and residual add, RoPE with the cache store and
+# SiLU x up folded into the GEMVs (5 kernels a decoder layer instead of 9); cuBLAS elsewhere.
+LINEAR_KERNELS = ("cublas", "mma_fused")
 
 
 @dataclass

@@ -107,26 +107,6 @@ def test_a_decode_shaped_forward_gives_the_torch_paths_logits_and_cache(query_le
         torch.testing.assert_close(c, t, atol=1e-5, rtol=1e-5)
 
 
-def test_a_forced_attention_kernel_runs_in_every_layer(monkeypatch):
-    """EngineConfig.attention_kernel reaches paged_attention in each layer, and the forward with it
-    still gives the torch path's logits."""
-    from protospec.kernels.attention import paged_attention as attention_kernels
-
-    cfg = LlamaArchConfig.from_dict(TARGET_CFG)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).place(DEV, torch.float32)
-    inputs = _uniform_batch(1, [9, 6], 4, 12, seed=7)
-    caches = [_randn(2, 12, 4, cfg.num_key_value_heads, cfg.head_dim, dtype=torch.float32, seed=i)
-              for i in range(cfg.num_hidden_layers)]
-    expected = model(inputs.input_ids, inputs.positions, [c.clone() for c in caches], inputs.meta)
-    paths, original = [], attention_kernels.paged_attention
-    monkeypatch.setattr(attention_kernels, "paged_attention", lambda *a, path=None, **kw: paths.append(path) or original(*a, path=path, **kw))
-    enable_layer_kernels(model, "by_kv_head")
-    got = model(inputs.input_ids, inputs.positions, caches, inputs.meta)
-    assert paths == ["by_kv_head"] * cfg.num_hidden_layers
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.skipif(
     KERNEL_DEVICE_TYPE == "cpu", reason="the simulator runs the float16 case only (~20 s a prefill)")),
     torch.float16])
@@ -207,19 +187,6 @@ def test_layer_kernels_refuse_a_dtype_they_do_not_take(tiny_target):
         tiny_llm(tiny_target, device=DEV, dtype="bfloat16", layer_kernels=True)
 
 
-def test_a_forced_attention_kernel_must_exist_run_and_serve_the_models(tiny_target):
-    from tiny import tiny_llm
-
-    from protospec.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="attention_kernel must be None or one of"):
-        tiny_llm(tiny_target, device=DEV, attention_kernel="flash")
-    with pytest.raises(ConfigError, match="needs the layer kernels"):
-        tiny_llm(tiny_target, device=DEV, layer_kernels=False, attention_kernel="by_kv_head")
-    with pytest.raises(ConfigError, match="'mma' cannot serve head_dim 16, dtype torch.float32"):  # fp16 only, head_dim 32k
-        tiny_llm(tiny_target, device=DEV, dtype="float32", layer_kernels=True, attention_kernel="mma")
-
-
 def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target, tiny_draft):
     from tiny import tiny_llm
 
@@ -227,23 +194,24 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
 
     with pytest.raises(ConfigError, match="linear_kernel must be None or one of"):
         tiny_llm(tiny_target, device=DEV, linear_kernel="cutlass")
-    with pytest.raises(ConfigError, match="linear_kernel='mma' needs the layer kernels"):
-        tiny_llm(tiny_target, device=DEV, layer_kernels=False, linear_kernel="mma")
-    llm = tiny_llm(tiny_target, tiny_draft, device=DEV, layer_kernels=True, linear_kernel="mma")
-    assert [m.model.layer_kernels.linear for m in (llm.engine.target, llm.engine.draft)] == ["mma", "mma"]
+    with pytest.raises(ConfigError, match="linear_kernel='mma_fused' needs the layer kernels"):
+        tiny_llm(tiny_target, device=DEV, layer_kernels=False, linear_kernel="mma_fused")
+    llm = tiny_llm(tiny_target, tiny_draft, device=DEV, layer_kernels=True, linear_kernel="cublas")
+    assert [m.model.layer_kernels.linear for m in (llm.engine.target, llm.engine.draft)] == ["cublas", "cublas"]
     # None (the default) chooses: the fused tensor-core linears with the layer kernels, torch's without
     assert tiny_llm(tiny_target, device=DEV, layer_kernels=True).engine.linear_kernel == "mma_fused"
     assert tiny_llm(tiny_target, device=DEV, layer_kernels=False).engine.linear_kernel == "cublas"
 
 
 @pytest.mark.parametrize("query_len,lengths", [(2, [9, 14]), (3, [9, 14, 11, 20, 7])], ids=["4_rows", "15_rows"])
-@pytest.mark.parametrize("linear,norms,ropes", [("mma", 3, 1), ("mma_fused", 0, 0)])
-def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, linear, norms, ropes, query_len, lengths):
-    """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma" sends every
-    linear layer through it (counted), "mma_fused" also folds the norms, RoPE and the cache store into
-    them and the final norm into the last down projection and the LM head (no separate norm or RoPE
-    kernel is left; past LM_HEAD_MAX_ROWS the head is the final norm and cuBLAS); both agree with the
-    torch path's forward, logits and K/V, for one token tile of the GEMV and for two."""
+@pytest.mark.parametrize("fuses,norms,ropes", [(False, 3, 1), (True, 0, 0)], ids=["unfused", "fused"])
+def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, fuses, norms, ropes, query_len, lengths):
+    """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma_fused" folds the
+    norms, RoPE and the cache store into the GEMVs and the final norm into the last down projection
+    and the LM head (no separate norm or RoPE kernel is left; past LM_HEAD_MAX_ROWS the head is the
+    final norm and cuBLAS); where the fused forms do not apply (fuses off) every linear layer still goes
+    through the GEMV one by one (counted). Both agree with the torch path's forward, logits and K/V,
+    for one token tile of the GEMV and for two."""
     from protospec.model import layer_kernels
     from protospec.kernels.linear import gemv_mma
     from protospec.model.layer_kernels import LayerKernelForward
@@ -270,11 +238,13 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, li
     monkeypatch.setattr(gemv_mma, "gemv_mma", lambda x, w, *a, **kw: calls.append(tuple(w.shape)) or real(x, w, *a, **kw))
     monkeypatch.setattr(layer_kernels, "add_rms_norm", lambda *a: norm_calls.append(1) or real_norm(*a))
     monkeypatch.setattr(layer_kernels, "rope_and_cache", lambda *a: rope_calls.append(1) or real_rope(*a))
-    model.layer_kernels = LayerKernelForward(model, linear=linear)
+    model.layer_kernels = LayerKernelForward(model, linear="mma_fused")
+    assert model.layer_kernels.fuses  # the model's shapes fuse; the unfused case turns it off
+    model.layer_kernels.fuses = fuses
     got = model(inputs.input_ids, inputs.positions, mma_caches, inputs.meta)
     # qkv, o, gate_up, down, and the LM head up to LM_HEAD_MAX_ROWS rows (past them the norm and cuBLAS)
     head_on_gemv = len(lengths) * query_len <= layer_kernels.LM_HEAD_MAX_ROWS
-    final_norm = linear == "mma_fused" and not head_on_gemv
+    final_norm = fuses and not head_on_gemv
     assert len(calls) == 4 + head_on_gemv and len(norm_calls) == norms + final_norm and len(rope_calls) == ropes
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(mma_caches[0], caches[0], **TOL[torch.float16])

@@ -64,7 +64,6 @@ class BenchSetup:
     prompt_lookup_min: int = 1         # the n-gram proposer (speculative_model "[ngram]")
     prompt_lookup_max: int = 4
     speculative_disable_by_batch_size: int | None = None
-    attention_kernel: str | None = None  # None: by shape (EngineConfig.attention_kernel)
     linear_kernel: str | None = None       # EngineConfig.linear_kernel (None: mma_fused with the layer kernels)
     fused_sampling: bool | None = None     # EngineConfig.fused_sampling (None: on a GPU with the layer kernels)
     dependent_launch: bool | None = None   # EngineConfig.dependent_launch (None: wherever it applies)
@@ -88,7 +87,6 @@ class BenchSetup:
                    posterior_threshold=self.posterior_threshold, posterior_alpha=self.posterior_alpha,
                    prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
                    speculative_disable_by_batch_size=self.speculative_disable_by_batch_size,
-                   attention_kernel=self.attention_kernel,
                    linear_kernel=self.linear_kernel, fused_sampling=self.fused_sampling,
                    dependent_launch=self.dependent_launch, spec_step_graph=self.spec_step_graph,
                    prefill_kernels=self.prefill_kernels)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from protospec.layout import ATTENTION_PATHS, LINEAR_KERNELS
+from protospec.layout import LINEAR_KERNELS
 
 ON_OFF = {"auto": None, "on": True, "off": False}  # a three-way engine setting as EngineConfig takes it
 
@@ -14,12 +14,9 @@ def add_engine_flags(p) -> None:
     p.add_argument("--layer-kernels", default="auto", choices=list(ON_OFF),
                    help="decode-shaped forwards on the Numba layer kernels (5-9 kernels a layer instead of ~20); "
                         "auto = on CUDA for float16/float32")
-    p.add_argument("--attention-kernel", default="auto", choices=["auto", *ATTENTION_PATHS],
-                   help="the layer kernels' paged attention for every decode-shaped forward (auto: by shape, "
-                        "mma for fp16 in whole 16-key tiles)")
     p.add_argument("--linear-kernel", default="auto", choices=["auto", *LINEAR_KERNELS],
-                   help="cublas (no fusion), mma (the tensor-core GEMV) or mma_fused (norms, RoPE, SiLU folded "
-                        "in; auto)")
+                   help="cublas (torch's linears, no fusion) or mma_fused (the tensor-core GEMV with the norms, "
+                        "RoPE and SiLU folded in; auto)")
     p.add_argument("--fused-sampling", default="auto", choices=list(ON_OFF),
                    help="each draft step's softmax and sample (and the verify's softmax) as Numba kernels over "
                         "vocabulary slices instead of torch's ops (auto: on a GPU with the layer kernels)")
@@ -33,14 +30,13 @@ def add_engine_flags(p) -> None:
 
 
 def auto_as_none(choice: str) -> str | None:
-    """A kernel choice (--attention-kernel, --linear-kernel) as EngineConfig takes it: "auto" is None,
-    the engine's choice."""
+    """--linear-kernel as EngineConfig takes it: "auto" is None, the engine's choice."""
     return None if choice == "auto" else choice
 
 
 def engine_switches(args: argparse.Namespace) -> dict:
     """The settings the flags chose, as BenchSetup's keywords."""
     return dict(layer_kernels=ON_OFF[args.layer_kernels],
-                attention_kernel=auto_as_none(args.attention_kernel), linear_kernel=auto_as_none(args.linear_kernel),
+                linear_kernel=auto_as_none(args.linear_kernel),
                 fused_sampling=ON_OFF[args.fused_sampling], prefill_kernels=ON_OFF[args.prefill_kernels],
                 dependent_launch=ON_OFF[args.dependent_launch], spec_step_graph=ON_OFF[args.spec_step_graph])

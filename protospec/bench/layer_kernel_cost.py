@@ -3,9 +3,9 @@
     python -m protospec.bench.layer_kernel_cost [--model JackFram/llama-160m] [--output-json PATH]
 
 Shapes: the model's (dummy weights, float16), batch 1, a context of --context keys, T = 1 (a draft
-decode step) and T = k + 1 = 6 (a verify). forward_mma is the layer
-kernels' forward with the tensor-core GEMV for its linear layers (forward_mma_fused: with the norms and
-SiLU folded into it), its "torch" column the same forward on cuBLAS. Each case is captured 20 times in one CUDA graph and the
+decode step) and T = k + 1 = 6 (a verify). forward_mma_fused is the layer
+kernels' forward with the fused tensor-core GEMVs for its linear layers, its "torch" column the same
+forward on cuBLAS. Each case is captured 20 times in one CUDA graph and the
 graph replayed; time per case = replay time / 20 (CUDA events): kernels plus the gaps between them,
 as the engine's graphs run them.
 """
@@ -66,8 +66,7 @@ def cases(model, tokens: int, context: int, block_size: int = 16) -> dict[str, t
         "attention_mask_plan": (None, lambda: plan_attention(pos, meta, dtype)),
         "silu_and_mul": (lambda: silu_and_mul(gate_up), lambda: F.silu(gate_up[:, : cfg.intermediate_size]) * gate_up[:, cfg.intermediate_size:]),
         "forward": _forward_case(model, inputs),
-        "forward_mma": _mma_linear_case(model, inputs, "mma"),
-        "forward_mma_fused": _mma_linear_case(model, inputs, "mma_fused"),
+        "forward_mma_fused": _fused_linear_case(model, inputs),
         **_sampling_cases(cfg.vocab_size, tokens, dev),
     }
 
@@ -116,14 +115,14 @@ def _forward_case(model, inputs):
     return run(True), run(False)
 
 
-def _mma_linear_case(model, inputs, linear: str):
-    """The layer kernels' forward with its linear layers on the tensor-core GEMV (kernels/linear/gemv_mma.py;
-    mma_fused: the norms and SiLU folded into it), beside the same forward on cuBLAS (the "torch" column)."""
+def _fused_linear_case(model, inputs):
+    """The layer kernels' forward with its linear layers on the fused tensor-core GEMV
+    (kernels/linear/gemv_mma.py), beside the same forward on cuBLAS (the "torch" column)."""
     from protospec.model.layer_kernels import LayerKernelForward
 
     on_cublas = _forward_case(model, inputs)[0]
     kernels = model.layer_kernels
-    mma = LayerKernelForward(model, kernels.attention_path, linear=linear)
+    mma = LayerKernelForward(model, linear="mma_fused")
     caches = _caches(model, inputs)
 
     def fn():

@@ -29,7 +29,7 @@ from protospec.speculation.ngram_loop import NgramLoop
 from protospec.errors import ConfigError, ModelOutputError, OutOfKVBlocksError, VocabMismatchError
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
 from protospec.kernels.linear.layer_ops import ACTIVATION_DTYPES
-from protospec.model.layer_kernels import (check_attention_kernel, check_linear_kernel, enable_layer_kernels,
+from protospec.model.layer_kernels import (check_linear_kernel, enable_layer_kernels,
                                           resolve_dependent_launch)
 from protospec.model.loader import load_model
 from protospec.model.runner import ModelRunner
@@ -68,8 +68,8 @@ class Engine:
         if self.plan.layer_kernels:
             for m in (target, draft):
                 if m is not None:
-                    enable_layer_kernels(m, self.plan.attention_kernel, self.plan.linear_kernel,
-                                           self.plan.dependent_launch, self.plan.prefill_kernels)
+                    enable_layer_kernels(m, self.plan.linear_kernel, self.plan.dependent_launch,
+                                         self.plan.prefill_kernels)
         self.num_blocks = size_kv_pool(config, self.device, self.dtype, self.max_model_len + self.look.extra_positions,
                                        [m for m in (target, draft) if m is not None])
         self._sampling_cache: tuple[list[Sequence], SamplingTensors] | None = None
@@ -113,7 +113,6 @@ class Engine:
         fused_sampling = cfg.fused_sampling
         if fused_sampling is None:  # the sampling kernels by default only where they were measured faster
             fused_sampling = layer_kernels and self.device.type == "cuda"
-        check_attention_kernel(cfg.attention_kernel, layer_kernels, models, self.dtype, cfg.block_size)
         check_linear_kernel(cfg.linear_kernel, layer_kernels)
         linear_kernel = cfg.linear_kernel or ("mma_fused" if layer_kernels else "cublas")
         prefill_kernels = cfg.prefill_kernels if cfg.prefill_kernels is not None else self.device.type == "cuda"
@@ -125,7 +124,7 @@ class Engine:
         if cuda_graphs and self.device.type != "cuda":
             raise ConfigError("cuda_graphs=True needs a CUDA device")
         return KernelPlan(
-            layer_kernels=layer_kernels, attention_kernel=cfg.attention_kernel, linear_kernel=linear_kernel,
+            layer_kernels=layer_kernels, linear_kernel=linear_kernel,
             dependent_launch=resolve_dependent_launch(cfg.dependent_launch, linear_kernel, layer_kernels, self.device),
             prefill_kernels=prefill_kernels, fused_sampling=self._resolve_kernel_flag("fused_sampling", fused_sampling),
             fused_rejection=cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda",

@@ -60,44 +60,27 @@ def resolve_dependent_launch(setting: bool | None, linear: str, layer_kernels_on
         return False
     if not tensor_core_linears:
         raise ConfigError(f"dependent_launch=True needs the tensor-core linears (layer kernels on, linear_kernel "
-                          f"mma or mma_fused; here layer kernels {'on' if layer_kernels_on else 'off'}, {linear!r})")
+                          f"mma_fused; here layer kernels {'on' if layer_kernels_on else 'off'}, {linear!r})")
     if not dependent_launch.supported(device):
         raise ConfigError(f"dependent_launch=True needs compute capability {dependent_launch.MIN_CAPABILITY} or "
                           f"later; {device} has {torch.cuda.get_device_capability(device)}")
     return True
 
 
-def check_attention_kernel(path: str | None, layer_kernels_on: bool, models: list, dtype: torch.dtype,
-                           block_size: int) -> None:
-    """EngineConfig.attention_kernel, before anything is built: a forced kernel needs the layer kernels
-    to run at all, and must serve every model's head size with this dtype and block size."""
-    if path is None:
-        return
-    if not layer_kernels_on:
-        raise ConfigError(f"attention_kernel={path!r} needs the layer kernels (layer_kernels is off here)")
-    for model in models:
-        head_dim = model.config.head_dim
-        if not attention_kernel.serves(path, head_dim, dtype, block_size):
-            raise ConfigError(f"attention_kernel={path!r} cannot serve head_dim {head_dim}, dtype {dtype}, "
-                              f"block_size {block_size}")
-
-
-def enable_layer_kernels(model, attention_path: str | None = None, linear: str = "cublas",
-                         dependent_launch: bool = False, long_chunks: bool = False) -> None:
+def enable_layer_kernels(model, linear: str = "cublas", dependent_launch: bool = False,
+                         long_chunks: bool = False) -> None:
     """Run `model`'s decode-shaped forwards (a few tokens per sequence) on the Numba layer kernels,
-    5-9 kernels per layer instead of ~20; prefill keeps the torch path. attention_path: one of
-    layout.ATTENTION_PATHS, or None to choose by shape; linear: one of layout.LINEAR_KERNELS;
+    5-9 kernels per layer instead of ~20; prefill keeps the torch path. linear: one of layout.LINEAR_KERNELS;
     dependent_launch: the tensor-core GEMVs start while the kernel before them ends
     (kernels/launch/dependent_launch.py); long_chunks: a prefill at batch 1 on the layer kernels too
     (LayerKernelForward.applies). Call after model.place()."""
-    model.layer_kernels = LayerKernelForward(model, attention_path, linear, dependent_launch, long_chunks)
+    model.layer_kernels = LayerKernelForward(model, linear, dependent_launch, long_chunks)
 
 
 class LayerKernelForward:
     """The kernel path of one LlamaForCausalLM (holds its RoPE tables in the activations' dtype)."""
 
-    def __init__(self, model, attention_path: str | None = None, linear: str = "cublas", dependent: bool = False,
-                 long_chunks: bool = False):
+    def __init__(self, model, linear: str = "cublas", dependent: bool = False, long_chunks: bool = False):
         cfg = model.config
         self.dtype = model.model.embed_tokens.weight.dtype
         if self.dtype not in ACTIVATION_DTYPES:
@@ -106,11 +89,10 @@ class LayerKernelForward:
         self.cos = model.rope.cos.to(self.dtype).contiguous()  # [P, d]
         self.sin = model.rope.sin.to(self.dtype).contiguous()
         self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
-        self.attention_path = attention_path  # None: paged_attention chooses by shape
         self._row_ids = torch.arange(4096, device=self.cos.device)  # [0, 1, ...]: "every row" for add_rms_norm
         if linear not in LINEAR_KERNELS:
             raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
-        self.linear = linear  # "mma" / "mma_fused": the tensor-core GEMV (kernels/linear/gemv_mma.py) where it applies
+        self.linear = linear  # "mma_fused": the tensor-core GEMV (kernels/linear/gemv_mma.py) where it applies
         self.dependent = dependent  # the tensor-core GEMVs as programmatic dependents (kernels/launch/dependent_launch.py)
         # Uniform chunks longer than MAX_QUERY_LEN (a prefill at batch 1) on the 9-kernel path too (cuBLAS
         # for the linears, the Numba norms, RoPE with the cache store, attention and SiLU x up between them)
@@ -120,6 +102,8 @@ class LayerKernelForward:
         self.long_chunks = long_chunks
         self._folded_head = None  # (the weights it was made from, the LM head times the final norm's weight)
         self._served: dict[int, bool] = {}  # cache block size -> whether a paged-attention kernel holds this model
+        # Where the fused forms do not take the model's shapes, its linears still take the tensor-core GEMV
+        # one by one (_linear), with the separate norms and RoPE between them.
         self.fuses = (linear == "mma_fused" and self.dtype == torch.float16 and self.head_dim % 16 == 0
                       and gemv_mma.supports(cfg.hidden_size) and gemv_mma.supports(cfg.intermediate_size))
 
@@ -171,8 +155,7 @@ class LayerKernelForward:
             qkv = self._linear(h, layer.qkv_weight)
             q = rope_and_cache(qkv, positions, self.cos, self.sin, kv_cache, meta.slot_mapping,
                                self.num_heads)  # [T, h, d]; K/V now in the cache
-            attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
-                                                    path=self.attention_path)
+            attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale)
             o = self._linear(attn, layer.self_attn.o_proj.weight)
             h, residual = add_rms_norm(o, residual, norm2.weight, norm2.eps, rows)
             act = silu_and_mul(self._linear(h, layer.gate_up_weight))
@@ -205,7 +188,7 @@ class LayerKernelForward:
             q, residual = gemv_mma.gemv_mma(x, layer.qkv_weight, norm1.weight, residual, norm1.eps, x_rows=x_rows,
                                             rope=rope, dependent_launch=dep)  # [T, h, d]; K/V now in the cache
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
-                                                    path=self.attention_path, dependent_launch=dep)
+                                                    dependent_launch=dep)
             o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep, allow_early=True)
             act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True,
                                               dependent_launch=dep, allow_early=True)

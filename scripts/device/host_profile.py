@@ -1,7 +1,7 @@
 """Where the host's time goes in one generate() of the seed configuration (dummy weights, graph mode):
 cProfile of a timed call after warm-ups, functions by their own time and by cumulative time. At
 batch 64 the GPU idles about half of a call, waiting for the host; this says on what.
-python3 scripts/device/host_profile.py [--batch-size 64] [--top 35] [--fused-sampling] [--linear-kernel cublas]"""
+python3 scripts/device/host_profile.py [--batch-size 64] [--top 35] [--fused-sampling auto|on|off] [--linear-kernel cublas]"""
 import argparse
 import cProfile
 import pstats
@@ -14,11 +14,12 @@ from protospec.bench.ablation import BenchSetup
 p = argparse.ArgumentParser()
 p.add_argument("--batch-size", type=int, default=64)
 p.add_argument("--top", type=int, default=35)
-p.add_argument("--fused-sampling", action="store_true", help="the sampling kernels instead of torch's ops")
+p.add_argument("--fused-sampling", choices=["auto", "on", "off"], default="auto",
+               help="the sampling kernels or torch's ops (auto: the engine's choice)")
 p.add_argument("--linear-kernel", default=None, help="EngineConfig.linear_kernel (default: the engine's choice)")
 args = p.parse_args()
 setup = BenchSetup("JackFram/llama-160m", "JackFram/llama-68m", 5, 256, 128, args.batch_size, 3, 1,
-                   load_format="dummy", temperature=1.0, fused_sampling=args.fused_sampling,
+                   load_format="dummy", temperature=1.0, fused_sampling={"auto": None, "on": True, "off": False}[args.fused_sampling],
                    linear_kernel=args.linear_kernel)
 llm = setup.llm(draft_loop="graph")
 prompts, params = setup.prompts(llm.engine.vocab_size), setup.params()

@@ -27,13 +27,12 @@ import torch
 from numba import float32
 
 from protospec.errors import KernelArgumentError
-from protospec.layout import ATTENTION_PATHS
 from protospec.kernels.attention import by_kv_head, mma as by_mma
 from protospec.kernels.launch import dependent_launch as dependents, interop
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.launch.interop import check_tensor, cuda
 
-PATHS = ATTENTION_PATHS
+PATHS = ("by_kv_head", "mma")
 # by_kv_head's split-K (mma has its own, mma.BLOCKS_PER_SM) spreads a grid that does not fill the GPU until BLOCKS_PER_SM blocks per SM.
 BLOCKS_PER_SM = 2
 
@@ -42,14 +41,6 @@ def supports(num_heads: int, head_dim: int, max_keys: int, dtype: torch.dtype, b
              device: torch.device | None = None) -> bool:
     """Whether the kernels can serve a layout (checked on the host; otherwise use the torch path)."""
     return choose_path(head_dim, dtype, block_size, device) is not None and num_heads >= 1 and max_keys >= 1
-
-
-def serves(path: str, head_dim: int, dtype: torch.dtype, block_size: int) -> bool:
-    """Whether `path` can run attention of this head size, dtype and cache block size (an engine
-    checks a forced path once, before it builds anything)."""
-    if path == "by_kv_head":
-        return by_kv_head.supports(head_dim)
-    return path == "mma" and dtype == torch.float16 and by_mma.supports(head_dim, block_size)
 
 
 @functools.cache

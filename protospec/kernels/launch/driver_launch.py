@@ -1,5 +1,5 @@
-"""Kernel launches through the CUDA driver, by ctypes: one cuLaunchKernel, cuLaunchCooperativeKernel
-or (for a programmatic dependent, kernels/launch/dependent_launch.py) cuLaunchKernelEx on a given stream,
+"""Kernel launches through the CUDA driver, by ctypes: one cuLaunchKernel or (for a programmatic
+dependent, kernels/launch/dependent_launch.py) cuLaunchKernelEx on a given stream,
 with a prebuilt parameter array (interop.TensorLaunch builds it). torch has initialised the driver
 and made the context current by the time a kernel launches; a launch on torch's current stream is
 captured by torch.cuda.graph like any other.
@@ -33,21 +33,15 @@ def dependent_launch_config(grid: int, block: int, stream_handle: int) -> _Launc
     return config
 
 
-def cu_launch(function, grid: int, block: int, stream_handle: int, params, cooperative: bool = False,
-               dependent: bool = False) -> None:
-    """One cuLaunchKernel (1-D grid and block, no dynamic shared memory) on the given stream; a kernel
-    that syncs its whole grid (cuda.cg.this_grid().sync()) needs cuLaunchCooperativeKernel instead,
-    which also checks that every block of the grid can be resident at once; a dependent launch
-    (launch/dependent_launch.py) goes through cuLaunchKernelEx with the programmatic serialization attribute."""
-    if dependent and not cooperative:
+def cu_launch(function, grid: int, block: int, stream_handle: int, params, dependent: bool = False) -> None:
+    """One cuLaunchKernel (1-D grid and block, no dynamic shared memory) on the given stream; a dependent
+    launch (launch/dependent_launch.py) goes through cuLaunchKernelEx with the programmatic serialization attribute."""
+    if dependent:
         if not hasattr(_libcuda(), "cuLaunchKernelEx"):
             raise RuntimeError("this CUDA driver has no cuLaunchKernelEx (CUDA 11.8 or later): no dependent launches")
         config = dependent_launch_config(grid, block, stream_handle)
         rc = _libcuda().cuLaunchKernelEx(ctypes.byref(config), function, params, None)
         what = "cuLaunchKernelEx"
-    elif cooperative:
-        rc = _libcuda().cuLaunchCooperativeKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params)
-        what = "cuLaunchCooperativeKernel"
     else:
         rc = _libcuda().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream_handle, params, None)
         what = "cuLaunchKernel"
@@ -65,8 +59,6 @@ def _libcuda():
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuLaunchKernel.restype = ctypes.c_int
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        lib.cuLaunchCooperativeKernel.restype = ctypes.c_int
-        lib.cuLaunchCooperativeKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 2
         if hasattr(lib, "cuLaunchKernelEx"):  # CUDA 11.8 and later; only dependent launches need it
             lib.cuLaunchKernelEx.restype = ctypes.c_int
             lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p] * 4

@@ -118,7 +118,6 @@ class BoundLaunch:
         self._keep = list(tensors_and_scalars)  # the tensors must outlive the binding
         args = [as_numba(a) if isinstance(a, torch.Tensor) else a for a in tensors_and_scalars]
         compiled, self._function = _specialize(kernel, args)
-        self._cooperative = compiled.cooperative  # syncs its whole grid: a cooperative launch
         marshalled, writebacks = [], []
         for ty, value in zip(compiled.argument_types, args):
             compiled._prepare_args(ty, value, 0, writebacks, marshalled)
@@ -132,8 +131,7 @@ class BoundLaunch:
     def __call__(self, stream_handle: int | None = None) -> None:
         if stream_handle is None:
             stream_handle = torch.cuda.current_stream(self._device).cuda_stream
-        _cu_launch(self._function, self.grid, self.block, stream_handle, self._params, self._cooperative,
-                   self._dependent)
+        _cu_launch(self._function, self.grid, self.block, stream_handle, self._params, self._dependent)
 
 
 def array_fields(t: torch.Tensor) -> list[int]:
@@ -213,7 +211,7 @@ class TensorLaunch:
         compiled, function = _specialize(self.kernel, [as_numba(a) if isinstance(a, torch.Tensor) else a for a in args])
         self.compiled_kernels[self._signature(args)] = compiled
         device = next(a for a in args if isinstance(a, torch.Tensor)).device
-        return function, _Parameters(compiled.argument_types, args), compiled.cooperative, device
+        return function, _Parameters(compiled.argument_types, args), device
 
     def __call__(self, grid: int, block: int, args: list, dependent: bool = False) -> None:
         """args: C-contiguous CUDA tensors and Python ints (callers check them with check_tensor).
@@ -221,9 +219,9 @@ class TensorLaunch:
         key = self._signature(args)
         if key not in self._compiled:
             self._compiled[key] = self._compile(args)
-        function, parameters, cooperative, device = self._compiled[key]
+        function, parameters, device = self._compiled[key]
         _cu_launch(function, grid, block, torch.cuda.current_stream(device).cuda_stream, parameters.fill(args),
-                   cooperative, dependent)
+                   dependent)
 
 
 # Each scalar type Numba infers from a Python int or float, as struct packs it into an 8-byte slot.
@@ -266,6 +264,8 @@ def compiled_resources(kernel, threads_per_block: int) -> list[dict]:
 def _specialize(kernel, numba_args: list) -> tuple:
     """Compile `kernel` for these arguments' types: (Numba's compiled kernel, its CUfunction handle)."""
     compiled = next(iter(kernel.specialize(*numba_args).overloads.values()))
+    if compiled.cooperative:  # a grid sync needs a cooperative launch, which these launches are not
+        raise RuntimeError(f"{kernel.__name__} syncs its whole grid; the bound launches do not launch cooperatively")
     return compiled, ctypes.c_void_p(_handle_as_int(compiled._codelibrary.get_cufunc().handle))
 
 

@@ -35,12 +35,6 @@ if interop.SIMULATOR:
         return h[0], h[1], h[2], h[3]
 
     @cuda.jit(device=True)
-    def unpack_f32x2(word):
-        """The two float32 values of an int64 word (lowest address first)."""
-        f = _bits(word).view(np.float32)
-        return f[0], f[1]
-
-    @cuda.jit(device=True)
     def load_flat(array, index):
         """array's element `index` in C order (read only)."""
         return array.reshape(-1)[index]
@@ -72,18 +66,6 @@ else:
         def codegen(context, builder, sig, args):
             w = context.cast(builder, args[0], sig.args[0], types.int64)
             values = [builder.fpext(builder.bitcast(b, ir.HalfType()), ir.FloatType()) for b in _fields(builder, w, 16, 4)]
-            return context.make_tuple(builder, sig.return_type, values)
-
-        return signature, codegen
-
-    @intrinsic
-    def unpack_f32x2(typingctx, word):  # noqa: ARG001
-        """The two float32 values of an int64 word (lowest address first)."""
-        signature = types.UniTuple(types.float32, 2)(word)
-
-        def codegen(context, builder, sig, args):
-            w = context.cast(builder, args[0], sig.args[0], types.int64)
-            values = [builder.bitcast(b, ir.FloatType()) for b in _fields(builder, w, 32, 2)]
             return context.make_tuple(builder, sig.return_type, values)
 
         return signature, codegen
