@@ -46,9 +46,7 @@ def toolkit_without_nvrtc() -> None:
 
 
 def assemble(py_func, signature: tuple, options: dict, workdir: str) -> tuple[str, str]:
-    """The kernel's PTX for sm_90 assembled by ptxas -v: (ptxas's report, the cubin's path). A kernel
-    calling the device runtime (a cooperative grid sync) links against it at load time: assembled as
-    relocatable code it gets its registers, but ptxas then reports no shared memory."""
+    """The kernel's PTX for sm_90 assembled by ptxas -v: (ptxas's report, the cubin's path)."""
     return assemble_ptx(kernel_ptx(py_func, signature, options), options, workdir)
 
 
@@ -70,16 +68,13 @@ def assemble_ptx(ptx: str, options: dict, workdir: str) -> tuple[str, str]:
     command = ["ptxas", f"-arch={ARCH}", "-v", *cap, path, "-o", cubin]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
-        done = subprocess.run(command[:3] + ["-c"] + command[3:], capture_output=True, text=True, check=True)
-        return done.stderr + "\n(relocatable)", cubin
+        raise RuntimeError(f"ptxas failed on the kernel's PTX: {done.stderr.strip()}")
     return done.stderr, cubin
 
 
 def kernel_usage(py_func, signature: tuple, options: dict, workdir: str) -> dict:
-    """assemble()'s figures: parse_ptxas's (shared_bytes None: not reported, relocatable code)."""
-    report, _ = assemble(py_func, signature, options, workdir)
-    usage = parse_ptxas(report)
-    return dict(usage, shared_bytes=None) if report.endswith("(relocatable)") else usage
+    """assemble()'s figures, as parse_ptxas reads them."""
+    return parse_ptxas(assemble(py_func, signature, options, workdir)[0])
 
 
 PARTS = ("attention", "layers", "sampling", "draft_inputs", "forwards")  # gpu_typecheck's groups of kernels
@@ -124,9 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.match not in name:
                 continue
             u = kernel_usage(kernel.py_func, signature, kernel.targetoptions, workdir)
-            shared = "?" if u["shared_bytes"] is None else u["shared_bytes"]
             print(f"{u['registers']:4d} registers  {u['spill_stores']:4d}/{u['spill_loads']:<4d} bytes spilled "
-                  f"(stores/loads)  {shared:>6} bytes shared  {name}")
+                  f"(stores/loads)  {u['shared_bytes']:>6} bytes shared  {name}")
     return 0
 
 
