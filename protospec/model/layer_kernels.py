@@ -35,7 +35,7 @@ from protospec.kernels.linear.layer_ops import ACTIVATION_DTYPES, add_rms_norm, 
 from protospec.model.llama import logits_float32
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path, unless long_chunks
-# Token rows up to which the tensor-core GEMV (and with mma_fused the fused forward) serves a forward:
+# Token rows up to which the tensor-core GEMV (the fused forward where the shapes fuse) serves a forward:
 # past it cuBLAS's GEMM tiles, reusing the weights across many rows in shared memory, win
 # (bench.gemv_cost times both by rows; data/results/README.md has the crossovers). The LM head
 # crosses over sooner than the layers' linears (the same table), so past LM_HEAD_MAX_ROWS rows it

@@ -35,6 +35,6 @@ def tensor_core_gemv_forms() -> None:
                               residual_squares=torch.zeros(6, 768, dtype=half))
         gemv_mma(torch.zeros(6, 768, dtype=half), torch.zeros(40, 768, dtype=half), x_rows=ids,  # the folded LM head
                  out_dtype=torch.float32, dependent_launch=dependent, row_squares=squares)
-        gemv_mma(h[:6], torch.zeros(40, 768, dtype=half), dependent_launch=dependent)  # linear="mma": a plain one
+        gemv_mma(h[:6], torch.zeros(40, 768, dtype=half), dependent_launch=dependent)  # a plain one (mma_fused where the shapes do not fuse)
         gemv_mma(h[:6], torch.zeros(40, 768, dtype=half), out_dtype=torch.float32, dependent_launch=dependent)
         gemv_mma(h[:6], unaligned, dependent_launch=dependent)

@@ -10,16 +10,18 @@ import time
 import torch
 
 from protospec.bench.ablation import BenchSetup
+from protospec.bench.engine_flags import ON_OFF
+from protospec.layout import LINEAR_KERNELS
 
 p = argparse.ArgumentParser()
 p.add_argument("--batch-size", type=int, default=64)
 p.add_argument("--top", type=int, default=35)
-p.add_argument("--fused-sampling", choices=["auto", "on", "off"], default="auto",
+p.add_argument("--fused-sampling", choices=list(ON_OFF), default="auto",
                help="the sampling kernels or torch's ops (auto: the engine's choice)")
-p.add_argument("--linear-kernel", default=None, help="EngineConfig.linear_kernel (default: the engine's choice)")
+p.add_argument("--linear-kernel", default=None, choices=LINEAR_KERNELS, help="EngineConfig.linear_kernel (default: the engine's choice)")
 args = p.parse_args()
 setup = BenchSetup("JackFram/llama-160m", "JackFram/llama-68m", 5, 256, 128, args.batch_size, 3, 1,
-                   load_format="dummy", temperature=1.0, fused_sampling={"auto": None, "on": True, "off": False}[args.fused_sampling],
+                   load_format="dummy", temperature=1.0, fused_sampling=ON_OFF[args.fused_sampling],
                    linear_kernel=args.linear_kernel)
 llm = setup.llm(draft_loop="graph")
 prompts, params = setup.prompts(llm.engine.vocab_size), setup.params()
