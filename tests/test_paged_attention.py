@@ -2,13 +2,15 @@
 tile boundaries, 1 and k + 1 queries, padding rows, fp16 and fp32, every split of the keys (the
 simulator on CPU, the GPU where there is one)."""
 
+from unittest.mock import patch
+
 import pytest
 import torch
 
 from protospec.model.attention import paged_attention as torch_paged_attention, plan_attention
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
-from protospec.kernels.attention import by_kv_head, paged_attention as kernel
+from protospec.kernels.attention import by_kv_head, mma as by_mma, paged_attention as kernel
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, SIMULATOR
 from protospec.kernels.primitives import arrivals
@@ -155,6 +157,16 @@ def test_the_head_size_chooses_the_path_and_the_shape_the_split():
     assert kernel.choose_splits(target, 4096, 32, dev) == 1             # enough groups: no split-K
     assert kernel.choose_splits(1, 1 << 20, 32, dev) == target          # few groups: spread wide
     assert kernel.choose_splits(1, 3 * 32, 32, dev) == 3                # no more splits than key steps
+    assert kernel.choose_splits(1, 1023, 32, dev, min_keys=1024) == 1   # a table narrower than min_keys: one
+    assert kernel.choose_splits(1, 1024, 32, dev, min_keys=1024) == target
+    # mma at one decode row a KV head (the seed target at batch 1 on a GPU of 132 SMs: 12 blocks of 8
+    # warps): one split in the 512-key tables of the seed's context, four in 1,024-key tables, eight in
+    # 2,048; none once the blocks outnumber the SMs (batch 16: 192 blocks).
+    mma_rule = dict(step_keys=by_mma.keys_per_split(8), device=dev, blocks_per_sm=by_mma.BLOCKS_PER_SM,
+                    min_keys=by_mma.MIN_SPLIT_KEYS)
+    with patch.object(interop, "sm_count", lambda device: 132):
+        assert [kernel.choose_splits(12, keys, **mma_rule) for keys in (512, 1024, 2048)] == [1, 4, 8]
+        assert kernel.choose_splits(16 * 12, 2048, **mma_rule) == 1
     # Rows per block halve where the batch leaves the SMs short of blocks (batch 16 of an MHA verify).
     assert by_kv_head.rows_per_block(6, kv_pairs=16 * 12, sm_count=132) == 3
     assert by_kv_head.rows_per_block(6, kv_pairs=64 * 12, sm_count=132) == 6

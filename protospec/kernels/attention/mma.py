@@ -32,10 +32,13 @@ MAX_WARPS = 8             # warps a block (each walks its own 16-key tiles): 8 x
 WARPS_PER_SM = 12
 SIMULATOR_WARPS = 2       # the simulator runs an OS thread per lane: the merge across warps with few of them
 FASTMATH = True
-# Split-K spreads a small grid until this many blocks per SM (paged_attention.choose_splits), with at
-# least TILES_PER_SPLIT steps of the block's keys per split (keys_per_split).
-BLOCKS_PER_SM = 2
-TILES_PER_SPLIT = 8
+# Split-K spreads a grid of fewer blocks than SMs until this many blocks per SM (paged_attention.choose_splits),
+# with at least TILES_PER_SPLIT steps of the block's keys per split (keys_per_split), and only for block
+# tables at least MIN_SPLIT_KEYS wide: in a narrower one a split's partials and their combine cost more
+# than the walk they save (bench.attention_cost times the split factors by context).
+BLOCKS_PER_SM = 1
+TILES_PER_SPLIT = 2
+MIN_SPLIT_KEYS = 1024
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
 MERGE_BYTES = 40 * 1024
@@ -73,8 +76,7 @@ def keys_in_flight(warps: int) -> int:
 
 def keys_per_split(warps: int) -> int:
     """The fewest keys (of the widest context the block table allows) worth a split of their own:
-    TILES_PER_SPLIT steps of the block. A split's partials and their combine cost about as much as
-    several tiles, so at the seed shapes (320 keys, tables of 512) one split measured fastest."""
+    TILES_PER_SPLIT steps of the block (in tables at least MIN_SPLIT_KEYS wide)."""
     return keys_in_flight(warps) * TILES_PER_SPLIT
 
 
