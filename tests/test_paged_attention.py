@@ -160,12 +160,13 @@ def test_the_head_size_chooses_the_path_and_the_shape_the_split():
     assert kernel.choose_splits(1, 1023, 32, dev, min_keys=1024) == 1   # a table narrower than min_keys: one
     assert kernel.choose_splits(1, 1024, 32, dev, min_keys=1024) == target
     # mma at one decode row a KV head (the seed target at batch 1 on a GPU of 132 SMs: 12 blocks of 8
-    # warps): one split in the 512-key tables of the seed's context, four in 1,024-key tables, eight in
-    # 2,048; none once the blocks outnumber the SMs (batch 16: 192 blocks).
+    # warps): one split in the 512-key tables of the seed's context, four (a split per 256 keys) in
+    # 1,024-key tables and no more in wider ones; none once the blocks outnumber the SMs (batch 16: 192).
     mma_rule = dict(step_keys=by_mma.keys_per_split(8), device=dev, blocks_per_sm=by_mma.BLOCKS_PER_SM,
-                    min_keys=by_mma.MIN_SPLIT_KEYS)
+                    min_keys=by_mma.MIN_SPLIT_KEYS, max_splits=by_mma.MAX_SPLITS)
     with patch.object(interop, "sm_count", lambda device: 132):
-        assert [kernel.choose_splits(12, keys, **mma_rule) for keys in (512, 1024, 2048)] == [1, 4, 8]
+        assert [kernel.choose_splits(12, keys, **mma_rule) for keys in (512, 1024, 2048, 8192)] == [1, 4, 4, 4]
+        assert kernel.choose_splits(48, 1024, **mma_rule) == 3             # batch 4: 48 blocks, 3 splits fill 132 SMs
         assert kernel.choose_splits(16 * 12, 2048, **mma_rule) == 1
     # Rows per block halve where the batch leaves the SMs short of blocks (batch 16 of an MHA verify).
     assert by_kv_head.rows_per_block(6, kv_pairs=16 * 12, sm_count=132) == 3

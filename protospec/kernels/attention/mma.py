@@ -35,10 +35,12 @@ FASTMATH = True
 # Split-K spreads a grid of fewer blocks than SMs until this many blocks per SM (paged_attention.choose_splits),
 # with at least TILES_PER_SPLIT steps of the block's keys per split (keys_per_split), and only for block
 # tables at least MIN_SPLIT_KEYS wide: in a narrower one a split's partials and their combine cost more
-# than the walk they save (bench.attention_cost times the split factors by context).
+# than the walk they save (bench.attention_cost times the split factors by context); at most MAX_SPLITS,
+# the most timed to pay.
 BLOCKS_PER_SM = 1
 TILES_PER_SPLIT = 2
 MIN_SPLIT_KEYS = 1024
+MAX_SPLITS = 4
 MAX_HEAD_DIM = 128        # a lane holds ~head_dim * 1.5 words of Q, K, V and O: beyond 128 they would spill
 # The warps' merged rows live in static shared memory (48 KB at most per block): keep them under this.
 MERGE_BYTES = 40 * 1024

@@ -63,14 +63,14 @@ def choose_path(head_dim: int, dtype: torch.dtype | None = None, block_size: int
 
 
 def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.device, blocks_per_sm: int | None = None,
-                  min_keys: int = 0) -> int:
+                  min_keys: int = 0, max_splits: int | None = None) -> int:
     """The split-K factor of by_kv_head and mma: 1 where `groups` blocks already fill the GPU or the table
     is narrower than min_keys, else enough splits for blocks_per_sm (None: BLOCKS_PER_SM) blocks per SM,
-    at most one per block-step (step_keys) of the widest possible context."""
+    at most one per block-step (step_keys) of the widest possible context and at most max_splits."""
     target = (blocks_per_sm or BLOCKS_PER_SM) * interop.sm_count(device)
     if groups >= target or max_keys < min_keys:
         return 1
-    return max(1, min(-(-target // groups), -(-max_keys // step_keys)))
+    return max(1, min(-(-target // groups), -(-max_keys // step_keys), max_splits or target))
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
@@ -126,7 +126,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         warps = (by_mma.SIMULATOR_WARPS if interop.SIMULATOR
                  else by_mma.warps_per_block(groups, interop.sm_count(dev), group_rows, head_dim))
         parts = splits or choose_splits(groups, max_keys, by_mma.keys_per_split(warps), dev, by_mma.BLOCKS_PER_SM,
-                                        by_mma.MIN_SPLIT_KEYS)
+                                        by_mma.MIN_SPLIT_KEYS, by_mma.MAX_SPLITS)
         kernel, grid, threads = (by_mma.attention_kernel(group_rows, head_dim, warps, heads // kv_heads, dependent_launch),
                                  groups * parts, 32 * warps)
     if parts == 1:  # writes out itself; placeholders of the right rank, separate
