@@ -64,7 +64,7 @@ class Engine:
                               f"max_position_embeddings ({min(model_limits)}{', the smaller of the two models' if draft else ''}): "
                               "positions past it have no trained RoPE meaning; leave max_model_len unset or lower it")
         self.max_model_len = config.max_model_len or min(model_limits)
-        self.plan = self._resolve_kernel_plan([m for m in (target, draft) if m is not None])
+        self.plan = self._resolve_kernel_plan()
         if self.plan.layer_kernels:
             for m in (target, draft):
                 if m is not None:
@@ -105,7 +105,7 @@ class Engine:
         return MultiStepDecode(self.target, self.block_manager, self.config.max_num_seqs, self.max_blocks_per_seq,
                                self.fused_sampling, self.eos_token_id, graphs, self.config.device_wait_timeout_s)
 
-    def _resolve_kernel_plan(self, models: list) -> KernelPlan:
+    def _resolve_kernel_plan(self) -> KernelPlan:
         """The kernels this engine runs, from its config (None: the measured-fastest choice where it
         applies) and its device; an explicit choice that cannot hold here is an error naming why."""
         cfg = self.config
