@@ -6,9 +6,9 @@
 Why: at 6 tokens a CUDA-core GEMV loses to cuBLAS; a tensor-core product takes a 16x16
 weight tile and 8 token columns, so the loads set the pace again. Layout: one `mma.m16n8k16`
 (primitives/warp_mma.py) with A = a 16-row x 16-column weight tile, B = x^T (16 columns x 8 tokens), D = 16
-output rows x 8 tokens. A block owns 16 output rows and 8 token rows (the grid: row tiles x token
-tiles, a row tile's token tiles adjacent so its weights are read from memory once and from L2 after);
-its warps split K,
+output rows x 8 tokens. A block owns 16 output rows and a group of 8-row token tiles, taken one
+after another with its weights held in registers (the grid: row tiles x groups, a row tile's groups
+adjacent so its weights are read from memory once and from L2 after); its warps split K,
 each covering CHUNKS_PER_WARP chunks of 64 columns, and every weight word a warp needs is loaded
 before its first product (bytes in flight are what a memory-bound kernel needs). The sum over k does
 not care in which order the columns go into the products, so they go in the order that makes the
