@@ -1,9 +1,6 @@
-"""The tensor-core GEMV past 8 token rows: a block takes 8 (BLOCK_TOKENS) at a time, a group of such
-token tiles one after another (tile_group), the grid a group per block; each form must give, bit for
-bit, what calling it on each 8-row slice alone gives (a wrong offset in any token-indexed load or
-store, or a tile reading the last one's shared values, shows up here), and stay close to its torch
-twin. Groups of 2 over the 3 tiles end a block's loop early (the second group holds one tile);
-groups of 3 put the partial tile last in a block."""
+"""The tensor-core GEMV past 8 token rows: a block takes 8 (BLOCK_TOKENS), the grid adds a token tile
+per 8, so each form must give, bit for bit, what calling it on each 8-row slice alone gives (a wrong
+offset in any token-indexed load or store shows up here), and stay close to its torch twin."""
 import pytest
 import torch
 
@@ -40,7 +37,7 @@ def _same(a, b) -> bool:
 
 def test_the_plain_form_is_its_slices_and_matches_torch():
     x, _, _, w = _operands(1, TOKENS, 37, warps=2)
-    got = kernel.gemv_mma(x, w, tile_group=3)
+    got = kernel.gemv_mma(x, w)
     assert got.shape == (TOKENS, 37)
     assert torch.equal(got, _cat([kernel.gemv_mma(x[s].contiguous(), w) for s in _slices()]))
     torch.testing.assert_close(got.float(), torch.nn.functional.linear(x.float(), w.float()), atol=3e-3, rtol=3e-3)
@@ -50,7 +47,7 @@ def test_the_plain_form_is_its_slices_and_matches_torch():
 def test_the_normed_forms_are_their_slices(glu, dependent):
     """norm + residual (+ SiLU x up): the output and the residual stream each token tile writes."""
     x, residual, g, w = _operands(2 + glu, TOKENS, 32 if glu else 21)
-    got = kernel.gemv_mma(x, w, g, residual, 1e-6, glu=glu, dependent_launch=dependent, tile_group=2 + glu)
+    got = kernel.gemv_mma(x, w, g, residual, 1e-6, glu=glu, dependent_launch=dependent)
     sliced = _cat([kernel.gemv_mma(x[s].contiguous(), w, g, residual[s].contiguous(), 1e-6, glu=glu)
                    for s in _slices()])
     assert _same(got, sliced)
@@ -63,7 +60,7 @@ def test_gathered_rows_and_float32_logits_are_their_slices():
     """x_rows (the first layer's embedding rows, the LM head's wanted rows) offset by the token tile."""
     table, residual, g, w = _operands(4, 30, 16)
     rows = torch.tensor([7, 0, 29, 7, 3, 3, 12, 28, 1, 0, 5, 6, 9, 29, 2, 11, 4, 8, 20], device=DEV)
-    got = kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows, out_dtype=torch.float32, tile_group=2)
+    got = kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows, out_dtype=torch.float32)
     sliced = _cat([kernel.gemv_mma(table, w, g, residual, 1e-6, x_rows=rows[s].contiguous(), out_dtype=torch.float32)
                    for s in _slices(rows.shape[0])])
     assert _same(got, sliced)
@@ -84,7 +81,7 @@ def test_the_rope_epilogue_rotates_and_stores_every_token_tile():
     slots = torch.randperm(slots_total, generator=gen)[:TOKENS].to(DEV)
     slots[9] = -1  # a padding row inside the second tile: nothing stored for it
     whole_cache, sliced_cache = cache.clone(), cache.clone()
-    got = kernel.gemv_mma(x, w, rope=kernel.RopeCache(positions, cos, sin, whole_cache, slots, heads), tile_group=3)
+    got = kernel.gemv_mma(x, w, rope=kernel.RopeCache(positions, cos, sin, whole_cache, slots, heads))
     sliced = _cat([kernel.gemv_mma(x[s].contiguous(), w, rope=kernel.RopeCache(
         positions[s].contiguous(), cos, sin, sliced_cache, slots[s].contiguous(), heads)) for s in _slices()])
     assert torch.equal(got, sliced) and torch.equal(whole_cache, sliced_cache)
@@ -99,29 +96,15 @@ def test_the_final_norms_sums_of_squares_and_scaled_head_are_their_slices():
     scaled by them, over gathered rows."""
     x, _, _, w = _operands(6, TOKENS, kernel.COLUMNS_PER_WARP)
     residual = _operands(7, TOKENS, 16)[0]
-    got = kernel.gemv_mma(x, w, residual_squares=residual, tile_group=2)
+    got = kernel.gemv_mma(x, w, residual_squares=residual)
     sliced = _cat([kernel.gemv_mma(x[s].contiguous(), w, residual_squares=residual[s].contiguous()) for s in _slices()])
     assert _same(got, sliced)
     stream, squares = got
     head = _operands(8, 1, 24)[3]
     rows = torch.arange(TOKENS - 1, -1, -1, device=DEV)  # every row, reversed
-    logits = kernel.gemv_mma(stream, head, eps=1e-6, x_rows=rows, row_squares=squares, out_dtype=torch.float32,
-                             tile_group=3)
+    logits = kernel.gemv_mma(stream, head, eps=1e-6, x_rows=rows, row_squares=squares, out_dtype=torch.float32)
     assert torch.equal(logits, _cat([kernel.gemv_mma(stream, head, eps=1e-6, x_rows=rows[s].contiguous(),
                                                      row_squares=squares, out_dtype=torch.float32)
                                      for s in _slices()]))
     want = kernel.gemv_mma_reference(stream, head, eps=1e-6, x_rows=rows, row_squares=squares, out_dtype=torch.float32)
     torch.testing.assert_close(logits, want, atol=3e-3, rtol=3e-3)
-
-
-def test_the_group_rule_keeps_a_block_per_sm():
-    """The most tiles a block (a power of two, at most MAX_TILE_GROUP, at most the tiles there are) that
-    leave at least one block per SM; one where even single tiles do not fill the GPU."""
-    rule = kernel.tile_group_for
-    assert rule(192, 8, 132) == 8     # 64 rows of a gate/up projection: one block a row tile
-    assert rule(48, 8, 132) == 2      # ... of the o projection: 48 x 4 blocks
-    assert rule(144, 48, 132) == 8    # 384 rows of a qkv projection: 144 x 6 blocks
-    assert rule(48, 1, 132) == 1      # one token tile
-    assert rule(10, 3, 132) == 1      # too few blocks either way
-    assert rule(60, 3, 132) == 1      # two a block would leave 60 x 2 blocks
-    assert rule(100, 3, 132) == 2     # ... 100 x 2 here

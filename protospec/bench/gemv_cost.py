@@ -3,14 +3,12 @@
 and lost at every shape; it was retired (NOTES.md names the commit it lived in).
 
     python -m protospec.bench.gemv_cost [--shapes 768x2304 768x6144 3072x768 768x768 768x32000]
-                                        [--tokens 1 6] [--tile-groups 1 2 4 8] [--norm] [--output-json PATH]
+                                        [--tokens 1 6] [--norm] [--output-json PATH]
 
 A shape KxN is nn.Linear(K, N): weight [N, K] float16, x [tokens, K] float16. Floor = (weight + x + y
 bytes) / the copy bandwidth of the same run. Each case is 20 calls captured in one CUDA graph and
 replayed; the calls cycle through enough weight copies to exceed the L2 cache 4x, so each call reads
 its weight from memory as a forward does (a layer's weight is not in L2 when its turn comes).
-The tensor-core GEMV runs with its own rule's token tiles a block (key "mma"); --tile-groups also
-times it at each fixed group (keys "mma_g1", ...), the data the rule (gemv_mma.tile_group_for) rests on.
 --norm also times the RMSNorm folded into the tensor-core GEMV (one kernel) against
 layer_ops.add_rms_norm followed by cuBLAS (two), the pair a decoder layer runs before its QKV and
 gate/up projections.
@@ -40,13 +38,9 @@ def main(argv=None) -> dict:
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="KxN (in x out features)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6], help="token rows (1 = decode, k + 1 = verify)")
-    p.add_argument("--tile-groups", type=int, nargs="*", default=[], help="also time the tensor-core GEMV at "
-                   f"these token tiles a block (1-{gemv_mma.MAX_TILE_GROUP})")
     p.add_argument("--norm", action="store_true", help="also time RMSNorm folded in against norm + cuBLAS")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
-    if any(not 1 <= group <= gemv_mma.MAX_TILE_GROUP for group in args.tile_groups):
-        p.error(f"--tile-groups: each 1 to {gemv_mma.MAX_TILE_GROUP}, got {args.tile_groups}")
     check_writable(args.output_json)
     dev, bandwidth = cuda_and_copy_bandwidth("gemv_cost")
     report = provenance(dev, argv, "protospec.bench.gemv_cost") | {
@@ -65,9 +59,6 @@ def main(argv=None) -> dict:
             err = float((gemv_mma.gemv_mma(x, weights[0]).float() - expected).abs().max())
             us = time_calls([lambda w=w: gemv_mma.gemv_mma(x, w) for w in weights])
             row["numba"]["mma"] = {"us": us, "x_floor": us / floor_us, "max_abs_err": err}
-            for group in args.tile_groups:
-                us = time_calls([lambda w=w: gemv_mma.gemv_mma(x, w, tile_group=group) for w in weights])
-                row["numba"][f"mma_g{group}"] = {"us": us, "x_floor": us / floor_us}
         if args.norm and applies:
             g = torch.ones(k, device=dev, dtype=torch.float16)
             rows_idx = torch.arange(tokens, device=dev)

@@ -13,8 +13,7 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import supported as dependents_supported
 from protospec.kernels.linear.gemv_mma_kernel import (BLOCK_TOKENS, COLUMNS_PER_WARP, MAX_WARPS, TILE_ROWS, WARP,  # noqa: F401
-                                               MAX_ROWS, MAX_TILE_GROUP, gemv_mma_kernel, supports, tile_group_for,
-                                               warps_for)
+                                               MAX_ROWS, gemv_mma_kernel, supports, warps_for)
 from protospec.kernels.linear.gemv_mma_twin import RopeCache, gemv_mma_reference  # noqa: F401
 from protospec.kernels.launch.interop import check_tensor
 
@@ -23,7 +22,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
              residual: torch.Tensor | None = None, eps: float = 1e-6, glu: bool = False,
              x_rows: torch.Tensor | None = None, rope: RopeCache | None = None, out_dtype: torch.dtype = torch.float16,
              dependent_launch: bool = False, allow_early: bool = False, residual_squares: torch.Tensor | None = None,
-             row_squares: torch.Tensor | None = None, tile_group: int | None = None):
+             row_squares: torch.Tensor | None = None):
     """x [T, K] float16 (T <= MAX_ROWS), weight [N, K] float16 -> y [T, N] float16 (out_dtype: or float32).
     norm_weight [K]: y = rms_norm(x + residual) * norm_weight @ W.T, and returns (y, x + residual) (a new
     tensor: the residual stream for the next layer; residual None = x alone). glu: weight [2I, K]
@@ -37,8 +36,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     16-column tile's sum of squares of y a row. row_squares [R, K / 16] float32 (the plain form):
     such sums over x's rows; y's rows are scaled by 1 / rms(x's row) (eps), the norm's weight folded
     into `weight` by the caller. The pair is the final norm between the last down projection and the
-    LM head with no launch of its own. tile_group: token tiles (8 rows each) a block takes with the
-    weights it holds, 1 to MAX_TILE_GROUP (None: tile_group_for the grid and the GPU's SMs)."""
+    LM head with no launch of its own."""
     check_tensor("gemv_mma x", x, torch.float16, 2)
     check_tensor("gemv_mma weight", weight, torch.float16, 2)
     k = x.shape[1]
@@ -59,8 +57,6 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         raise KernelArgumentError("gemv_mma: a residual is added only with the norm (norm_weight)")
     if dependent_launch and not dependents_supported(x.device):
         raise KernelArgumentError(f"gemv_mma: dependent_launch needs compute capability 9.0 or later ({x.device})")
-    if tile_group is not None and not 1 <= tile_group <= MAX_TILE_GROUP:
-        raise KernelArgumentError(f"gemv_mma: tile_group must be 1 to {MAX_TILE_GROUP}, got {tile_group}")
     if out_dtype not in (torch.float16, torch.float32):
         raise KernelArgumentError(f"gemv_mma: out_dtype float16 or float32, got {out_dtype}")
     _check_squares(residual_squares, row_squares, x, tokens, n, k, norm_weight is not None or glu or x_rows is not None
@@ -78,13 +74,11 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
     x64 = x.view(torch.int64)
     norm = norm_weight is not None
     res_out = torch.empty(tokens, k, dtype=torch.float16, device=x.device) if norm else y
-    row_tiles, token_tiles = -(-n // TILE_ROWS), -(-tokens // BLOCK_TOKENS)
-    group = min(tile_group or tile_group_for(row_tiles, token_tiles, interop.sm_count(x.device)), token_tiles)
-    warps, blocks = warps_for(k), row_tiles * -(-token_tiles // group)  # row tiles x groups of token tiles
+    warps, tiles = warps_for(k), -(-n // TILE_ROWS) * -(-tokens // BLOCK_TOKENS)  # row tiles x token tiles
     kernel = gemv_mma_kernel(warps, norm, residual is not None, glu, x_rows is not None, rope.head_dim if rope else 0,
                              dependent_launch, allow_early, residual_squares is not None, row_squares is not None,
                              weight.data_ptr() % 16 == 0, out_dtype == torch.float32,
-                             rope is not None and rope.inputs_before_wait, group)
+                             rope is not None and rope.inputs_before_wait)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
     squares = _stand_in(x.device)
@@ -92,7 +86,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
         residual, squares = residual_squares, torch.empty(tokens, n // TILE_ROWS, dtype=torch.float32, device=x.device)
     elif row_squares is not None:
         squares = row_squares
-    interop.launch_tensors(kernel, blocks, warps * WARP, [
+    interop.launch_tensors(kernel, tiles, warps * WARP, [
         x64, index, x64 if residual is None else residual.view(torch.int64),
         x64[0] if norm_weight is None else norm_weight.view(torch.int64), float(eps), weight.view(torch.int64),
         tokens, y, res_out.view(torch.int64) if norm else x64,

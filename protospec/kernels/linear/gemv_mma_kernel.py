@@ -6,9 +6,9 @@
 Why: at 6 tokens a CUDA-core GEMV loses to cuBLAS; a tensor-core product takes a 16x16
 weight tile and 8 token columns, so the loads set the pace again. Layout: one `mma.m16n8k16`
 (primitives/warp_mma.py) with A = a 16-row x 16-column weight tile, B = x^T (16 columns x 8 tokens), D = 16
-output rows x 8 tokens. A block owns 16 output rows and a group of 8-row token tiles, taken one
-after another with its weights held in registers (the grid: row tiles x groups, a row tile's groups
-adjacent so its weights are read from memory once and from L2 after); its warps split K,
+output rows x 8 tokens. A block owns 16 output rows and 8 token rows (the grid: row tiles x token
+tiles, a row tile's token tiles adjacent so its weights are read from memory once and from L2 after);
+its warps split K,
 each covering CHUNKS_PER_WARP chunks of 64 columns, and every weight word a warp needs is loaded
 before its first product (bytes in flight are what a memory-bound kernel needs). The sum over k does
 not care in which order the columns go into the products, so they go in the order that makes the
@@ -46,8 +46,7 @@ from protospec.kernels.linear.gemv_mma_norm import (BLOCK_TOKENS, CHUNKS_PER_WAR
                                              WARP, WORDS, block_inv_rms, inv_rms_from_squares, load_row_squares,
                                              normed_halves, summed, tile_squares)
 from protospec.kernels.linear.gemv_mma_rope import rope_and_store, rope_inputs
-from protospec.kernels.linear.gemv_mma_shapes import (MAX_ROWS, MAX_TILE_GROUP, check_forms, supports,  # noqa: F401
-                                                      tile_group_for, variant_name, warps_for)
+from protospec.kernels.linear.gemv_mma_shapes import MAX_ROWS, check_forms, supports, variant_name, warps_for  # noqa: F401
 from protospec.kernels.primitives.warp_mma import mma_f16, pack_half2, scratch_size, store_fragment
 from protospec.kernels.primitives.word_loads import load_flat, load_words, store_flat, unpack_f16x4
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, grid_dependency_wait, wait_after_issued_loads
@@ -60,7 +59,7 @@ LOW32 = 0xFFFFFFFF
 def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu: bool = False,
                     gather: bool = False, rope_dim: int = 0, dependent: bool = False, allow_early: bool = False,
                     squares_out: bool = False, squares_scale: bool = False, wide_loads: bool = False,
-                    float_out: bool = False, rope_early: bool = False, tile_group: int = 1):
+                    float_out: bool = False, rope_early: bool = False):
     """The kernel for blocks of `warps` warps (K = 192 x warps); NORM folds the RMSNorm (after adding
     the residual with RESIDUAL) into x's loads; GLU computes silu(gate) * up from a [2I, K] weight;
     GATHER reads token i's x (and residual) row x_rows[i]; ROPE_DIM (the head size; 0 = off) rotates
@@ -78,9 +77,7 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     projection and the LM head needs no launch and no reduction in the LM head's ~2000 blocks.
     WIDE_LOADS: 16-byte weight loads (half the load instructions; same bits); FLOAT_OUT: float32 y (the
     LM head's logits) from the accumulator, not rounded to float16. ROPE_EARLY: the epilogue's positions,
-    slots and cos / sin rows loaded before the wait (RopeCache.inputs_before_wait). TILE_GROUP: token
-    tiles a block takes one after another with the weights it holds in registers (grid: row tiles x
-    groups), so past 8 rows a row tile's weights are read once a group, not once a token tile."""
+    slots and cos / sin rows loaded before the wait (RopeCache.inputs_before_wait)."""
     options = {} if interop.SIMULATOR else {"fastmath": True}
     check_forms(norm, glu, gather, rope_dim, squares_out, squares_scale)
     NORM, RESIDUAL, GLU, GATHER, ROPE_DIM, DEPENDENT = norm, residual, glu, gather, rope_dim, dependent  # noqa: N806
@@ -99,7 +96,6 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
     ROW_WORDS, SQUARE_TILES = (4 if squares_out else 1), (warps * CHUNKS_PER_WARP if squares_scale else 1)  # noqa: N806
     TILE_VALUES = BLOCK_TOKENS * TILE_ROWS if squares_out else 1  # noqa: N806
     ROPE_EARLY = rope_dim and rope_early  # noqa: N806
-    GROUP = tile_group  # noqa: N806
 
     def gemv_mma(x64, x_rows, res64, norm64, eps, w64, all_tokens, y, res_out64, positions, cos, sin, kv_cache, slots,
                  row_squares):
@@ -114,13 +110,13 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
         tid = cuda.threadIdx.x
         warp, lane = tid // WARP, tid % WARP
         g, t = lane // 4, lane % 4
-        # A row tile's groups of token tiles are adjacent blocks (its weights come from L2 after the
-        # first). The division is 32-bit and skipped at one group: a 64-bit one by a runtime value is a
+        # A row tile's token tiles are adjacent blocks (its weights come from L2 after the first). The
+        # division is 32-bit and skipped at one token tile: a 64-bit one by a runtime value is a
         # subroutine call, ahead of every load of the block.
-        groups = (uint32(all_tokens + BLOCK_TOKENS - 1) // uint32(BLOCK_TOKENS) + uint32(GROUP - 1)) // uint32(GROUP)
+        token_tiles = uint32(all_tokens + BLOCK_TOKENS - 1) // uint32(BLOCK_TOKENS)
         block = uint32(cuda.blockIdx.x)
-        tile = int64(block // groups) if groups > uint32(1) else int64(block)
-        tok0 = (int64(block) - tile * int64(groups)) * (GROUP * BLOCK_TOKENS)  # this block's first token row
+        tile = int64(block // token_tiles) if token_tiles > uint32(1) else int64(block)
+        tok0 = (int64(block) - tile * int64(token_tiles)) * BLOCK_TOKENS  # this block's first token row
         tokens = min(BLOCK_TOKENS, all_tokens - tok0)                # ... and its count (the lane groups past it: zeros)
         n0 = tile * TILE_ROWS
         head = tile // GROUPS                                        # ROPE: this block's head ...
@@ -187,103 +183,85 @@ def gemv_mma_kernel(warps: int, norm: bool = False, residual: bool = False, glu:
                 xw[i] = load_flat(x64, x_row * k_words + word)
                 if RESIDUAL:
                     rw[i] = load_flat(res64, x_row * k_words + word)
-        sums = cuda.local.array(4, float32)                          # warp 0: D[g + 8 (i // 2)][2t + i % 2]
-        for sub in range(GROUP):  # the block's token tiles, the weights held in registers
-            if sub > 0:  # the next tile's x, then a barrier: the last tile's shared values are read by now
-                tok0 += BLOCK_TOKENS
-                if tok0 >= all_tokens:
-                    break
-                tokens = min(BLOCK_TOKENS, all_tokens - tok0)
-                token = min(g, tokens - 1)
-                x_row = tok0 + token
-                if GATHER:
-                    x_row = x_rows[tok0 + token]
-                for i in range(WORDS):
-                    word = first + 16 * (i // 4) + i % 4
-                    xw[i] = load_flat(x64, x_row * k_words + word)
-                    if RESIDUAL:
-                        rw[i] = load_flat(res64, x_row * k_words + word)
-                cuda.syncthreads()
-                if ROPE_EARLY:
-                    rope_inputs(positions, cos, sin, slots, t, dim, tok0, tokens, angles, slot_of)
-            if ROPE_DIM and not ROPE_EARLY:  # with x's words, not in the epilogue
-                rope_inputs(positions, cos, sin, slots, t, dim, tok0, tokens, angles, slot_of)
-            if SQUARES_SCALE:  # with x's words: the same round trip
-                load_row_squares(row_squares, k_words // 4, x_row, t, warps, sq_tiles)
-            if SQUARES_OUT and warp == 0:  # the residual at this lane's D entries (rows n0 + g (+ 8), tokens 2t (+ 1))
-                for i in range(4):
-                    n = min(n0 + g + 8 * (i // 2), n_rows - 1)
-                    row_res[i] = load_flat(res64, (tok0 + min(2 * t + i % 2, tokens - 1)) * (n_rows // 4) + n // 4)
-            inv_rms = float32(1.0)
-            if SQUARES_SCALE:
-                inv_rms = inv_rms_from_squares(sq_tiles, g, warps, tokens, k_words, eps, shuffle_scratch, tid)
-                if warp == 0 and t == 0:  # for warp 0's epilogue (after the partials' barrier)
-                    squares[g] = inv_rms
-            elif NORM:  # v = x + residual, rounded as add_rms_norm stores it; 1 / rms over the block's K
-                inv_rms = block_inv_rms(xw, rw, RESIDUAL, g, t, warp, warps, tokens, k_words, eps, squares,
-                                        shuffle_scratch, tid)
-            for i in range(WORDS):
-                if NORM:
-                    word = first + 16 * (i // 4) + i % 4
-                    gw = nw[i]
-                    if tile == 0 and g < tokens:                         # the residual stream, once a token
-                        v0, v1 = summed(xw[i], rw[i], 0, RESIDUAL), summed(xw[i], rw[i], 1, RESIDUAL)
-                        v2, v3 = summed(xw[i], rw[i], 2, RESIDUAL), summed(xw[i], rw[i], 3, RESIDUAL)
-                        store_flat(res_out64, (tok0 + g) * k_words + word, int64(pack_half2(v0, v1)) | (int64(pack_half2(v2, v3)) << 32))
-                    b_lo[i], b_hi[i] = normed_halves(xw[i], rw[i], gw, inv_rms, RESIDUAL)
-                else:
-                    b_lo[i] = uint32(xw[i] & LOW32)
-                    b_hi[i] = uint32((xw[i] >> 32) & LOW32)
-                if g >= tokens:                                          # padding token columns: zeros
-                    b_lo[i] = uint32(0)
-                    b_hi[i] = uint32(0)
-            d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = float32(0.0)
-            for i in range(WORDS):
-                a, b = w_lo[i], w_hi[i]
-                d0, d1, d2, d3 = mma_f16(a & LOW32, b & LOW32, (a >> 32) & LOW32, (b >> 32) & LOW32,
-                                         b_lo[i], b_hi[i], d0, d1, d2, d3, mma_scratch, tid)
-                if GLU:
-                    a, b = u_lo[i], u_hi[i]
-                    e0, e1, e2, e3 = mma_f16(a & LOW32, b & LOW32, (a >> 32) & LOW32, (b >> 32) & LOW32,
-                                             b_lo[i], b_hi[i], e0, e1, e2, e3, mma_scratch, tid)
-            base = tid * 4 * PRODUCTS
-            store_fragment(partials, base, d0, d1, d2, d3)
+        if ROPE_DIM and not ROPE_EARLY:  # with x's words, not in the epilogue
+            rope_inputs(positions, cos, sin, slots, t, dim, tok0, tokens, angles, slot_of)
+        if SQUARES_SCALE:  # with x's words: the same round trip
+            load_row_squares(row_squares, k_words // 4, x_row, t, warps, sq_tiles)
+        if SQUARES_OUT and warp == 0:  # the residual at this lane's D entries (rows n0 + g (+ 8), tokens 2t (+ 1))
+            for i in range(4):
+                n = min(n0 + g + 8 * (i // 2), n_rows - 1)
+                row_res[i] = load_flat(res64, (tok0 + min(2 * t + i % 2, tokens - 1)) * (n_rows // 4) + n // 4)
+        inv_rms = float32(1.0)
+        if SQUARES_SCALE:
+            inv_rms = inv_rms_from_squares(sq_tiles, g, warps, tokens, k_words, eps, shuffle_scratch, tid)
+            if warp == 0 and t == 0:  # for warp 0's epilogue (after the partials' barrier)
+                squares[g] = inv_rms
+        elif NORM:  # v = x + residual, rounded as add_rms_norm stores it; 1 / rms over the block's K
+            inv_rms = block_inv_rms(xw, rw, RESIDUAL, g, t, warp, warps, tokens, k_words, eps, squares,
+                                    shuffle_scratch, tid)
+        for i in range(WORDS):
+            if NORM:
+                word = first + 16 * (i // 4) + i % 4
+                gw = nw[i]
+                if tile == 0 and g < tokens:                         # the residual stream, once a token
+                    v0, v1 = summed(xw[i], rw[i], 0, RESIDUAL), summed(xw[i], rw[i], 1, RESIDUAL)
+                    v2, v3 = summed(xw[i], rw[i], 2, RESIDUAL), summed(xw[i], rw[i], 3, RESIDUAL)
+                    store_flat(res_out64, (tok0 + g) * k_words + word, int64(pack_half2(v0, v1)) | (int64(pack_half2(v2, v3)) << 32))
+                b_lo[i], b_hi[i] = normed_halves(xw[i], rw[i], gw, inv_rms, RESIDUAL)
+            else:
+                b_lo[i] = uint32(xw[i] & LOW32)
+                b_hi[i] = uint32((xw[i] >> 32) & LOW32)
+            if g >= tokens:                                          # padding token columns: zeros
+                b_lo[i] = uint32(0)
+                b_hi[i] = uint32(0)
+        d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = float32(0.0)
+        for i in range(WORDS):
+            a, b = w_lo[i], w_hi[i]
+            d0, d1, d2, d3 = mma_f16(a & LOW32, b & LOW32, (a >> 32) & LOW32, (b >> 32) & LOW32,
+                                     b_lo[i], b_hi[i], d0, d1, d2, d3, mma_scratch, tid)
             if GLU:
-                store_fragment(partials, base + 4, e0, e1, e2, e3)
-            cuda.syncthreads()
-            if warp == 0:
-                for i in range(4):
-                    s = float32(0.0)
-                    up = float32(0.0)
-                    for w in range(warps):
-                        s += partials[(w * WARP + lane) * 4 * PRODUCTS + i]
-                        if GLU:
-                            up += partials[(w * WARP + lane) * 4 * PRODUCTS + 4 + i]
-                    if GLU:  # gate and up rounded as the separate path stores them, then silu(gate) * up
-                        gate = float32(np.float16(s))
-                        s = gate / (float32(1.0) + math.exp(-gate)) * float32(np.float16(up))
-                    if SQUARES_SCALE:
-                        s *= squares[2 * t + i % 2]
-                    sums[i] = s if FLOAT_OUT else float32(np.float16(s))  # float16 y as the unfused path stores it
-                    if SQUARES_OUT:  # + the residual, rounded as add_rms_norm stores the stream
-                        n = n0 + g + 8 * (i // 2)
-                        sums[i] = float32(np.float16(sums[i] + unpack_f16x4(row_res[i])[n % 4]))
-                        tile_values[(2 * t + i % 2) * TILE_ROWS + g + 8 * (i // 2)] = sums[i]
-                for i in range(4):
-                    tok = 2 * t + i % 2
+                a, b = u_lo[i], u_hi[i]
+                e0, e1, e2, e3 = mma_f16(a & LOW32, b & LOW32, (a >> 32) & LOW32, (b >> 32) & LOW32,
+                                         b_lo[i], b_hi[i], e0, e1, e2, e3, mma_scratch, tid)
+        base = tid * 4 * PRODUCTS
+        store_fragment(partials, base, d0, d1, d2, d3)
+        if GLU:
+            store_fragment(partials, base + 4, e0, e1, e2, e3)
+        cuda.syncthreads()
+        sums = cuda.local.array(4, float32)                          # warp 0: D[g + 8 (i // 2)][2t + i % 2]
+        if warp == 0:
+            for i in range(4):
+                s = float32(0.0)
+                up = float32(0.0)
+                for w in range(warps):
+                    s += partials[(w * WARP + lane) * 4 * PRODUCTS + i]
+                    if GLU:
+                        up += partials[(w * WARP + lane) * 4 * PRODUCTS + 4 + i]
+                if GLU:  # gate and up rounded as the separate path stores them, then silu(gate) * up
+                    gate = float32(np.float16(s))
+                    s = gate / (float32(1.0) + math.exp(-gate)) * float32(np.float16(up))
+                if SQUARES_SCALE:
+                    s *= squares[2 * t + i % 2]
+                sums[i] = s if FLOAT_OUT else float32(np.float16(s))  # float16 y as the unfused path stores it
+                if SQUARES_OUT:  # + the residual, rounded as add_rms_norm stores the stream
                     n = n0 + g + 8 * (i // 2)
-                    if ROPE_DIM:
-                        if i < 2 and tok < tokens:
-                            rope_and_store(sums[i], sums[i + 2], tok0 + tok, head, dim, HALF, angles[2 * i], angles[2 * i + 1],
-                                           slot_of[i], y, kv_cache)
-                    elif tok < tokens and n < n_rows:
-                        y[tok0 + tok, n] = sums[i]
-            if SQUARES_OUT:  # each token's sum of squares over the tile's rows, in their order
-                cuda.syncthreads()
-                if tid < tokens:
-                    row_squares[(tok0 + tid) * (n_rows // TILE_ROWS) + tile] = tile_squares(tile_values, tid)
+                    sums[i] = float32(np.float16(sums[i] + unpack_f16x4(row_res[i])[n % 4]))
+                    tile_values[(2 * t + i % 2) * TILE_ROWS + g + 8 * (i // 2)] = sums[i]
+            for i in range(4):
+                tok = 2 * t + i % 2
+                n = n0 + g + 8 * (i // 2)
+                if ROPE_DIM:
+                    if i < 2 and tok < tokens:
+                        rope_and_store(sums[i], sums[i + 2], tok0 + tok, head, dim, HALF, angles[2 * i], angles[2 * i + 1],
+                                       slot_of[i], y, kv_cache)
+                elif tok < tokens and n < n_rows:
+                    y[tok0 + tok, n] = sums[i]
+        if SQUARES_OUT:  # each token's sum of squares over the tile's rows, in their order
+            cuda.syncthreads()
+            if tid < tokens:
+                row_squares[(tok0 + tid) * (n_rows // TILE_ROWS) + tile] = tile_squares(tile_values, tid)
     # The kernel's name says its form (a profile then tells qkv, o, gate/up, down and the LM head apart).
     gemv_mma.__name__ = gemv_mma.__qualname__ = variant_name(warps, norm, residual, glu, gather, rope_dim, dependent,
                                                              ALLOW_EARLY, PIN_LOADS, SQUARES_OUT, SQUARES_SCALE, WIDE,
-                                                             ROPE_EARLY, FLOAT_OUT, GROUP)
+                                                             ROPE_EARLY, FLOAT_OUT)
     return cuda.jit(**options)(gemv_mma)

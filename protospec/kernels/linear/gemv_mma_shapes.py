@@ -4,21 +4,10 @@ from __future__ import annotations
 from protospec.kernels.linear.gemv_mma_norm import COLUMNS_PER_WARP, MAX_WARPS
 
 
-# Token rows one call takes: a block holds 8 (BLOCK_TOKENS) at a time and up to MAX_TILE_GROUP such token
-# tiles one after another with the same weights in registers; further groups read a row tile's weights
-# from L2 again, so L2 traffic grows with the rows while the bytes from memory stay the weights'.
-MAX_ROWS = 512
-MAX_TILE_GROUP = 8
-
-
-def tile_group_for(row_tiles: int, token_tiles: int, sm_count: int) -> int:
-    """Token tiles a block takes (a power of two): the most that still leave a block per SM, since a
-    group runs its tiles one after another while separate blocks run side by side."""
-    group = 1
-    while (group * 2 <= min(token_tiles, MAX_TILE_GROUP)
-           and row_tiles * -(-token_tiles // (group * 2)) >= sm_count):
-        group *= 2
-    return group
+# Token rows one call takes: a block holds 8 (BLOCK_TOKENS), a row tile's weights serve each further 8
+# from L2, so the bytes from memory stay the weights' while L2 traffic grows with the rows; past a few
+# dozen rows cuBLAS's GEMM tiles (which reuse weights across their 64-256 rows in shared memory) win.
+MAX_ROWS = 256
 
 
 def warps_for(k: int) -> int:
@@ -33,16 +22,15 @@ def supports(k: int) -> bool:
 def variant_name(warps: int, norm: bool, residual: bool, glu: bool, gather: bool, rope_dim: int, dependent: bool,
                  allow_early: bool = False, pin_loads: bool = False, squares_out: bool = False,
                  squares_scale: bool = False, wide_loads: bool = False, rope_early: bool = False,
-                 float_out: bool = False, tile_group: int = 1) -> str:
+                 float_out: bool = False) -> str:
     """e.g. gemv_mma_k768_norm_residual_rope_dep_pin_w16: K, then each fused form the kernel takes (early:
     lets the next kernel launch before its own wait; pin: the wait kept below the weight loads; squares:
     adds the residual and writes its tiles' sums of squares; scaled: its rows scaled by 1 / rms from
-    such sums; w16: 16-byte weight loads; ropeearly: the RoPE's inputs loaded before the wait; f32: float32 y, the LM head's logits; gN: N token
-    tiles a block)."""
+    such sums; w16: 16-byte weight loads; ropeearly: the RoPE's inputs loaded before the wait; f32: float32 y, the LM head's logits)."""
     forms = [f for f, on in (("norm", norm), ("residual", residual), ("glu", glu), ("gather", gather),
                              ("rope", rope_dim), ("dep", dependent), ("early", allow_early), ("pin", pin_loads),
                              ("squares", squares_out), ("scaled", squares_scale), ("w16", wide_loads),
-                             ("ropeearly", rope_early), ("f32", float_out), (f"g{tile_group}", tile_group > 1)) if on]
+                             ("ropeearly", rope_early), ("f32", float_out)) if on]
     return "_".join(["gemv_mma", f"k{warps * COLUMNS_PER_WARP}", *forms])
 
 
