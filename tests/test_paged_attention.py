@@ -157,16 +157,20 @@ def test_the_head_size_chooses_the_path_and_the_shape_the_split():
     assert kernel.choose_splits(target, 4096, 32, dev) == 1             # enough groups: no split-K
     assert kernel.choose_splits(1, 1 << 20, 32, dev) == target          # few groups: spread wide
     assert kernel.choose_splits(1, 3 * 32, 32, dev) == 3                # no more splits than key steps
+    assert kernel.choose_splits(target // 2 + 1, 1 << 20, 32, dev) == 1  # two a group would pass the target
     assert kernel.choose_splits(1, 1023, 32, dev, min_keys=1024) == 1   # a table narrower than min_keys: one
     assert kernel.choose_splits(1, 1024, 32, dev, min_keys=1024) == min(target, 1024 // 32)  # wide enough
     # mma at one decode row a KV head (the seed target at batch 1 on a GPU of 132 SMs: 12 blocks of 8
     # warps): one split in the 512-key tables of the seed's context, four (a split per 256 keys) in
-    # 1,024-key tables and no more in wider ones; none once the blocks outnumber the SMs (batch 16: 192).
+    # 1,024-key tables and no more in wider ones; never more blocks than SMs (batch 4: 48 x 2, batch 8:
+    # 96 x 1); none once the blocks outnumber the SMs (batch 16: 192).
     mma_rule = dict(step_keys=by_mma.keys_per_split(8), device=dev, blocks_per_sm=by_mma.BLOCKS_PER_SM,
                     min_keys=by_mma.MIN_SPLIT_KEYS, max_splits=by_mma.MAX_SPLITS)
     with patch.object(interop, "sm_count", lambda device: 132):
         assert [kernel.choose_splits(12, keys, **mma_rule) for keys in (512, 1024, 2048, 8192)] == [1, 4, 4, 4]
-        assert kernel.choose_splits(48, 1024, **mma_rule) == 3             # batch 4: 48 blocks, 3 splits fill 132 SMs
+        assert kernel.choose_splits(24, 1024, **mma_rule) == 4             # batch 2: 96 blocks
+        assert kernel.choose_splits(48, 4096, **mma_rule) == 2             # batch 4: 3 splits would be 144 blocks
+        assert kernel.choose_splits(96, 4096, **mma_rule) == 1             # batch 8
         assert kernel.choose_splits(16 * 12, 2048, **mma_rule) == 1
     # Rows per block halve where the batch leaves the SMs short of blocks (batch 16 of an MHA verify).
     assert by_kv_head.rows_per_block(6, kv_pairs=16 * 12, sm_count=132) == 3

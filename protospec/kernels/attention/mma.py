@@ -32,7 +32,7 @@ MAX_WARPS = 8             # warps a block (each walks its own 16-key tiles): 8 x
 WARPS_PER_SM = 12
 SIMULATOR_WARPS = 2       # the simulator runs an OS thread per lane: the merge across warps with few of them
 FASTMATH = True
-# Split-K spreads a grid of fewer blocks than SMs until this many blocks per SM (paged_attention.choose_splits),
+# Split-K spreads a grid of fewer blocks than SMs up to this many blocks per SM (paged_attention.choose_splits),
 # with at least TILES_PER_SPLIT steps of the block's keys per split (keys_per_split), and only for block
 # tables at least MIN_SPLIT_KEYS wide: in a narrower one a split's partials and their combine cost more
 # than the walk they save (bench.attention_cost times the split factors by context); at most MAX_SPLITS,
