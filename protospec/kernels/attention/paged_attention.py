@@ -67,8 +67,8 @@ def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.devi
     """The split-K factor of by_kv_head and mma: 1 where `groups` blocks already fill the GPU or the table
     is narrower than min_keys, else as many splits as keep the grid within blocks_per_sm (None:
     BLOCKS_PER_SM) blocks per SM, at most one per block-step (step_keys) of the widest possible context
-    and at most max_splits. Within, not past: blocks past the target wait for a second wave (timed at 4
-    sequences of 12 KV heads on 132 SMs: 3 splits, 144 blocks, took longer than 1 or 2 at every width)."""
+    and at most max_splits. Within, not past: blocks past the target wait for a second wave, which
+    cost more than the split saved wherever bench.attention_cost timed it (data/results/README.md)."""
     target = (blocks_per_sm or BLOCKS_PER_SM) * interop.sm_count(device)
     if groups >= target or max_keys < min_keys:
         return 1
