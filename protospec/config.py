@@ -142,7 +142,9 @@ class EngineConfig:
     # prompt_lookup_min tokens that occurred before is looked up (kernels/inputs/ngram_match.py).
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
-    # Target-only steps while more requests than this run (vLLM's name); None = always speculate.
+    # Target-only steps while more requests than this run (vLLM's name); None = always speculate. Where
+    # speculation stops paying depends on the pair, the acceptance and the GPU: `python -m
+    # protospec.bench.throughput` finds a pair's crossover batch (data/results/README.md has the runs).
     speculative_disable_by_batch_size: int | None = None
     # The longest the host waits for the device at any one point (a prefill's tokens, a step's commit)
     # before it raises DeviceWaitError instead of hanging (device_wait.py).
