@@ -203,15 +203,17 @@ def test_the_linear_kernel_switch_is_checked_and_reaches_every_model(tiny_target
     assert tiny_llm(tiny_target, device=DEV, layer_kernels=False).engine.linear_kernel == "cublas"
 
 
-@pytest.mark.parametrize("query_len,lengths", [(2, [9, 14]), (3, [9, 14, 11, 20, 7])], ids=["4_rows", "15_rows"])
+@pytest.mark.parametrize("query_len,lengths", [(2, [9, 14]), (3, [9, 14, 11, 20, 7]), (5, [9, 14, 11, 20, 7, 12, 16, 10])],
+                         ids=["4_rows", "15_rows", "40_rows"])
 @pytest.mark.parametrize("fuses,norms,ropes", [(False, 3, 1), (True, 0, 0)], ids=["unfused", "fused"])
 def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, fuses, norms, ropes, query_len, lengths):
     """float16, a model whose widths the tensor-core GEMV takes (K = 192): linear="mma_fused" folds the
     norms, RoPE and the cache store into the GEMVs and the final norm into the last down projection
     and the LM head (no separate norm or RoPE kernel is left; past LM_HEAD_MAX_ROWS the head is the
-    final norm and cuBLAS); where the fused forms do not apply (fuses off) every linear layer still goes
-    through the GEMV one by one (counted). Both agree with the torch path's forward, logits and K/V,
-    for one token tile of the GEMV and for two."""
+    final norm and cuBLAS; past MLP_FUSED_MAX_ROWS the MLP is the norm, cuBLAS and SiLU x up); where the
+    fused forms do not apply (fuses off) every linear layer still goes through the GEMV one by one
+    (counted). Both agree with the torch path's forward, logits and K/V, for one token tile of the
+    GEMV, for two, and for five."""
     from protospec.model import layer_kernels
     from protospec.kernels.linear import gemv_mma
     from protospec.model.layer_kernels import LayerKernelForward
@@ -224,7 +226,7 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, fu
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
-    block_size, num_blocks = 4, 24
+    block_size, num_blocks = 4, 48
     inputs = _uniform_batch(query_len, lengths, block_size, num_blocks, seed=3)
     inputs.input_ids.copy_(torch.randint(3, cfg.vocab_size, inputs.input_ids.shape))
     caches = [_randn(2, num_blocks, block_size, 1, cfg.head_dim, dtype=torch.float16, seed=1)]
@@ -243,9 +245,13 @@ def test_the_tensor_core_linears_give_the_cublas_forwards_logits(monkeypatch, fu
     model.layer_kernels.fuses = fuses
     got = model(inputs.input_ids, inputs.positions, mma_caches, inputs.meta)
     # qkv, o, gate_up, down, and the LM head up to LM_HEAD_MAX_ROWS rows (past them the norm and cuBLAS)
-    head_on_gemv = len(lengths) * query_len <= layer_kernels.LM_HEAD_MAX_ROWS
-    final_norm = fuses and not head_on_gemv
-    assert len(calls) == 4 + head_on_gemv and len(norm_calls) == norms + final_norm and len(rope_calls) == ropes
+    rows = len(lengths) * query_len
+    head_on_gemv = rows <= layer_kernels.LM_HEAD_MAX_ROWS
+    mlp_on_gemv = not fuses or rows <= layer_kernels.MLP_FUSED_MAX_ROWS
+    final_norm = fuses and not (head_on_gemv and mlp_on_gemv)
+    mlp_norm = not mlp_on_gemv
+    assert len(calls) == 2 + 2 * mlp_on_gemv + head_on_gemv
+    assert len(norm_calls) == norms + final_norm + mlp_norm and len(rope_calls) == ropes
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(mma_caches[0], caches[0], **TOL[torch.float16])
     with pytest.raises(Exception, match="linear must be one of"):

@@ -8,7 +8,8 @@
              epilogue, SiLU x up into gate/up's; the embedding into the first GEMV; the final norm split
              between the last down projection (its output's sums of squares) and the LM head (its
              weight times the norm's, its rows scaled by 1 / rms; past LM_HEAD_MAX_ROWS rows the
-             separate norm and cuBLAS)
+             separate norm and cuBLAS); past MLP_FUSED_MAX_ROWS rows the MLP as the separate norm,
+             cuBLAS, SiLU x up and cuBLAS, qkv and o still fused (7 per layer)
 
 The draft loop, the verify and the target's decode feed a few tokens per sequence; at batch 1 such
 a forward costs its kernel count (a few microseconds each on the GPU, plus a gap between kernels
@@ -42,6 +43,10 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 # takes the separate norm and cuBLAS even inside the fused forward.
 TENSOR_CORE_MAX_ROWS = 64
 LM_HEAD_MAX_ROWS = 8
+# Inside the fused forward, the MLP's linears cross over sooner than qkv and o: past MLP_FUSED_MAX_ROWS
+# rows gate/up takes the separate norm, cuBLAS and SiLU x up, and down takes cuBLAS (qkv keeps its
+# fused RoPE and cache store, o its early launch), from the same table.
+MLP_FUSED_MAX_ROWS = 32
 
 
 def check_linear_kernel(linear: str, layer_kernels_on: bool) -> None:
@@ -164,6 +169,9 @@ class LayerKernelForward:
         if wanted.shape[0] == 0:  # a prefill that wants no logits (the draft's): no head, no empty launch
             return torch.empty(0, model.lm_head.weight.shape[0], dtype=torch.float32, device=x.device)
         h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)  # only the rows whose logits are wanted
+        return self._head(model, h)
+
+    def _head(self, model, h: torch.Tensor) -> torch.Tensor:  # [N, hidden] normed -> [N, vocab] float32
         if h.shape[0] <= LM_HEAD_MAX_ROWS and self._tensor_cores(h):
             return gemv_mma.gemv_mma(h if h.is_contiguous() else h.contiguous(), model.lm_head.weight,
                                      out_dtype=torch.float32, dependent_launch=self.dependent)
@@ -180,7 +188,9 @@ class LayerKernelForward:
         cached keys before its wait."""
         x, x_rows, residual = model.model.embed_tokens.weight, input_ids, None  # [V, hidden]: rows by token id
         dep, norm = self.dependent, model.model.norm
-        head_fused = wanted.shape[0] <= LM_HEAD_MAX_ROWS  # past it: the final norm with the residual, and cuBLAS
+        mlp_fused = input_ids.shape[0] <= MLP_FUSED_MAX_ROWS
+        # Past it: the final norm with the residual, then the head (the GEMV up to LM_HEAD_MAX_ROWS, else cuBLAS).
+        head_fused = wanted.shape[0] <= LM_HEAD_MAX_ROWS and mlp_fused
         for layer, kv_cache in zip(model.model.layers, kv_caches):
             norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
             rope = RopeCache(positions, self.cos, self.sin, kv_cache, meta.slot_mapping, self.num_heads,
@@ -190,15 +200,19 @@ class LayerKernelForward:
             attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale,
                                                     dependent_launch=dep)
             o = gemv_mma.gemv_mma(attn, layer.self_attn.o_proj.weight, dependent_launch=dep, allow_early=True)
-            act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps, glu=True,
-                                              dependent_launch=dep, allow_early=True)
-            last = layer is model.model.layers[-1]
-            x = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep, allow_early=True,
-                                  residual_squares=residual if last and head_fused else None)  # then (stream, squares)
+            if mlp_fused:
+                act, residual = gemv_mma.gemv_mma(o, layer.gate_up_weight, norm2.weight, residual, norm2.eps,
+                                                  glu=True, dependent_launch=dep, allow_early=True)
+                last = layer is model.model.layers[-1]
+                x = gemv_mma.gemv_mma(act, layer.mlp.down_proj.weight, dependent_launch=dep, allow_early=True,
+                                      residual_squares=residual if last and head_fused else None)  # or (stream, squares)
+            else:  # the separate norm, cuBLAS, SiLU x up, cuBLAS
+                h, residual = add_rms_norm(o, residual, norm2.weight, norm2.eps, self._row_ids[: o.shape[0]])
+                x = F.linear(silu_and_mul(F.linear(h, layer.gate_up_weight)), layer.mlp.down_proj.weight)
             x_rows = None
         if not head_fused:
             h, _ = add_rms_norm(x, residual, norm.weight, norm.eps, wanted)
-            return logits_float32(h, model.lm_head.weight)
+            return self._head(model, h)
         stream, squares = x  # [T, hidden] float16, [T, hidden / 16] float32
         return gemv_mma.gemv_mma(stream, self.folded_head(model), eps=norm.eps, x_rows=wanted, row_squares=squares,
                                  out_dtype=torch.float32, dependent_launch=dep)
