@@ -36,6 +36,7 @@ from protospec.kernels.linear.layer_ops import ACTIVATION_DTYPES, add_rms_norm, 
 from protospec.model.llama import logits_float32
 
 MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torch path, unless long_chunks
+MAX_ROWS = 65536    # tokens a forward at most (64 prompts of 1,024)
 # Token rows up to which the tensor-core GEMV (the fused forward where the shapes fuse) serves a forward:
 # past it cuBLAS's GEMM tiles, reusing the weights across many rows in shared memory, win
 # (bench.gemv_cost times both by rows; data/results/README.md has the crossovers). The LM head
@@ -94,7 +95,9 @@ class LayerKernelForward:
         self.cos = model.rope.cos.to(self.dtype).contiguous()  # [P, d]
         self.sin = model.rope.sin.to(self.dtype).contiguous()
         self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
-        self._row_ids = torch.arange(4096, device=self.cos.device)  # [0, 1, ...]: "every row" for add_rms_norm
+        # [0, 1, ...]: "every row" for add_rms_norm; its length caps the tokens a forward on these kernels
+        # takes (a batch of prompts prefilled in one uniform chunk included), past which the torch path runs.
+        self._row_ids = torch.arange(MAX_ROWS, device=self.cos.device)
         if linear not in LINEAR_KERNELS:
             raise ConfigError(f"linear must be one of {LINEAR_KERNELS}, got {linear!r}")
         self.linear = linear  # "mma_fused": the tensor-core GEMV (kernels/linear/gemv_mma.py) where it applies
