@@ -280,3 +280,22 @@ def test_dependent_launch_is_checked_and_reaches_every_model(tiny_target, tiny_d
     assert not off.dependent_launch and not off.target.launches_dependents
     assert not tiny_llm(tiny_target).engine.target.launches_dependents  # torch's forwards (no layer kernels)
     assert not tiny_llm(tiny_target, device=DEV, layer_kernels=True, linear_kernel="cublas").engine.dependent_launch
+
+
+def test_a_uniform_chunk_takes_the_layer_kernels_up_to_their_row_cap():
+    """A batch of prompts prefilled as one uniform chunk (64 x 256 = 16,384 rows) runs on the layer
+    kernels with long chunks on; one row past MAX_ROWS, or a long chunk without them, keeps the torch path."""
+    from types import SimpleNamespace
+
+    from protospec.model import layer_kernels
+
+    model = LlamaForCausalLM(LlamaArchConfig.from_dict(TARGET_CFG)).place(DEV, torch.float32)
+    forward = layer_kernels.LayerKernelForward(model, long_chunks=True)
+
+    def chunk(rows: int, query_len: int = 256):
+        return SimpleNamespace(uniform_query_len=query_len, block_tables=torch.zeros(1, 16, dtype=torch.int32),
+                               block_size=16, slot_mapping=torch.zeros(rows, dtype=torch.int64))
+
+    assert forward.applies(chunk(64 * 256)) and forward.applies(chunk(layer_kernels.MAX_ROWS))
+    assert not forward.applies(chunk(layer_kernels.MAX_ROWS + 1))
+    assert not layer_kernels.LayerKernelForward(model).applies(chunk(64 * 256))  # long chunks off
