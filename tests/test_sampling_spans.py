@@ -52,21 +52,6 @@ def test_statistics_and_probabilities_have_the_same_bits_at_any_span(span):
     assert probs[2, vocab - 2] == 1 and probs[0, : slices.VOCAB_PER_BLOCK].abs().sum() == 0
 
 
-@pytest.mark.skipif(DEV != "cpu", reason="emulates the GPU's shuffles in the simulator")
-@pytest.mark.parametrize("span", SPANS)
-def test_statistics_have_the_same_bits_with_the_gpus_shuffles(span, monkeypatch):
-    """A span's slices reduce together: each warp's winner and the tree's last five levels by shuffles on
-    a GPU, through shared slots in the simulator. Both give the bits of the span-1 slots-only form."""
-    from protospec.kernels.primitives import reductions
-
-    st, logits, vocab = _case([0.7, 1.3, 0.0, 1.0], slices_per_row=9)
-    slots_only = [t.clone() for t in slice_statistics(logits, st, 1, span=1)]
-    monkeypatch.setattr(reductions, "SHUFFLE_LANES", reductions.WARP)
-    shuffled = slice_statistics(logits, st, 1, span=span)
-    assert all(torch.equal(a, b) for a, b in zip(slots_only, shuffled))
-    assert slots_only[2][2].abs().sum() == 0 and (slots_only[2][1] > 0).all()  # the greedy row sums nothing
-
-
 @pytest.mark.parametrize("span", SPANS[1:])
 def test_samples_are_the_same_at_any_span(span):
     st, logits, vocab = _case([0.7, 1.3, 0.0], seed=1)

@@ -18,8 +18,7 @@ from numba import float32, int64
 from protospec.kernels.launch import interop
 from protospec.kernels.primitives.arrivals import arrived_last
 from protospec.kernels.launch.interop import cuda
-from protospec.kernels.primitives import reductions
-from protospec.kernels.primitives.reductions import better, block_argmax_or, block_sum_tree_order, xor_exchange
+from protospec.kernels.primitives.reductions import better, block_argmax_or, block_sum_tree_order
 
 # Threads per block (a power of two, for the tree reductions) and vocabulary entries per slice: on a
 # GPU 2 entries a thread, so a 32000-entry row spreads over 63 slices (at 8 a thread its 16 blocks
@@ -84,77 +83,30 @@ def load_span(logits, row, first, span, xs, tid):
 
 
 @cuda.jit(device=True)
-def span_stats(xs, span, first, vocab, row, t, greedy, part_max, part_index, part_sum, slot_value, slot_index, sums,
-               scratch, scratch_index, tid):
-    """Slices first .. first + span - 1 of `row`, their entries at xs[s PER_THREAD ..] (load_span's): each
-    one's max logit, that max's first index and its sum of exp(x/T - max/T) (0 on greedy rows) into
-    part_max / part_index / part_sum [R, S] at [row, first + s]. All the span's slices reduce together,
-    a handful of barriers for the span where a slice at a time took ten a slice; each slice's sum keeps
-    block_sum_tree_order's tree (each thread's entries in ascending order, then pairs at stride
-    THREADS / 2 .. 1), so the same bits whatever the span. Shared scratch: slot_value / slot_index
-    [span * THREADS / lanes] (each warp's winner a slice), sums [span * THREADS], scratch / scratch_index [THREADS]
-    f32 / int64 (the simulator's exchanges)."""
-    lanes = min(THREADS, reductions.SHUFFLE_LANES)  # (read through the module: a test may emulate the GPU's)
-    warps = THREADS // lanes
-    warp, lane = tid // lanes, tid % lanes
-    cuda.syncthreads()  # the scratch may still be read from the block's previous use
-    for s in range(span):  # each slice's max and its first index: in each warp, then across the warps' slots
-        lo = (first + s) * VOCAB_PER_BLOCK
-        hi = min(lo + VOCAB_PER_BLOCK, vocab)
-        value, index = float32(-math.inf), int64(vocab)
-        for jj in range(PER_THREAD):
-            v = lo + tid + jj * THREADS
-            x = xs[s * PER_THREAD + jj]
-            if v < hi and x > value:
-                value, index = x, v
-        lane_mask = lanes // 2
-        while lane_mask > 0:
-            other_value = xor_exchange(value, lane_mask, scratch, tid)
-            other_index = xor_exchange(index, lane_mask, scratch_index, tid)
-            if better(other_value, other_index, value, index):
-                value, index = other_value, other_index
-            lane_mask //= 2
-        if lane == 0:
-            slot_value[s * warps + warp], slot_index[s * warps + warp] = value, index
-    cuda.syncthreads()
-    for s in range(span):  # each thread's share of each slice's sum, in ascending order
-        top, _ = _slot_best(slot_value, slot_index, s, warps, vocab)
-        lo = (first + s) * VOCAB_PER_BLOCK
-        hi = min(lo + VOCAB_PER_BLOCK, vocab)
-        total = float32(0.0)
-        if not greedy and top > float32(-math.inf):  # a slice of -inf logits (masked) adds nothing
-            for jj in range(PER_THREAD):
-                if lo + tid + jj * THREADS < hi:
-                    total += math.exp(xs[s * PER_THREAD + jj] / t - top / t)
-        sums[s * THREADS + tid] = total
-    cuda.syncthreads()
-    stride = THREADS // 2
-    while stride >= lanes and stride > 0:  # the tree's levels across warps, every slice at each level
-        if tid < stride:
-            for s in range(span):
-                sums[s * THREADS + tid] += sums[s * THREADS + tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-    for r in range(0, span, warps):  # the levels inside a warp (lane t adds lane t ^ m: the tree's pair), a slice a warp
-        s = r + warp
-        total = sums[s * THREADS + lane] if s < span else float32(0.0)
-        lane_mask = lanes // 2
-        while lane_mask > 0:  # every thread takes part (the simulator's exchange is block-wide)
-            total += xor_exchange(total, lane_mask, scratch, tid)
-            lane_mask //= 2
-        if lane == 0 and s < span:
-            top, top_index = _slot_best(slot_value, slot_index, s, warps, vocab)
-            part_max[row, first + s], part_index[row, first + s], part_sum[row, first + s] = top, top_index, total
-
-
-@cuda.jit(device=True)
-def _slot_best(slot_value, slot_index, s, warps, vocab):
-    """Slice s's best (value, index) over its warps' slots."""
+def slice_stats(xs, s, vocab, row, piece, t, greedy, part_max, part_index, part_sum, best_value, best_index, no_flags,
+                tid):
+    """Slice `piece` of `row`, its entries at xs[s PER_THREAD ..] (load_span's): its max logit, that max's
+    first index and its sum of exp(x/T - max/T) (0 on greedy rows) into part_max / part_index / part_sum
+    [R, S] at [row, piece]. Each thread's entries in ascending order, then the block's tree: the same
+    bits whatever the span."""
+    lo = piece * VOCAB_PER_BLOCK
+    hi = min(lo + VOCAB_PER_BLOCK, vocab)
+    cuda.syncthreads()  # the scratch may still be read from the block's previous slice
     value, index = float32(-math.inf), int64(vocab)
-    for w in range(warps):
-        if better(slot_value[s * warps + w], slot_index[s * warps + w], value, index):
-            value, index = slot_value[s * warps + w], slot_index[s * warps + w]
-    return value, index
+    for jj in range(PER_THREAD):
+        v = lo + tid + jj * THREADS
+        x = xs[s * PER_THREAD + jj]
+        if v < hi and x > value:
+            value, index = x, v
+    top, top_index = block_argmax(value, index, best_value, best_index, no_flags, tid)
+    total = float32(0.0)
+    if not greedy and top > float32(-math.inf):  # a slice of -inf logits (masked) adds nothing
+        for jj in range(PER_THREAD):
+            if lo + tid + jj * THREADS < hi:
+                total += math.exp(xs[s * PER_THREAD + jj] / t - top / t)
+    total = block_sum(total, best_value, tid)
+    if tid == 0:
+        part_max[row, piece], part_index[row, piece], part_sum[row, piece] = top, top_index, total
 
 
 @cuda.jit(device=True)

@@ -2,8 +2,8 @@
 
 Slice s of row r (slices.VOCAB_PER_BLOCK entries): its max logit, that max's first index and its sum of
 exp(x/T - max/T). A block takes `span` consecutive slices of a row (slices.span_for), loads all their
-entries first, then reduces all of them together, each slice's sum with the same tree, so the
-partials' bits do not depend on the span. Every block of its successor combines its row's slices itself (slices.combine_stats): the
+entries first, then reduces slice by slice with the same tree, so the partials' bits do not depend on
+the span. Every block of its successor combines its row's slices itself (slices.combine_stats): the
 probabilities kernel (sampling/softmax_sample.py), or the verify's probabilities fused with the
 rejection sampler (sampling/verify_rejection.py).
 """
@@ -18,8 +18,7 @@ from protospec.kernels.launch.dependent_launch import allow_dependent_launch, gr
 from protospec.kernels.launch.interop import cuda
 from protospec.kernels.primitives.divisions import block_row_and_part, divide32
 from protospec.kernels.sampling.buffers import scratch
-from protospec.kernels.primitives.reductions import WARP
-from protospec.kernels.sampling.slices import PER_THREAD, THREADS, load_span, span_for, span_groups, span_stats
+from protospec.kernels.sampling.slices import PER_THREAD, THREADS, load_span, slice_stats, span_for, span_groups
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,9 +26,6 @@ def stats_kernel(DEPENDENT: bool, SPAN: int = 1):  # noqa: N803 (Numba freezes t
     """DEPENDENT: launched as a programmatic dependent of the forward that wrote the logits. SPAN:
     slices a block."""
     ENTRIES = SPAN * PER_THREAD  # noqa: N806 (a local array's size: a constant)
-    # Each warp's winner a slice (in the simulator each thread's, whatever shuffle width a test emulates).
-    SLOTS = SPAN * (THREADS if interop.SIMULATOR else THREADS // WARP)  # noqa: N806
-    SUMS = SPAN * THREADS  # noqa: N806 (every thread's share of each slice's sum)
 
     @cuda.jit
     def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum):
@@ -46,15 +42,17 @@ def stats_kernel(DEPENDENT: bool, SPAN: int = 1):  # noqa: N803 (Numba freezes t
         row, group = block_row_and_part(groups)
         tid = cuda.threadIdx.x
         seq, _ = divide32(row, rows_per_seq)
-        slot_value = cuda.shared.array(SLOTS, float32)
-        slot_index = cuda.shared.array(SLOTS, int64)
-        sums = cuda.shared.array(SUMS, float32)
-        scratch = cuda.shared.array(THREADS, float32)  # the simulator's exchanges (a GPU shuffles in registers)
-        scratch_index = cuda.shared.array(THREADS, int64)
+        best_value = cuda.shared.array(THREADS, float32)
+        best_index = cuda.shared.array(THREADS, int64)
+        no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots (it writes them), unused here
         xs = cuda.local.array(ENTRIES, float32)
         load_span(logits, row, group * SPAN, SPAN, xs, tid)
-        span_stats(xs, min(SPAN, slices - group * SPAN), group * SPAN, logits.shape[1], row, temperature[seq],
-                   is_greedy[seq], part_max, part_index, part_sum, slot_value, slot_index, sums, scratch, scratch_index, tid)
+        t = temperature[seq]
+        greedy = is_greedy[seq]
+        for s in range(SPAN):
+            if group * SPAN + s < slices:  # the same for the whole block (its barriers)
+                slice_stats(xs, s, logits.shape[1], row, group * SPAN + s, t, greedy, part_max, part_index, part_sum,
+                            best_value, best_index, no_flags, tid)
 
     return row_stats_kernel
 
