@@ -14,7 +14,8 @@ PLACEHOLDER_TOKEN_ID = -1   # an empty position of a spec step's output ids
 # The layer kernels' linear layers: torch's (cuBLAS), or "mma_fused": the tensor-core GEMV
 # (kernels/linear/gemv_mma.py) wherever it applies (float16, at most layer_kernels.TENSOR_CORE_MAX_ROWS
 # token rows, K a multiple of 192), with each RMSNorm and residual add, RoPE with the cache store and
-# SiLU x up folded into the GEMVs (5 kernels a decoder layer instead of 9); cuBLAS elsewhere.
+# SiLU x up folded into the GEMVs (5 kernels a decoder layer instead of 9; past
+# layer_kernels.MLP_FUSED_MAX_ROWS rows the MLP's two on cuBLAS); cuBLAS elsewhere.
 LINEAR_KERNELS = ("cublas", "mma_fused")
 
 
