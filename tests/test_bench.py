@@ -92,6 +92,10 @@ def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
     assert len(report["sweep"]["points"]) == 2 * 2 * 2
     # tokens a spec step: at least the one the verify always makes, at most k + 1
     assert all(1.0 <= p["mean_accepted_len"] <= p["k"] + 1 for p in report["sweep"]["points"])
+    digests = {(p["k"], p["batch_size"]): set() for p in report["sweep"]["points"]}
+    for p in report["sweep"]["points"]:  # the modes sample with the same numbers: the same tokens at a point
+        digests[p["k"], p["batch_size"]].add(p["token_digest"])
+    assert all(len(d) == 1 and len(next(iter(d))) == 16 for d in digests.values())
     assert next(tmp_path.glob("*_sweep_*.png")).stat().st_size > 10_000  # sweep-only: date_device_sweep_commit_time.png
     # A sweep alone still records its configuration, so the plot's title names the pair, not "None".
     assert (report["config"]["model"], report["config"]["speculative_model"]) == (tiny_target, tiny_draft)
@@ -115,7 +119,9 @@ def test_sweep_rounds_interleave_the_grid_and_report_medians(monkeypatch):
     def fake_run_mode(llm, setup, mode, breakdown):
         calls.append(llm.batch)
         p50 = next(script)
-        return {"p50_s": p50, "p10_s": p50 / 2, "p90_s": p50 * 2, "acceptance_rate": 0.5, "mean_accepted_len": 2.0}
+        digest = "d1" if llm.batch == 1 else f"d4-{len(calls) // 2}"  # batch 4 makes other tokens each round
+        return {"p50_s": p50, "p10_s": p50 / 2, "p90_s": p50 * 2, "acceptance_rate": 0.5, "mean_accepted_len": 2.0,
+                "token_digest": digest}
 
     monkeypatch.setattr(ablation, "run_mode", fake_run_mode)
     setup = ablation.BenchSetup(model="m", speculative_model="d", num_speculative_tokens=5, input_len=8, output_len=8,
@@ -127,6 +133,8 @@ def test_sweep_rounds_interleave_the_grid_and_report_medians(monkeypatch):
     assert by_batch[4]["p50_rounds_s"] == [9.0, 0.2, 0.4] and by_batch[4]["p50_s"] == 0.4 and by_batch[4]["p90_s"] == 0.8
     assert sweep["rounds"] == 3
     assert by_batch[1]["kernel_plan"] == by_batch[4]["kernel_plan"] == {"layer_kernels": True}  # each point says its kernels
+    assert by_batch[1]["token_digest"] == "d1"
+    assert by_batch[4]["token_digest"] == "differs between rounds: d4-1, d4-2, d4-3"
 
 
 def test_cpu_default_is_small(monkeypatch):

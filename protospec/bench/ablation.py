@@ -210,6 +210,15 @@ def _time_unfused(llm: LLM, setup: BenchSetup, mode: str, fused_linear_kernel: s
         "mode": mode, "fused_linear_kernel": fused_linear_kernel}
 
 
+def pooled_digest(entries: list[dict]) -> str | None:
+    """The rounds' token digest where they agree (None where none was taken), else what each gave: the
+    same seeded calls giving other tokens in another round is a finding, not noise."""
+    digests = {e.get("token_digest") for e in entries}
+    if len(digests) == 1:
+        return digests.pop()
+    return "differs between rounds: " + ", ".join(sorted(map(str, digests)))
+
+
 def pool_rounds(rounds: list[dict]) -> dict:
     """Merge R interleaved rounds of the modes: percentiles over all R x iters latencies, and each
     round's p50(main) / p50(mode), whose spread shows how much the host drifted between rounds."""
@@ -220,9 +229,9 @@ def pool_rounds(rounds: list[dict]) -> dict:
             continue
         latencies = [t for r in rounds for t in r[mode]["latencies_s"]]
         entry = dict(first) | LatencyResult(latencies).summary() | {k: first[k] for k in RATE_KEYS}
-        digests = {r[mode].get("token_digest") for r in rounds}
-        if len(digests) > 1:  # the same seeded calls gave other tokens in another round
-            entry["token_digest"] = "differs between rounds: " + ", ".join(sorted(map(str, digests)))
+        digest = pooled_digest([r[mode] for r in rounds])
+        if digest is not None:
+            entry["token_digest"] = digest
         if BASELINE in rounds[0] and "p50_s" in rounds[0][BASELINE]:
             entry["ratio_to_main_per_round"] = [r[BASELINE]["p50_s"] / r[mode]["p50_s"] for r in rounds]
         pooled[mode] = entry
@@ -318,6 +327,9 @@ def run_sweep(setup: BenchSetup, batch_sizes=(1, 4, 16, 64), ks=(1, 3, 5, 7), mo
         point["mean_accepted_len"] = None if None in lengths else float(np.median(lengths))
         if rounds > 1:
             point["p50_rounds_s"] = [e["p50_s"] for e in entries]
+        digest = pooled_digest(entries)  # over every timed call's ids: two trees' points with one made the same tokens
+        if digest is not None:
+            point["token_digest"] = digest
         point["kernel_plan"] = entries[0]["kernel_plan"]
         points.append(point)
     return {"batch_sizes": list(batch_sizes), "ks": list(ks), "rounds": rounds, "points": points}
