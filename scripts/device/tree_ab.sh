@@ -10,7 +10,7 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 : "${OTHER:?OTHER: a directory with protospec/ in it, or FILE:SED}"
-rounds=${ROUNDS:-2} here=$PWD
+rounds=${ROUNDS:-2}
 if [ -d "$OTHER" ]; then
   other=$(cd "$OTHER" && pwd) other_commit=${OTHER_COMMIT:-unknown}
 else
@@ -47,4 +47,3 @@ for ((r = 1; r <= rounds; r++)); do
     summary "$out"
   done
 done
-cd "$here"
