@@ -254,3 +254,42 @@ def test_a_prefill_launch_survives_short_requests_and_an_eos_at_the_prefill(tiny
     for llm in llms.values():
         bm = llm.engine.block_manager
         assert bm.num_free_blocks == bm.num_usable_blocks
+
+
+def test_a_launched_step_is_taken_past_an_ended_request_only_where_it_ran_whole():
+    """The rows of a request that ended in the commit before are skipped only where the launched step
+    ran whole (its result is there, nothing of it is left to prepare); a joined request, or a step left
+    to finish stage by stage, discards it."""
+    from collections import Counter
+
+    from protospec.requests.sequence import FinishReason, Sequence
+    from protospec.speculation.commit import OverlappedCommit
+    from protospec.speculation.lookahead import Lookahead
+    from protospec.speculation.step_state import StepState
+
+    def seq(i):
+        return Sequence(i, [1, 2, 3], SamplingParams(max_tokens=20), torch.Generator(), block_table=[1, 2])
+
+    def pending(seqs, st, ran_whole):
+        empty = torch.empty(0)
+        state = StepState(seqs, st, 2, empty, empty)
+        state.result = object() if ran_whole else None
+        return state
+
+    a, b, c, joined = (seq(i) for i in range(4))
+    old_st, new_st = object(), object()
+    counters = Counter()
+    policy = OverlappedCommit(counters, Lookahead(3), block_size=16)
+    b.finish_reason = FinishReason.LENGTH  # ended in the commit before the launched step is taken
+
+    policy.pending = launched = pending([a, b, c], old_st, ran_whole=True)
+    assert policy.take([a, c], new_st) is launched and launched.live_st is new_st
+    assert counters["launched_rows_past_an_end"] == 1 and policy.pending is None
+    policy.pending = pending([a, b, c], old_st, ran_whole=False)
+    assert policy.take([a, c], new_st) is None and counters["first_step_discarded"] == 1
+    policy.pending = pending([a, b, c], old_st, ran_whole=True)
+    assert policy.take([a, c, joined], new_st) is None
+    policy.pending = launched = pending([a, c], old_st, ran_whole=True)  # nothing ended: the same settings only
+    assert policy.take([a, c], new_st) is None and counters["first_step_discarded"] == 3
+    policy.pending = launched = pending([a, c], old_st, ran_whole=False)
+    assert policy.take([a, c], old_st) is launched and counters["launched_rows_past_an_end"] == 1

@@ -158,22 +158,28 @@ def test_asking_for_the_step_graph_on_a_cpu_engine_names_what_is_missing(tiny_ta
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("k", [1, 4])
-def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature, k):
+@pytest.mark.parametrize("slots", [2, 8])
+def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_target, tiny_draft, temperature, k,
+                                                                         slots):
     """Requests of different lengths share two batch slots, so launched steps are discarded (their keys
-    kept) and graphs of several batch sizes replay; with the step graph on or off the tokens are the
-    same (its random numbers and verify inputs built on a branch beside draft step 1)."""
+    kept) and graphs of several batch sizes replay; or all run in one batch of eight slots and end at
+    different steps, so launched steps are taken with the rows of requests that ended in the commit
+    before (skipped), and the next is built for the rest. With the step graph on or off the tokens
+    are the same (its random numbers and verify inputs built on a branch beside draft step 1)."""
     prompts = random_prompts(5, seed=6)
     params = [SamplingParams(temperature=temperature, top_k=40, max_tokens=n, seed=20 + i, ignore_eos=True)
               for i, n in enumerate((40, 61, 33, 18, 29))]
     outs, counters = {}, {}
     for setting in (False, None):
         llm = tiny_llm(tiny_target, tiny_draft, k=k, device="cuda", dtype="float16", draft_loop="graph",
-                       max_num_seqs=2, spec_step_graph=setting, check_no_sync=True)
+                       max_num_seqs=slots, spec_step_graph=setting, check_no_sync=True)
         outs[setting] = [o.token_ids for o in llm.generate(prompts, params)]
         counters[setting] = llm.counters["draft"]
         bm = llm.engine.block_manager
         assert bm.num_free_blocks == bm.num_usable_blocks
     assert outs[None] == outs[False]
     assert counters[None]["spec_step_graph"] > 0 and "spec_step_graph" not in counters[False]
+    if slots == 8:  # no request joins: every ending but the last is crossed by a launched step
+        assert counters[None]["launched_rows_past_an_end"] >= 3 and "launched_rows_past_an_end" not in counters[False]
 
 

@@ -219,14 +219,14 @@ class Engine:
 
     # ---- admission -------------------------------------------------------------------------
     def blocks_for_request(self, num_prompt_tokens: int, max_tokens: int) -> int:
-        return blocks_for(num_prompt_tokens + max_tokens + self.look.slots_past_end, self.config.block_size)
+        return blocks_for(num_prompt_tokens + max_tokens + self.look.reserved_slots, self.config.block_size)
 
     def check_fits_pool(self, num_prompt_tokens: int, max_tokens: int) -> None:
         need = self.blocks_for_request(num_prompt_tokens, max_tokens)
         if need > self.block_manager.num_usable_blocks:
             raise OutOfKVBlocksError(
                 f"out of KV blocks: a request of {num_prompt_tokens} prompt + {max_tokens} new tokens "
-                f"(+ {self.look.slots_past_end} lookahead) needs {need} blocks of {self.config.block_size}, the pool has "
+                f"(+ {self.look.reserved_slots} lookahead) needs {need} blocks of {self.config.block_size}, the pool has "
                 f"{self.block_manager.num_usable_blocks}; raise num_kv_blocks / kv_cache_gib or shorten the request"
             )
 

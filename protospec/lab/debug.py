@@ -189,6 +189,11 @@ class DraftLoopDebugger:
         spec.commit(self.state)
         eng.retire_finished()
         pending = spec.commit_policy.pending
+        if pending is not None and any(seq.finished for seq in pending.seqs):
+            # A request of the launched step ended in this commit: its table is freed, so its row has no
+            # twin to compare with. Set aside; the next step starts from draft step 1 on the CPU.
+            spec.commit_policy.discard()
+            pending = None
         if pending is not None:
             seqs = pending.seqs
             self._launched = self.trace.next_first_step = DraftStepTrace(

@@ -5,11 +5,15 @@ overlapped  after the rejection sampler and the commit's copy are queued, the NE
             step 1 is queued too, its inputs built on the device from the rejection output
             (L' = L + accepted + 1; the last two tokens are on the device already). The host then
             waits only for the copy and commits while the device runs that step. The next `begin`
-            takes the launched step if the batch is the same; otherwise (a request finished or
-            joined) it is discarded: its K/V writes are rewritten with the same values, and its
-            random numbers stay with their requests (seq_id -> their rows), so outputs do not
-            depend on whether the commit overlapped. Only the device draft loops can build draft
-            step 1 on the device; vLLM's change prepared it on the CPU after the sync (synced).
+            takes the launched step if the batch is the same, or the same but for requests that
+            ended in the commit before (a request's end is not known when the next step is queued):
+            their rows ran for nothing, the commit skips them, and the step after is built for the
+            rest. A step that ran whole as one replay is taken so; otherwise (a request joined, or
+            ended before a step run stage by stage) it is discarded: its K/V writes are rewritten
+            with the same values, and its random numbers stay with their requests (seq_id -> their
+            rows), so outputs do not depend on whether the commit overlapped. Only the device draft
+            loops can build draft step 1 on the device; vLLM's change prepared it on the CPU after
+            the sync (synced).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ class StepCallbacks(Protocol):
     device: torch.device
     draft_loop: DraftLoop
     timer: PhaseTimer
+    step_graph: bool  # a launched step runs whole as one replay
 
     def draw_randoms(self, s: StepState) -> SpecStepRandoms: ...
 
@@ -84,17 +89,31 @@ class OverlappedCommit(SyncedCommit):
 
     def __init__(self, counters: Counter, look: Lookahead, block_size: int):
         self.pending = None           # the next spec step, its draft step 1 already launched
-        self._counters = counters     # the draft runner's: "first_step_discarded", "first_step_at_begin"
+        # the draft runner's: "first_step_discarded", "first_step_at_begin", "launched_rows_past_an_end"
+        self._counters = counters
         self.look, self.block_size = look, block_size
         # seq_id -> (uniforms [k], noise [2k + 1, V]) drawn by a discarded step for that request
         self._kept_randoms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def launch_next(self, step: StepCallbacks, s: StepState) -> None:
-        """Not when a sequence may reach max_tokens in this step: it may have no next step, and the
-        next step's lookahead could pass the blocks its admission promised."""
-        if any(self.look.may_finish_within_step(seq.num_remaining) for seq in s.seqs):
+        """For the step's requests still running (those that ended in the commit before this step are
+        left out, their rows of this step's result with them). Not when every one may reach max_tokens
+        in this step: then the batch likely has no next step. Where the step runs whole as one replay,
+        one that may and does gets a row that runs for nothing (admission reserved the slots it writes,
+        Lookahead.reserved_slots) and the step is taken for the rest; a step run stage by stage would
+        be discarded, so none is launched while any request may end."""
+        rows = [i for i, seq in enumerate(s.seqs) if not seq.finished]
+        seqs = [s.seqs[i] for i in rows]
+        may_finish = [self.look.may_finish_within_step(seq.num_remaining) for seq in seqs]
+        if all(may_finish) or (any(may_finish) and not step.step_graph):
             return
-        self._launch(step, list(s.seqs), s.st, s.result, self.look.next_step_slots)
+        result, st = s.result, s.st
+        if len(rows) < len(s.seqs):  # the rows of requests that ended: gathered out on the device
+            index = host_to_device(rows, torch.int64, step.device)  # [B'] int64
+            result = RejectionOutput(*(t.index_select(0, index) for t in (result.output_token_ids, result.num_accepted,
+                                                                           result.accepted_mask, result.passed_mask)))
+            st = s.live_st
+        self._launch(step, seqs, st, result, self.look.next_step_slots)
 
     def launch_after_prefill(self, step: StepCallbacks, seqs: list[Sequence], st: SamplingTensors,
                              sampled: torch.Tensor) -> None:
@@ -136,14 +155,22 @@ class OverlappedCommit(SyncedCommit):
 
     def take(self, seqs: list[Sequence], st: SamplingTensors) -> StepState | None:
         """The pending step if it was made for this very batch (the same Sequence objects, in order,
-        with the same SamplingTensors) and its block tables still hold the lookahead past every
-        sequence's end; otherwise it is discarded."""
+        with the same SamplingTensors), or for this batch and requests that have ended since, where the
+        step ran whole (a step graph: nothing is left to prepare for the ended ones), and its block
+        tables still hold the lookahead past every sequence's end; otherwise it is discarded. st: the
+        batch's settings (the step's own where requests ended: its rows are the step's)."""
         pending, self.pending = self.pending, None
         if pending is None:
             return None
-        same_batch = pending.st is st and len(pending.seqs) == len(seqs) and all(a is b for a, b in zip(pending.seqs, seqs))
+        live = [seq for seq in pending.seqs if not seq.finished]
+        ended = len(live) < len(pending.seqs)
+        same_batch = (len(live) == len(seqs) and all(a is b for a, b in zip(live, seqs))
+                      and (pending.result is not None if ended else pending.st is st))
         lookahead = self.look.slots_past_end
         if same_batch and all(len(seq.block_table) * self.block_size >= seq.num_tokens + lookahead for seq in seqs):
+            pending.live_st = st
+            if ended:
+                self._counters["launched_rows_past_an_end"] += len(pending.seqs) - len(live)
             return pending
         self._keep_randoms(pending)
         return None

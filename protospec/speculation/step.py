@@ -215,6 +215,8 @@ class SpeculativeStep:
             lookahead = self.commit_policy.kept_lookahead()
             k = self.k
             for seq, row in zip(s.seqs, rows):
+                if seq.finished:  # it ended in the commit before this step's launch: its row ran for nothing
+                    continue
                 accepted, passed = row[k + 1], row[k + 2]
                 proposed = row[k + 3] if s.num_proposed is not None else k
                 length = seq.num_tokens

@@ -28,3 +28,6 @@ class StepState:
     result: RejectionOutput | None = None     # after reject
     commit_row: torch.Tensor | None = None  # int64 [rows * (k + 3) + 1]: the commit's row, where a step graph made it
     commit_copy: tuple[torch.Tensor, torch.cuda.Event | None] | None = None  # (host int64 copy, its event): what commit reads
+    # The settings of the rows still running, where requests ended after this step was launched (its
+    # rows are still theirs: the commit skips them); the next step is built for those rows alone.
+    live_st: SamplingTensors | None = None
