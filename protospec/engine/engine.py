@@ -329,7 +329,7 @@ class Engine:
         if self.speculating():
             if self.decoder is not None:  # a queued decode replay is void
                 self.decoder.discard()
-            self.spec_step(self.running, self.sampling_tensors(self.running))
+            self.spec_step(self.running, self.sampling_tensors(self.running), requests_waiting=bool(self.waiting))
         else:
             if self.spec_step is not None:  # speculation off at this batch size: a launched step is void
                 self.spec_step.commit_policy.discard()

@@ -57,8 +57,9 @@ class SyncedCommit:
         """A spec step launched ahead for this batch, if any."""
         return None
 
-    def launch_next(self, step: StepCallbacks, s: StepState) -> None:
-        """Queue work of the next spec step before the commit's host sync (nothing, here)."""
+    def launch_next(self, step: StepCallbacks, s: StepState, requests_waiting: bool = False) -> None:
+        """Queue work of the next spec step before the commit's host sync (nothing, here).
+        requests_waiting: requests wait to join the batch when one ends."""
 
     def launch_after_prefill(self, step: StepCallbacks, seqs: list[Sequence], st: SamplingTensors,
                              sampled: torch.Tensor) -> None:
@@ -95,17 +96,18 @@ class OverlappedCommit(SyncedCommit):
         # seq_id -> (uniforms [k], noise [2k + 1, V]) drawn by a discarded step for that request
         self._kept_randoms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def launch_next(self, step: StepCallbacks, s: StepState) -> None:
+    def launch_next(self, step: StepCallbacks, s: StepState, requests_waiting: bool = False) -> None:
         """For the step's requests still running (those that ended in the commit before this step are
         left out, their rows of this step's result with them). Not when every one may reach max_tokens
-        in this step: then the batch likely has no next step. Where the step runs whole as one replay,
-        one that may and does gets a row that runs for nothing (admission reserved the slots it writes,
-        Lookahead.reserved_slots) and the step is taken for the rest; a step run stage by stage would
-        be discarded, so none is launched while any request may end."""
+        in this step: then the batch likely has no next step. Where the step runs whole as one replay
+        and no request waits to join, one that may end and does gets a row that runs for nothing
+        (admission reserved the slots it writes, Lookahead.reserved_slots) and the step is taken for
+        the rest. Otherwise none is launched while any request may end: a request that joins, or a
+        step run stage by stage, would have it discarded."""
         rows = [i for i, seq in enumerate(s.seqs) if not seq.finished]
         seqs = [s.seqs[i] for i in rows]
         may_finish = [self.look.may_finish_within_step(seq.num_remaining) for seq in seqs]
-        if all(may_finish) or (any(may_finish) and not step.step_graph):
+        if all(may_finish) or (any(may_finish) and (requests_waiting or not step.step_graph)):
             return
         result, st = s.result, s.st
         if len(rows) < len(s.seqs):  # the rows of requests that ended: gathered out on the device

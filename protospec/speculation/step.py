@@ -189,9 +189,10 @@ class SpeculativeStep:
             wait_for(done, "a prefill's tokens", self.wait_s)
         return host.tolist()
 
-    def launch_next(self, s: StepState) -> None:
-        """The commit policy's chance to queue the next spec step's work before the host sync."""
-        self.commit_policy.launch_next(self, s)
+    def launch_next(self, s: StepState, requests_waiting: bool = False) -> None:
+        """The commit policy's chance to queue the next spec step's work before the host sync
+        (requests_waiting: requests wait to join the batch when one ends)."""
+        self.commit_policy.launch_next(self, s, requests_waiting)
 
     def commit(self, s: StepState) -> None:
         if s.commit_copy is None:
@@ -228,7 +229,7 @@ class SpeculativeStep:
                 seq.num_cached_draft = length + min(accepted, self.k - 1)
                 self.block_manager.shrink(seq.block_table, seq.num_tokens + lookahead)
 
-    def __call__(self, seqs: list[Sequence], st: SamplingTensors) -> RejectionOutput:
+    def __call__(self, seqs: list[Sequence], st: SamplingTensors, requests_waiting: bool = False) -> RejectionOutput:
         state = self.begin(seqs, st, launch=True)
         with self.loop_guard(self.device):  # no host sync from here to the rejection sampler
             self.draft_loop.run_steps(state, self.draw_randoms)
@@ -236,6 +237,6 @@ class SpeculativeStep:
         self.reject(state)
         self.queue_commit_copy(state)
         with self.loop_guard(self.device):  # the next step's draft step 1 needs no sync either
-            self.launch_next(state)
+            self.launch_next(state, requests_waiting)
         self.commit(state)
         return state.result
