@@ -30,17 +30,14 @@ def _first_step(rows, width, block_size, lengths, last_tokens, tables):
     return first
 
 
-WAYS = ["kernel", "torch_twin"]
+def _build(first, drafts, verify, rows, width, error):
+    """The draft tokens as the draft steps' samples leave them in the verify's tokens, then the kernel."""
+    verify.input_ids[: rows * (drafts.shape[1] + 1)].view(rows, -1)[:, 1:] = drafts
+    build_verify_inputs(first, drafts, verify, rows, width, error)
 
 
-def _build(way, first, drafts, verify, rows, width, error):
-    """build_verify_inputs the given way: the Numba kernel or its torch twin."""
-    build_verify_inputs(first, drafts, verify, rows, width, error, use_kernel=way != "torch_twin")
-
-
-@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("batch,rows,k,block_size", [(1, 1, 5, 16), (3, 4, 4, 4), (6, 8, 2, 8)])
-def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows, k, block_size, way):
+def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows, k, block_size):
     rng = random.Random(batch * 10 + k)
     free = list(range(1, 500))
     rng.shuffle(free)
@@ -52,8 +49,9 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     first = _first_step(rows, width, block_size, lengths, last, tables)
     verify = PersistentInputs("verify", rows, k + 1, width, k + 1, block_size, KERNEL_DEVICE)
     verify.slot_mapping.fill_(123)  # stale slots a padding row must not keep
+    verify.input_ids.fill_(-5)
     error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
-    _build(way, first, drafts, verify, rows, width, error)
+    _build(first, drafts, verify, rows, width, error)
 
     cpu = prepare_inputs([[t] + drafts[r].tolist() for r, t in enumerate(last)], [n - 1 for n in lengths], tables,
                          block_size, k + 1, torch.device("cpu"), width)
@@ -64,42 +62,19 @@ def test_verify_inputs_match_the_cpu_prepare_and_keep_padding_inert(batch, rows,
     assert verify.seq_lens[:batch].tolist() == [n + k for n in lengths]
     assert torch.equal(verify.block_tables[:batch, :width].cpu(), cpu.meta.block_tables)
     assert (verify.slot_mapping[real:] == PAD_SLOT_ID).all() and (verify.seq_lens[batch:] == 0).all()
+    pad = verify.input_ids[real : rows * (k + 1)].view(rows - batch, k + 1)
+    assert (pad[:, 0] == 0).all() and torch.equal(pad[:, 1:], drafts[batch:])  # padding: only the first token
     assert error.item() == 0
 
 
-@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch_twin"])
-def test_verify_inputs_without_the_draft_tokens_leave_them_to_the_samples(use_kernel):
-    """tokens=False (the draft steps' samples write d_1..d_k into the verify's tokens, in a step graph):
-    every other input as the CPU prepare, the draft columns untouched, padding rows' included."""
-    batch, rows, k, block_size = 2, 4, 3, 8
-    lengths, last, tables = [9, 30], [17, 42], [[5, 6], [7, 8, 9, 10, 11]]
-    first = _first_step(rows, 5, block_size, lengths, last, tables)
-    verify = PersistentInputs("verify", rows, k + 1, 5, k + 1, block_size, KERNEL_DEVICE)
-    verify.input_ids.fill_(-5)
-    ids = verify.input_ids[: rows * (k + 1)].view(rows, k + 1)
-    drafts = torch.tensor([[3, 4, 5], [6, 7, 8], [0, 0, 0], [0, 0, 0]], device=KERNEL_DEVICE)
-    ids[:batch, 1:] = drafts[:batch]  # as the samples leave them
-    error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
-    build_verify_inputs(first, drafts, verify, rows, 5, error, use_kernel=use_kernel, tokens=False)
-    cpu = prepare_inputs([[t] + drafts[r].tolist() for r, t in enumerate(last)], [n - 1 for n in lengths], tables,
-                         block_size, k + 1, torch.device("cpu"), 5)
-    real = batch * (k + 1)
-    assert verify.input_ids[:real].tolist() == cpu.input_ids.tolist()
-    assert verify.slot_mapping[:real].tolist() == cpu.meta.slot_mapping.tolist()
-    assert verify.positions[:real].tolist() == cpu.positions.tolist()
-    assert ids[batch:, 0].tolist() == [0, 0] and (ids[batch:, 1:] == -5).all()  # padding: only the first token
-    assert error.item() == 0
-
-
-@pytest.mark.parametrize("way", WAYS)
-def test_verify_inputs_flag_a_position_past_the_table(way):
+def test_verify_inputs_flag_a_position_past_the_table():
     block_size, k = 4, 3
     tables = [[5, 6, 7], [8, NULL_BLOCK, NULL_BLOCK]]  # row 1 holds 4 positions only
     lengths, last = [6, 3], [11, 12]
     first = _first_step(2, 3, block_size, lengths, last, tables)
     verify = PersistentInputs("verify", 2, k + 1, 3, k + 1, block_size, KERNEL_DEVICE)
     error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
-    _build(way, first, torch.full((2, k), 7, device=KERNEL_DEVICE), verify, 2, 3, error)
+    _build(first, torch.full((2, k), 7, device=KERNEL_DEVICE), verify, 2, 3, error)
     assert error.item() == 2  # row 1, + 1
     assert verify.slot_mapping[k + 1 :].tolist() == [8 * 4 + 2, 8 * 4 + 3, PAD_SLOT_ID, PAD_SLOT_ID]
     assert verify.slot_mapping[: k + 1].tolist() == [6 * 4 + 1, 6 * 4 + 2, 6 * 4 + 3, 7 * 4 + 0]
@@ -111,11 +86,11 @@ def test_the_verify_inputs_kernel_names_a_bad_argument():
     error = torch.zeros(1, dtype=torch.int32, device=KERNEL_DEVICE)
     drafts = torch.zeros(2, 3, dtype=torch.int64, device=KERNEL_DEVICE)
     with pytest.raises(KernelArgumentError, match="draft_ids: dtype torch.int32, expected torch.int64"):
-        build_verify_inputs(first, drafts.int(), verify, 2, 3, error, use_kernel=True)
+        build_verify_inputs(first, drafts.int(), verify, 2, 3, error)
     with pytest.raises(KernelArgumentError, match="width 4 outside 1..3"):
-        build_verify_inputs(first, drafts, verify, 2, 4, error, use_kernel=True)
+        build_verify_inputs(first, drafts, verify, 2, 4, error)
     with pytest.raises(ValueError, match="verify buffers hold 4 tokens a row, the step needs k \\+ 1 = 3"):
-        build_verify_inputs(first, drafts[:, :2], verify, 2, 3, error, use_kernel=True)
+        build_verify_inputs(first, drafts[:, :2], verify, 2, 3, error)
 
 
 def test_commit_row_lays_out_ids_counts_and_the_flag():

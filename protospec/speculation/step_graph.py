@@ -138,7 +138,7 @@ class SpecStepGraph:
         with torch.cuda.stream(self._side):
             self._fill()
             build_verify_inputs(self.draft.first, self.draft.draft_ids, self.verify, self.rows, self.width,
-                                self.error_row, tokens=False)
+                                self.error_row)
             done = torch.cuda.Event()
             done.record()
         return done

@@ -158,11 +158,10 @@ def _draft_inputs() -> None:
                      torch.zeros(2 * rows, dtype=int64), torch.zeros(2 * rows, dtype=int64), torch.ones(rows, dtype=int32),
                      torch.zeros(rows, width, dtype=int32), torch.zeros(1, dtype=int32))
     k = 5
-    for tokens in (True, False):  # the form that writes the draft tokens, and the step graph's that does not
-        verify_inputs(block_size, width, torch.zeros(2 * rows, dtype=int64), torch.ones(rows, dtype=int32),
-                      torch.zeros(rows, width, dtype=int32), torch.zeros(rows, k, dtype=int64),
-                      *[torch.zeros(rows * (k + 1), dtype=int64) for _ in range(3)], torch.zeros(rows, dtype=int32),
-                      torch.zeros(rows, width, dtype=int32), torch.zeros(1, dtype=int32), tokens=tokens)
+    verify_inputs(block_size, width, torch.zeros(2 * rows, dtype=int64), torch.ones(rows, dtype=int32),
+                  torch.zeros(rows, width, dtype=int32), torch.zeros(rows, k, dtype=int64),
+                  *[torch.zeros(rows * (k + 1), dtype=int64) for _ in range(3)], torch.zeros(rows, dtype=int32),
+                  torch.zeros(rows, width, dtype=int32), torch.zeros(1, dtype=int32))
 
 
 def _forwards() -> None:
