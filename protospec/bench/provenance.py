@@ -57,11 +57,6 @@ def source_identity() -> dict:
     return {"git_commit": "unknown", "tree_dirty": None, "package_version": version, "source_sha256": source_hash()}
 
 
-def git_commit() -> str:
-    """The commit source_identity names ("unknown" outside protospec's own repository)."""
-    return source_identity()["git_commit"]
-
-
 def describe_device(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

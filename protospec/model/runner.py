@@ -24,11 +24,11 @@ class ModelRunner:
         self.block_size = block_size
         self.device, self.dtype = param.device, param.dtype
         self.vocab_size = cfg.vocab_size
-        # One tensor for every layer's cache, [layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]
-        # (a persistent kernel takes it whole); the torch path and the layer kernels take its per-layer views.
-        self.kv_stack = torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
+        # Every layer's cache in one allocation, [layers, 2 (K, V), num_blocks, block_size, num_kv_heads,
+        # head_dim]; the forwards take its per-layer views.
+        kv_stack = torch.zeros(cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
                                     dtype=self.dtype, device=self.device)
-        self.kv_caches = list(self.kv_stack.unbind(0))
+        self.kv_caches = list(kv_stack.unbind(0))
         self.counters: Counter[str] = Counter()
         self.graphs: GraphCache | None = None
         self.max_graph_query_len = 0
