@@ -43,6 +43,18 @@ def sm_count(device: torch.device) -> int:
 
 
 
+_placeholders: dict[tuple, torch.Tensor] = {}
+
+
+def placeholder(dtype: torch.dtype, ndim: int, device: torch.device) -> torch.Tensor:
+    """A [1] * ndim zero tensor for a kernel argument the launch does not use (never read or written;
+    one per dtype, rank and device, so a launch allocates nothing for it)."""
+    key = (dtype, ndim, str(device))
+    if key not in _placeholders:
+        _placeholders[key] = torch.zeros((1,) * ndim, dtype=dtype, device=device)
+    return _placeholders[key]
+
+
 def check_tensor(name: str, t, dtype: torch.dtype, ndim: int, rows: int | None = None) -> None:
     """Raise KernelArgumentError naming the argument unless t is a contiguous `dtype` tensor of
     `ndim` dims (first dim `rows` when given) on the device kernels run on here."""

@@ -5,8 +5,6 @@ kernel and its layout are in linear/gemv_mma_kernel.py, its torch twin in linear
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from protospec.errors import KernelArgumentError
@@ -81,7 +79,7 @@ def gemv_mma(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | 
                              rope is not None and rope.inputs_before_wait)
     index = x64[0] if x_rows is None else x_rows             # unused int64 / float / cache arguments: stand-ins
     table = y if rope is None else rope.cos
-    squares = _stand_in(x.device)
+    squares = interop.placeholder(torch.float32, 1, x.device)  # the forms that take no sums (never read)
     if residual_squares is not None:  # the residual where the normed forms take theirs; the sums out
         residual, squares = residual_squares, torch.empty(tokens, n // TILE_ROWS, dtype=torch.float32, device=x.device)
     elif row_squares is not None:
@@ -118,9 +116,3 @@ def _check_squares(residual_squares: torch.Tensor | None, row_squares: torch.Ten
         if row_squares.shape != (x.shape[0], k // TILE_ROWS):
             raise KernelArgumentError(f"gemv_mma: row_squares {tuple(row_squares.shape)} must be x's rows by its "
                                       f"16-column tiles ({x.shape[0]}, {k // TILE_ROWS})")
-
-
-@functools.cache
-def _stand_in(device: torch.device) -> torch.Tensor:
-    """The sums-of-squares argument of the forms that take none (never read)."""
-    return torch.zeros(1, dtype=torch.float32, device=device)

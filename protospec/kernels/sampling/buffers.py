@@ -1,6 +1,6 @@
 """The sampling kernels' buffers that are not the caller's: the slices' statistics and race winners
-(written and read within a call, one set per shape), and placeholders for the arguments a launch does
-not use (never an alias of a real argument, never written); and RowSettings, what they read of the
+(written and read within a call, one set per shape), and the arguments of a launch that advances
+nothing (interop.placeholder's); and RowSettings, what they read of the
 batch's sampling settings.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 
 from protospec.errors import KernelArgumentError
-from protospec.kernels.launch.interop import check_tensor
+from protospec.kernels.launch.interop import check_tensor, placeholder
 
 
 class RowSettings(Protocol):
@@ -45,16 +45,6 @@ def scratch(rows: int, slices: int, device: torch.device, what: str = "stats") -
             _scratches[key] = (torch.empty(rows, slices, **f32), torch.empty(rows, slices, **i64),
                                torch.empty(rows, slices, **f32))
     return _scratches[key]
-
-
-_placeholders: dict[tuple, torch.Tensor] = {}
-
-
-def placeholder(dtype: torch.dtype, ndim: int, device: torch.device) -> torch.Tensor:
-    key = (dtype, ndim, str(device))
-    if key not in _placeholders:
-        _placeholders[key] = torch.zeros((1,) * ndim, dtype=dtype, device=device)
-    return _placeholders[key]
 
 
 def mirror_span(mirror: torch.Tensor | None, rows: int, device: torch.device) -> tuple[torch.Tensor, int]:

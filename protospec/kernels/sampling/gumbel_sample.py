@@ -30,14 +30,14 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
 from protospec.kernels.inputs.advance_step import advance_stores
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, wait_after_issued_loads
-from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.launch.interop import placeholder, check_tensor, cuda
 from protospec.kernels.primitives.divisions import block_row_and_part
 from protospec.kernels.sampling.packed_argmax import EMPTY, argmax_key, key_index
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.primitives.reductions import better, block_argmax_or
 from protospec.kernels.randoms.counter_randoms import exponential
 from protospec.kernels.sampling.advance import loads_for_advance
-from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance, placeholder
+from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance
 from protospec.kernels.sampling.slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, span_for, span_groups
 
 if TYPE_CHECKING:

@@ -33,11 +33,11 @@ from numba import float32, int32, int64
 from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, wait_after_issued_loads
-from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.launch.interop import placeholder, check_tensor, cuda
 from protospec.kernels.primitives.divisions import block_row_and_part, divide32
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.sampling.advance import finish_row, loads_for_advance
-from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance, placeholder, scratch
+from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance, scratch
 from protospec.kernels.sampling.slices import (PER_THREAD, THREADS, combine_stats, prefetch_span, span_for,
                                                span_groups, span_probs, span_probs_prefetched)
 from protospec.kernels.sampling.stats import launch_stats
