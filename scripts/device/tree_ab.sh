@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
-# One bench command in two trees, alternating over ROUNDS rounds (default 2), each run its own process:
-# this tree ("tree") and OTHER ("other"), which is either a directory holding another version's protospec/
-# (a `git archive <commit> protospec data/configs` copy, carried with the call) or a one-line edit of
-# this tree, FILE:SED (a copy of protospec/ with that sed expression applied to that file: a constant
-# changed, no switch added). Prints each run's p50 and token digest per point (--ablation's modes, or
-# --sweep's points); the JSON lands under $OUT/ab/<arm>_r<round>.
+# One bench command in several trees, alternating over ROUNDS rounds (default 2), each run its own process:
+# this tree ("tree") and each of OTHER's arms, where an arm is either a directory holding another
+# version's protospec/ (a `git archive <commit>` copy, carried with the call) or a one-line edit of this
+# tree, FILE:SED (a copy of protospec/ with that sed expression applied to that file: a constant changed,
+# no switch added). OTHER may list several directories (space-separated; OTHER_COMMIT their commits in
+# the same order): every round runs this tree once and each arm once, so N candidates share the baseline's
+# runs. Prints each run's p50 and token digest per point (--ablation's modes, or --sweep's points); each
+# run's JSON lands in $OUT/ab/ as <arm>_r<round>_<name>.json (one level deep, so a device call brings it back).
 #   PROTOSPEC_GIT_COMMIT=<sha> OTHER=.old7 OTHER_COMMIT=370bafe bash scripts/device/tree_ab.sh --sweep --sweep-batch-sizes 64 --sweep-ks 5 --modes graph
+#   PROTOSPEC_GIT_COMMIT=<sha> OTHER=".a .b" OTHER_COMMIT="1111111 2222222" bash scripts/device/tree_ab.sh --ablation --repeats 1 --modes graph --batch-size 64
 #   PROTOSPEC_GIT_COMMIT=<sha> OTHER='protospec/model/layer_kernels.py:s/^MLP_FUSED_MAX_ROWS = 32$/MLP_FUSED_MAX_ROWS = 64/' bash scripts/device/tree_ab.sh --ablation --repeats 1 --modes graph --peers
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
-: "${OTHER:?OTHER: a directory with protospec/ in it, or FILE:SED}"
+: "${OTHER:?OTHER: directories with protospec/ in them, or FILE:SED}"
 rounds=${ROUNDS:-2}
-if [ -d "$OTHER" ]; then
-  other=$(cd "$OTHER" && pwd) other_commit=${OTHER_COMMIT:-unknown}
+arms=() dirs=() commits=()
+if [ -d "${OTHER%% *}" ]; then
+  read -ra given <<< "$OTHER"
+  read -ra given_commits <<< "${OTHER_COMMIT:-}"
+  for i in "${!given[@]}"; do
+    arms+=("$(basename "${given[i]}" | tr -d .)") dirs+=("$(cd "${given[i]}" && pwd)") commits+=("${given_commits[i]:-unknown}")
+  done
 else
-  file=${OTHER%%:*} expr=${OTHER#*:} other=/tmp/tree_ab_other other_commit=${PROTOSPEC_GIT_COMMIT:-unknown}
+  file=${OTHER%%:*} expr=${OTHER#*:} other=/tmp/tree_ab_other
   rm -rf "$other" && mkdir -p "$other/data" && cp -r protospec "$other/" && cp -r data/configs "$other/data/"
   sed -i "$expr" "$other/$file"
   if cmp -s "$file" "$other/$file"; then echo "tree_ab: the sed expression changed nothing in $file" >&2; exit 2; fi
   diff "$file" "$other/$file"
+  arms+=(other) dirs+=("$other") commits+=("${PROTOSPEC_GIT_COMMIT:-unknown}")
 fi
 summary() {  # each point's p50 and token digest of one run's JSON
   python3 - "$1" <<'PY'
@@ -33,17 +42,21 @@ for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
             print(f"  {mode}: p50 {e['p50_s']:.5f} s, tokens {e.get('token_digest')}")
 PY
 }
+mkdir -p "$OUT/ab"
 for ((r = 1; r <= rounds; r++)); do
-  for arm in tree other; do
-    out="$OUT/ab/${arm}_r$r"
-    mkdir -p "$out"
-    if [ "$arm" = tree ]; then
+  for ((i = -1; i < ${#arms[@]}; i++)); do
+    arm=tree
+    ((i >= 0)) && arm=${arms[i]}
+    out=/tmp/tree_ab_run && rm -rf "$out" && mkdir -p "$out"
+    if ((i < 0)); then
       timeout 300 python3 -m protospec.bench "$@" --output-dir "$out" > "$out/log.txt" 2>&1
     else
-      (cd "$other" && PYTHONPATH=/tmp/site:$other PROTOSPEC_GIT_COMMIT=$other_commit \
+      (cd "${dirs[i]}" && PYTHONPATH=/tmp/site:${dirs[i]} PROTOSPEC_GIT_COMMIT=${commits[i]} \
         timeout 300 python3 -m protospec.bench "$@" --output-dir "$out" > "$out/log.txt" 2>&1)
     fi
     echo "round $r [$arm] rc $?"
     summary "$out"
+    for f in "$out"/*.json; do [ -f "$f" ] && cp "$f" "$OUT/ab/${arm}_r${r}_$(basename "$f")"; done
+    cp "$out/log.txt" "$OUT/ab/${arm}_r${r}_log.txt"
   done
 done
