@@ -24,15 +24,14 @@ from protospec.kernels.inputs.slot_lookup import slot_or_flag
 
 
 @cuda.jit
-def verify_inputs_kernel(block_size, width, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
-                         input_ids, positions, slot_mapping, seq_lens, block_tables, error_row):
+def verify_inputs_kernel(block_size, width, first_input_ids, first_seq_lens, first_block_tables, input_ids, positions,
+                         slot_mapping, seq_lens, block_tables, error_row):
     """
     block_size          int64 scalar
     width               int64 scalar            table columns in use (<= both tables' widths)
     first_input_ids     [2 * rows] int64        draft step 1's tokens: t_{L'-2}, t_{L'-1} per row
     first_seq_lens      [rows] int32            L' per row, 0 on padding rows
     first_block_tables  [rows, max_blocks] int32
-    draft_ids           [rows, k] int64         not read (the launch checks its shape)
     input_ids           [rows * (k + 1)] int64  out
     positions           [rows * (k + 1)] int64  out
     slot_mapping        [rows * (k + 1)] int64  out, -1 = skip
@@ -70,7 +69,8 @@ def verify_inputs_kernel(block_size, width, first_input_ids, first_seq_lens, fir
 
 def verify_inputs(block_size: int, width: int, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
                   input_ids, positions, slot_mapping, seq_lens, block_tables, error_row) -> None:
-    """Check the arguments (rows = first_seq_lens' length), then one launch of rows * (k + 1) threads."""
+    """Check the arguments (rows = first_seq_lens' length; draft_ids [rows, k] gives k), then one launch of
+    rows * (k + 1) threads."""
     check_tensor("first_seq_lens", first_seq_lens, torch.int32, 1)
     rows = first_seq_lens.shape[0]
     check_tensor("draft_ids", draft_ids, torch.int64, 2, rows=rows)
@@ -87,5 +87,5 @@ def verify_inputs(block_size: int, width: int, first_input_ids, first_seq_lens, 
         raise KernelArgumentError(f"verify_inputs: width {width} outside 1..{widest} (the narrower of the two block tables)")
     grid, block = interop.launch_config(rows * q)
     interop.launch_tensors(verify_inputs_kernel, grid, block,
-                           [block_size, width, first_input_ids, first_seq_lens, first_block_tables, draft_ids,
-                            input_ids, positions, slot_mapping, seq_lens, block_tables, error_row])
+                           [block_size, width, first_input_ids, first_seq_lens, first_block_tables, input_ids,
+                            positions, slot_mapping, seq_lens, block_tables, error_row])
