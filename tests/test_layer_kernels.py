@@ -23,9 +23,11 @@ def _randn(*shape, dtype, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(DEV)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_add_rms_norm_matches_torch_and_updates_the_residual_in_place(dtype):
-    x, residual, w = _randn(5, 48, dtype=dtype), _randn(5, 48, dtype=dtype, seed=1), _randn(48, dtype=dtype, seed=2)
+@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 48), (torch.float16, 48), (torch.float16, 100)])
+def test_add_rms_norm_matches_torch_and_updates_the_residual_in_place(dtype, hidden):
+    """hidden 48 and 100: a thread's last entry past the row in some threads (one or several entries a thread)."""
+    x, residual = _randn(5, hidden, dtype=dtype), _randn(5, hidden, dtype=dtype, seed=1)
+    w = _randn(hidden, dtype=dtype, seed=2)
     expected_residual = x + residual
     expected = rms_norm(expected_residual, w, 1e-6)
     rows = torch.arange(5, device=DEV)
@@ -36,7 +38,7 @@ def test_add_rms_norm_matches_torch_and_updates_the_residual_in_place(dtype):
     # Selected rows only, no residual: the LM head's path and the first layer's.
     picked = torch.tensor([3, 0], device=DEV)
     out, same = add_rms_norm(x, None, w, 1e-6, picked)
-    assert same is x and out.shape == (2, 48)
+    assert same is x and out.shape == (2, hidden)
     torch.testing.assert_close(out, rms_norm(x, w, 1e-6)[picked], **TOL[dtype])
 
 
@@ -61,8 +63,10 @@ def test_rope_and_cache_matches_apply_rope_and_write_kv(dtype):
     assert cache.view(2, -1, kv_heads, d)[:, [s for s in range(32) if s not in (9, 22)]].abs().sum() == 0
 
 
-def test_silu_and_mul_matches_torch():
-    gate_up = _randn(3, 2 * 40, dtype=torch.float32)
+@pytest.mark.parametrize("tokens,inter", [(3, 40), (7, 70)])
+def test_silu_and_mul_matches_torch(tokens, inter):
+    """One block with some outputs past the end, and several blocks (each thread's outputs a grid apart)."""
+    gate_up = _randn(tokens, 2 * inter, dtype=torch.float32)
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(silu_and_mul(gate_up), F.silu(gate) * up, **TOL[torch.float32])
 

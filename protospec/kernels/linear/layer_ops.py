@@ -13,6 +13,7 @@ activation dtype, not bit for bit (tests bound the difference).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -33,89 +34,147 @@ ROPE_THREADS = 32 if interop.SIMULATOR else 256
 ELEMENTWISE_THREADS = 32 if interop.SIMULATOR else 256
 
 
-@cuda.jit
-def add_rms_norm_kernel(x, residual, weight, rows, out, eps, add):
-    """
-    x, residual [T, H] act      weight [H] act     rows [N] int64 (distinct)     out [N, H] act
-    Block i handles token r = rows[i]: v = x[r] + residual[r] (stored back into residual[r]) when
-    add, else v = x[r]; out[i] = weight * v / sqrt(mean(v^2) + eps), the mean in float32.
-    """
-    i = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    r = rows[i]
-    hidden = x.shape[1]
-    partial = cuda.shared.array(NORM_THREADS, float32)
-    acc = float32(0.0)
-    for j in range(tid, hidden, NORM_THREADS):
-        if add:
-            residual[r, j] = float32(x[r, j]) + float32(residual[r, j])  # rounded to act here
-            v = float32(residual[r, j])
-        else:
-            v = float32(x[r, j])
-        acc += v * v
-    partial[tid] = acc
-    cuda.syncthreads()
-    tree_sum(partial, tid, NORM_THREADS)
-    inv_rms = float32(1.0) / math.sqrt(partial[0] / float32(hidden) + float32(eps))
-    for j in range(tid, hidden, NORM_THREADS):
-        v = float32(residual[r, j]) if add else float32(x[r, j])
-        out[i, j] = float32(weight[j]) * (v * inv_rms)
+# Each kernel issues all of a thread's loads before its first store. Its output may alias its inputs
+# as far as the compiler knows, so a load written after a store waits for that store: a loop that
+# alternates them pays one memory latency per entry a thread, where loads issued together pay one.
 
 
-@cuda.jit
-def rope_and_cache_kernel(qkv, positions, cos_table, sin_table, kv_cache, slot_mapping, q_out, num_heads):
-    """
-    qkv [T, (h + 2 kvh) * d] act (q heads, then k heads, then v heads)   positions [T] int64
-    cos_table, sin_table [P, d] act (the two halves share frequencies)   slot_mapping [T] int64, -1 = skip
-    kv_cache [2, blocks, block_size, kvh, d] act                         q_out [T, h, d] act
-    Block t: HF's rotate-half RoPE on token t's q and k heads; q goes to q_out, k and v to the
-    cache slot (nothing is written for slot -1: padding rows of a CUDA graph).
-    """
-    t = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    head_dim = q_out.shape[2]
-    half = head_dim // 2
-    num_kv_heads = kv_cache.shape[3]
-    pos = positions[t]
-    slot = slot_mapping[t]
-    # The cache is slot-major inside K and inside V (slot = block * block_size + offset): its stores go
-    # to flat offsets, with no division by the block size. A (head, i) pair's division is 32-bit: a
-    # 64-bit division by a runtime value is a subroutine call on a GPU.
-    key_width = num_kv_heads * head_dim
-    k_row = slot * key_width
-    v_row = (kv_cache.shape[1] * kv_cache.shape[2] + slot) * key_width
-    for p in range(tid, (num_heads + num_kv_heads) * half, ROPE_THREADS):
-        head = int64(uint32(p) // uint32(half))
-        i = p - head * half
-        x1 = float32(qkv[t, head * head_dim + i])
-        x2 = float32(qkv[t, head * head_dim + i + half])
-        c = float32(cos_table[pos, i])
-        s = float32(sin_table[pos, i])
-        y1 = x1 * c - x2 * s
-        y2 = x2 * c + x1 * s
-        if head < num_heads:
-            q_out[t, head, i] = y1
-            q_out[t, head, i + half] = y2
-        elif slot >= 0:
-            store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i, y1)
-            store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i + half, y2)
-    if slot >= 0:
+@functools.lru_cache(maxsize=None)
+def add_rms_norm_kernel(ENTRIES: int):  # noqa: N803 (Numba freezes it as a constant)
+    """ENTRIES: a row's entries a thread, ceil(H / NORM_THREADS) (a local array's size)."""
+
+    @cuda.jit
+    def add_rms_norm_kernel(x, residual, weight, rows, out, eps, add):
+        """
+        x, residual [T, H] act      weight [H] act     rows [N] int64 (distinct)     out [N, H] act
+        Block i handles token r = rows[i]: v = x[r] + residual[r] (stored back into residual[r]) when
+        add, else v = x[r]; out[i] = weight * v / sqrt(mean(v^2) + eps), the mean in float32.
+        Thread tid holds entries tid, tid + NORM_THREADS, ... and sums their squares in that order.
+        """
+        i = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        hidden = x.shape[1]
+        partial = cuda.shared.array(NORM_THREADS, float32)
+        vs = cuda.local.array(ENTRIES, float32)  # [ENTRIES] this thread's v, as stored when add
+        ws = cuda.local.array(ENTRIES, float32)  # [ENTRIES] its weights
+        for e in range(ENTRIES):  # clamped indices, no branch: every load in flight at once
+            ws[e] = float32(weight[min(tid + e * NORM_THREADS, hidden - 1)])
+        r = rows[i]
+        for e in range(ENTRIES):
+            j = min(tid + e * NORM_THREADS, hidden - 1)
+            vs[e] = float32(x[r, j]) + float32(residual[r, j]) if add else float32(x[r, j])
+        if add:  # the sum is rounded to act as it is stored; read back together, the rounded value
+            for e in range(ENTRIES):
+                if tid + e * NORM_THREADS < hidden:
+                    residual[r, tid + e * NORM_THREADS] = vs[e]
+            for e in range(ENTRIES):
+                vs[e] = float32(residual[r, min(tid + e * NORM_THREADS, hidden - 1)])
+        acc = float32(0.0)
+        for e in range(ENTRIES):
+            if tid + e * NORM_THREADS < hidden:
+                acc += vs[e] * vs[e]
+        partial[tid] = acc
+        cuda.syncthreads()
+        tree_sum(partial, tid, NORM_THREADS)
+        inv_rms = float32(1.0) / math.sqrt(partial[0] / float32(hidden) + float32(eps))
+        for e in range(ENTRIES):
+            if tid + e * NORM_THREADS < hidden:
+                out[i, tid + e * NORM_THREADS] = ws[e] * (vs[e] * inv_rms)
+
+    return add_rms_norm_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def rope_and_cache_kernel(PAIRS: int, VALUES: int):  # noqa: N803 (Numba freezes them as constants)
+    """PAIRS: rotated (head, i) pairs a thread, ceil((h + kvh) * d / 2 / ROPE_THREADS); VALUES: v
+    entries a thread, ceil(kvh * d / ROPE_THREADS) (local arrays' sizes)."""
+
+    @cuda.jit
+    def rope_and_cache_kernel(qkv, positions, cos_table, sin_table, kv_cache, slot_mapping, q_out, num_heads):
+        """
+        qkv [T, (h + 2 kvh) * d] act (q heads, then k heads, then v heads)   positions [T] int64
+        cos_table, sin_table [P, d] act (the two halves share frequencies)   slot_mapping [T] int64, -1 = skip
+        kv_cache [2, blocks, block_size, kvh, d] act                         q_out [T, h, d] act
+        Block t: HF's rotate-half RoPE on token t's q and k heads; q goes to q_out, k and v to the
+        cache slot (nothing is written for slot -1: padding rows of a CUDA graph).
+        """
+        t = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        head_dim = q_out.shape[2]
+        half = head_dim // 2
+        num_kv_heads = kv_cache.shape[3]
+        pairs = (num_heads + num_kv_heads) * half
+        key_width = num_kv_heads * head_dim
         v_start = (num_heads + num_kv_heads) * head_dim
-        for p in range(tid, key_width, ROPE_THREADS):
-            store_flat(kv_cache, v_row + p, qkv[t, v_start + p])
+        x1s = cuda.local.array(PAIRS, float32)   # [PAIRS] each pair's first-half entry
+        x2s = cuda.local.array(PAIRS, float32)   # [PAIRS] and its second-half partner
+        cs = cuda.local.array(PAIRS, float32)    # [PAIRS] cos and sin at its position
+        ss = cuda.local.array(PAIRS, float32)
+        vs = cuda.local.array(VALUES, float32)   # [VALUES] v entries (exact through float32)
+        pos = positions[t]
+        slot = slot_mapping[t]
+        # Every load first, at clamped indices. A (head, i) pair's division is 32-bit: a 64-bit
+        # division by a runtime value is a subroutine call on a GPU.
+        for e in range(PAIRS):
+            p = min(tid + e * ROPE_THREADS, pairs - 1)
+            head = int64(uint32(p) // uint32(half))
+            i = p - head * half
+            x1s[e] = float32(qkv[t, head * head_dim + i])
+            x2s[e] = float32(qkv[t, head * head_dim + i + half])
+        for e in range(VALUES):
+            vs[e] = float32(qkv[t, v_start + min(tid + e * ROPE_THREADS, key_width - 1)])
+        for e in range(PAIRS):
+            i = int64(uint32(min(tid + e * ROPE_THREADS, pairs - 1)) % uint32(half))
+            cs[e] = float32(cos_table[pos, i])
+            ss[e] = float32(sin_table[pos, i])
+        # The cache is slot-major inside K and inside V (slot = block * block_size + offset): its stores
+        # go to flat offsets, with no division by the block size.
+        k_row = slot * key_width
+        v_row = (kv_cache.shape[1] * kv_cache.shape[2] + slot) * key_width
+        for e in range(PAIRS):
+            p = tid + e * ROPE_THREADS
+            if p < pairs:
+                head = int64(uint32(p) // uint32(half))
+                i = p - head * half
+                y1 = x1s[e] * cs[e] - x2s[e] * ss[e]
+                y2 = x2s[e] * cs[e] + x1s[e] * ss[e]
+                if head < num_heads:
+                    q_out[t, head, i] = y1
+                    q_out[t, head, i + half] = y2
+                elif slot >= 0:
+                    store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i, y1)
+                    store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i + half, y2)
+        if slot >= 0:
+            for e in range(VALUES):
+                if tid + e * ROPE_THREADS < key_width:
+                    store_flat(kv_cache, v_row + tid + e * ROPE_THREADS, vs[e])
+
+    return rope_and_cache_kernel
+
+
+SILU_ENTRIES = 4  # outputs a thread: loads of 4 in flight together, a quarter of the blocks
 
 
 @cuda.jit
 def silu_and_mul_kernel(gate_up, out):
-    """gate_up [T, 2I] act (gate, then up)  ->  out [T, I] act = silu(gate) * up."""
+    """gate_up [T, 2I] act (gate, then up)  ->  out [T, I] act = silu(gate) * up. Thread n of the grid's
+    G threads takes outputs n, n + G, n + 2G, n + 3G (flat, row-major)."""
     inter = out.shape[1]
     total = out.shape[0] * inter
-    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while n < total:  # grid-stride; not range, whose run-time step costs a 64-bit division
-        t, i = divide32(n, inter)
-        g = float32(gate_up[t, i])
-        out[t, i] = g / (float32(1.0) + math.exp(-g)) * float32(gate_up[t, inter + i])
-        n += cuda.gridDim.x * cuda.blockDim.x
+    threads = cuda.gridDim.x * cuda.blockDim.x
+    first = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    gs = cuda.local.array(SILU_ENTRIES, float32)
+    us = cuda.local.array(SILU_ENTRIES, float32)
+    for e in range(SILU_ENTRIES):  # clamped: every load in flight before the first store
+        t, i = divide32(min(first + e * threads, total - 1), inter)
+        gs[e] = float32(gate_up[t, i])
+        us[e] = float32(gate_up[t, inter + i])
+    for e in range(SILU_ENTRIES):
+        n = first + e * threads
+        if n < total:
+            t, i = divide32(n, inter)
+            g = gs[e]
+            out[t, i] = g / (float32(1.0) + math.exp(-g)) * us[e]
 
 
 def _check_activation(name: str, t: torch.Tensor, ndim: int) -> None:
@@ -143,7 +202,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     out = torch.empty(rows.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
     if rows.shape[0] == 0:  # e.g. a draft prefill that wants no logits (a grid of 0 blocks is invalid)
         return out, residual
-    interop.launch_tensors(add_rms_norm_kernel, rows.shape[0], NORM_THREADS,
+    entries = -(-x.shape[1] // NORM_THREADS)
+    interop.launch_tensors(add_rms_norm_kernel(entries), rows.shape[0], NORM_THREADS,
                            [x, residual, weight, rows, out, float(eps), int(add)])
     return out, residual
 
@@ -161,7 +221,9 @@ def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, cos_table: torch.
         raise KernelArgumentError(f"rope_and_cache: qkv {tuple(qkv.shape)}, kv_cache {tuple(kv_cache.shape)}, "
                                   f"cos_table {tuple(cos_table.shape)} do not fit {num_heads} heads")
     q = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    interop.launch_tensors(rope_and_cache_kernel, qkv.shape[0], ROPE_THREADS,
+    pairs = -(-(num_heads + num_kv_heads) * (head_dim // 2) // ROPE_THREADS)  # a thread's, rounded up
+    values = -(-num_kv_heads * head_dim // ROPE_THREADS)
+    interop.launch_tensors(rope_and_cache_kernel(pairs, values), qkv.shape[0], ROPE_THREADS,
                            [qkv, positions, cos_table, sin_table, kv_cache, slot_mapping, q, num_heads])
     return q
 
@@ -173,6 +235,6 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if tokens * inter >= 2**32:  # the kernel splits its flat index in 32 bits
         raise KernelArgumentError(f"silu_and_mul: {tokens} x {inter} outputs, at most 2**32 - 1")
     out = torch.empty(tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
-    blocks = max(1, min(1024, math.ceil(tokens * inter / ELEMENTWISE_THREADS)))
+    blocks = max(1, math.ceil(tokens * inter / (ELEMENTWISE_THREADS * SILU_ENTRIES)))
     interop.launch_tensors(silu_and_mul_kernel, blocks, ELEMENTWISE_THREADS, [gate_up, out])
     return out
