@@ -41,12 +41,31 @@ def test_the_span_grows_with_the_grid_and_keeps_it_filled():
             assert rows * slices.span_groups(vocab, span) >= resident
 
 
-@pytest.mark.parametrize("span", SPANS[1:])
-def test_statistics_and_probabilities_have_the_same_bits_at_any_span(span):
+def test_each_slices_statistics_are_its_max_first_index_and_softmax_sum():
+    """Against float64 on the host: a masked slice (no max: index V, sum 0), a partly masked one, ties
+    (the first index wins), a greedy row (sum 0), the ragged last slice."""
     st, logits, vocab = _case([0.7, 1.3, 0.0])
-    one = [t.clone() for t in slice_statistics(logits, st, 1, span=1)]
-    assert all(torch.equal(a, b) for a, b in zip(one, slice_statistics(logits, st, 1, span=span)))
-    assert one[1][0, 0] == vocab  # row 0's masked first slice found no max
+    logits[1, 300:304] = 25.0  # a four-way tie for row 1's max in its third slice
+    part_max, part_index, part_sum = (t.cpu() for t in slice_statistics(logits, st, 1))
+    x = logits.cpu().double()
+    per = slices.VOCAB_PER_BLOCK
+    for row, temperature in enumerate([0.7, 1.3, 0.0]):
+        for s in range(part_max.shape[1]):
+            piece = x[row, s * per: (s + 1) * per]
+            top = piece.max()
+            if top == -float("inf"):
+                assert part_max[row, s] == top and part_index[row, s] == vocab and part_sum[row, s] == 0
+                continue
+            first = s * per + int((piece == top).nonzero()[0])
+            assert part_max[row, s] == top and part_index[row, s] == first
+            expected = 0.0 if temperature == 0 else float(((piece - top) / temperature).exp().sum())
+            assert abs(float(part_sum[row, s]) - expected) <= 1e-5 * max(expected, 1.0)
+    assert part_index[1, 300 // per] == 300
+
+
+@pytest.mark.parametrize("span", SPANS[1:])
+def test_probabilities_have_the_same_bits_at_any_span(span):
+    st, logits, vocab = _case([0.7, 1.3, 0.0])
     probs = probs_into(logits, st, torch.empty_like(logits), span=1)
     assert torch.equal(probs_into(logits, st, torch.empty_like(logits), span=span), probs)
     assert probs[2, vocab - 2] == 1 and probs[0, : slices.VOCAB_PER_BLOCK].abs().sum() == 0

@@ -70,46 +70,6 @@ def block_sum(value, scratch, tid):
 
 
 @cuda.jit(device=True)
-def load_span(logits, row, first, span, xs, tid):
-    """This thread's logits of slices first .. first + span - 1 of `row` into xs [span * PER_THREAD] f32:
-    entry lo_s + tid + jj THREADS of slice s at xs[s PER_THREAD + jj] (-inf past the slice or the row)."""
-    vocab = logits.shape[1]
-    for s in range(span):
-        lo = (first + s) * VOCAB_PER_BLOCK
-        hi = min(lo + VOCAB_PER_BLOCK, vocab)
-        for jj in range(PER_THREAD):
-            v = lo + tid + jj * THREADS
-            xs[s * PER_THREAD + jj] = logits[row, v] if v < hi else float32(-math.inf)
-
-
-@cuda.jit(device=True)
-def slice_stats(xs, s, vocab, row, piece, t, greedy, part_max, part_index, part_sum, best_value, best_index, no_flags,
-                tid):
-    """Slice `piece` of `row`, its entries at xs[s PER_THREAD ..] (load_span's): its max logit, that max's
-    first index and its sum of exp(x/T - max/T) (0 on greedy rows) into part_max / part_index / part_sum
-    [R, S] at [row, piece]. Each thread's entries in ascending order, then the block's tree: the same
-    bits whatever the span."""
-    lo = piece * VOCAB_PER_BLOCK
-    hi = min(lo + VOCAB_PER_BLOCK, vocab)
-    cuda.syncthreads()  # the scratch may still be read from the block's previous slice
-    value, index = float32(-math.inf), int64(vocab)
-    for jj in range(PER_THREAD):
-        v = lo + tid + jj * THREADS
-        x = xs[s * PER_THREAD + jj]
-        if v < hi and x > value:
-            value, index = x, v
-    top, top_index = block_argmax(value, index, best_value, best_index, no_flags, tid)
-    total = float32(0.0)
-    if not greedy and top > float32(-math.inf):  # a slice of -inf logits (masked) adds nothing
-        for jj in range(PER_THREAD):
-            if lo + tid + jj * THREADS < hi:
-                total += math.exp(xs[s * PER_THREAD + jj] / t - top / t)
-    total = block_sum(total, best_value, tid)
-    if tid == 0:
-        part_max[row, piece], part_index[row, piece], part_sum[row, piece] = top, top_index, total
-
-
-@cuda.jit(device=True)
 def combine_stats(row, vocab, t, part_max, part_index, part_sum, best_value, best_index, no_flags, tid):
     """The row's (max M, its index, sum over slices of sum_s * e^(m_s/T - M/T)) from its slices'
     partials, the same in every thread; index 0 when every logit is -inf (torch.argmax's answer)."""

@@ -166,7 +166,7 @@ def _launch(logits, st, rows_per_seq, probs_out, step, noise, ids_out, mirror, d
     advance_args = [int(advance is not None)] + (advance.row_args if advance is not None else no_advance(logits.device))
     span = span or span_for(rows, logits.shape[1], interop.sm_count(logits.device))  # span: slices a block (tests set it)
     dependent = bool(dependent)  # callers: ModelRunner.launches_dependents
-    stats = launch_stats(logits, st, rows_per_seq, space, dependent, span)  # [R, S] each
+    stats = launch_stats(logits, st, rows_per_seq, space, dependent)  # [R, S] each
     # The winners go where no block still reads the statistics (every block reads its row's partials).
     groups = span_groups(logits.shape[1], span)
     win_value, win_index = scratch(rows, groups, logits.device, "winners" + space)

@@ -1,15 +1,20 @@
 """The sampling kernels' first launch: each vocabulary slice's softmax statistics of a row of logits.
 
 Slice s of row r (slices.VOCAB_PER_BLOCK entries): its max logit, that max's first index and its sum of
-exp(x/T - max/T). A block takes `span` consecutive slices of a row (slices.span_for), loads all their
-entries first, then reduces slice by slice with the same tree, so the partials' bits do not depend on
-the span. Every block of its successor combines its row's slices itself (slices.combine_stats): the
-probabilities kernel (sampling/softmax_sample.py), or the verify's probabilities fused with the
+exp(x/T - max/T). Every block of its successor combines its row's slices itself (slices.combine_stats):
+the probabilities kernel (sampling/softmax_sample.py), or the verify's probabilities fused with the
 rejection sampler (sampling/verify_rejection.py).
+
+A warp takes a slice, SLICE_WARPS slices a block, with no barrier: lane l plays threads l, l + 32, ...
+of a slices.THREADS-thread block summing the slice by tree_sum's tree (each thread's entries in
+ascending order), the tree's levels above a warp added in registers and the levels inside it as the
+same pairs by xor shuffles; so the sums have that block's bits whatever the block size (a + b == b + a
+bit for bit: every lane of the butterfly ends with them), and the argmax is order-free.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 from numba import float32, int64
 
@@ -17,61 +22,100 @@ from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, grid_dependency_wait
 from protospec.kernels.launch.interop import cuda
 from protospec.kernels.primitives.divisions import block_row_and_part, divide32
+from protospec.kernels.primitives.reductions import WARP, better, xor_exchange
 from protospec.kernels.sampling.buffers import scratch
-from protospec.kernels.sampling.slices import PER_THREAD, THREADS, load_span, slice_stats, span_for, span_groups
+from protospec.kernels.sampling.slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, span_groups
+
+VIRTUAL = THREADS // WARP     # the block's threads a lane plays (1 in the simulator, whose block is a warp)
+ENTRIES = VIRTUAL * PER_THREAD  # a lane's entries of its slice
+SLICE_WARPS = 1 if interop.SIMULATOR else 8  # slices a block (the simulator's blocks are one warp)
+LEVELS = VIRTUAL.bit_length() - 1  # the block tree's levels above a warp: strides THREADS / 2 .. WARP
+SHUFFLES = WARP * SLICE_WARPS if interop.SIMULATOR else 1  # the simulator's exchanges go through shared memory
 
 
 @functools.lru_cache(maxsize=None)
-def stats_kernel(DEPENDENT: bool, SPAN: int = 1):  # noqa: N803 (Numba freezes them as constants)
-    """DEPENDENT: launched as a programmatic dependent of the forward that wrote the logits. SPAN:
-    slices a block."""
-    ENTRIES = SPAN * PER_THREAD  # noqa: N806 (a local array's size: a constant)
+def stats_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
+    """DEPENDENT: launched as a programmatic dependent of the forward that wrote the logits."""
 
     @cuda.jit
     def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum):
         """
         logits [R, V] f32; temperature [B] f32 (1.0 on greedy rows); is_greedy [B] bool; row r belongs to
         sequence r // rows_per_seq. Out: part_max, part_sum [R, S] f32, part_index [R, S] int64: each
-        slice's max, its index, its sum of exp(x/T - max/T). Grid: R x ceil(S / SPAN) blocks.
+        slice's max, its index, its sum of exp(x/T - max/T). Grid: R x ceil(S / SLICE_WARPS) blocks of
+        SLICE_WARPS warps; warp w of block (r, g) takes slice g * SLICE_WARPS + w.
         """
         if DEPENDENT:
             grid_dependency_wait()
             allow_dependent_launch()
         slices = part_max.shape[1]
-        groups = (slices + SPAN - 1) // SPAN
-        row, group = block_row_and_part(groups)
+        vocab = logits.shape[1]
+        row, group = block_row_and_part((slices + SLICE_WARPS - 1) // SLICE_WARPS)
         tid = cuda.threadIdx.x
+        lane = tid % WARP
+        piece = group * SLICE_WARPS + tid // WARP   # past the row in a last block's spare warps
+        lo = min(piece, slices - 1) * VOCAB_PER_BLOCK
+        hi = min(lo + VOCAB_PER_BLOCK, vocab)
+        value_scratch = cuda.shared.array(SHUFFLES, float32)  # the simulator's exchanges
+        index_scratch = cuda.shared.array(SHUFFLES, int64)
+        xs = cuda.local.array(ENTRIES, float32)   # [PER_THREAD, VIRTUAL]: entry lo + lane + 32 m + THREADS jj
+        sums = cuda.local.array(VIRTUAL, float32)  # [VIRTUAL] the played threads' sums, then the tree's
+        for jj in range(PER_THREAD):  # every load first
+            for m in range(VIRTUAL):
+                v = lo + lane + WARP * m + THREADS * jj
+                xs[jj * VIRTUAL + m] = logits[row, v] if v < hi else float32(-math.inf)
         seq, _ = divide32(row, rows_per_seq)
-        best_value = cuda.shared.array(THREADS, float32)
-        best_index = cuda.shared.array(THREADS, int64)
-        no_flags = cuda.shared.array(THREADS, int64)  # the argmax's OR slots (it writes them), unused here
-        xs = cuda.local.array(ENTRIES, float32)
-        load_span(logits, row, group * SPAN, SPAN, xs, tid)
         t = temperature[seq]
         greedy = is_greedy[seq]
-        for s in range(SPAN):
-            if group * SPAN + s < slices:  # the same for the whole block (its barriers)
-                slice_stats(xs, s, logits.shape[1], row, group * SPAN + s, t, greedy, part_max, part_index, part_sum,
-                            best_value, best_index, no_flags, tid)
+        # The max and its first index: entries in ascending order (a strict > keeps the first), then
+        # the lanes' winners by `better` (ties to the lower index); an all -inf slice keeps index V.
+        value, index = float32(-math.inf), int64(vocab)
+        for jj in range(PER_THREAD):
+            for m in range(VIRTUAL):
+                v = lo + lane + WARP * m + THREADS * jj
+                if v < hi and xs[jj * VIRTUAL + m] > value:
+                    value, index = xs[jj * VIRTUAL + m], v
+        for level in range(5):
+            mask = WARP >> (level + 1)
+            other_value = xor_exchange(value, mask, value_scratch, tid)
+            other_index = xor_exchange(index, mask, index_scratch, tid)
+            if better(other_value, other_index, value, index):
+                value, index = other_value, other_index
+        # Each played thread's sum over its entries in ascending order.
+        for m in range(VIRTUAL):
+            sums[m] = float32(0.0)
+        if not greedy and value > float32(-math.inf):  # a slice of -inf logits (masked) adds nothing
+            for m in range(VIRTUAL):
+                for jj in range(PER_THREAD):
+                    if lo + lane + WARP * m + THREADS * jj < hi:
+                        sums[m] += math.exp(xs[jj * VIRTUAL + m] / t - value / t)
+        for level in range(LEVELS):  # the tree's strides above a warp: thread m adds thread m + width
+            width = VIRTUAL >> (level + 1)
+            for m in range(width):
+                sums[m] += sums[m + width]
+        total = sums[0]
+        for level in range(5):  # strides 16 .. 1 inside the warp: the tree's pairs
+            total += xor_exchange(total, WARP >> (level + 1), value_scratch, tid)
+        if lane == 0 and piece < slices:
+            part_max[row, piece], part_index[row, piece], part_sum[row, piece] = value, index, total
 
     return row_stats_kernel
 
 
-def launch_stats(logits, st, rows_per_seq: int, space: str, dependent: bool, span: int | None = None) -> tuple:
+def launch_stats(logits, st, rows_per_seq: int, space: str, dependent: bool) -> tuple:
     """The statistics kernel over logits [R, V] into the scratch named "stats" + space: its partials
-    (part_max, part_index, part_sum) [R, S]. span: slices a block (None: slices.span_for)."""
+    (part_max, part_index, part_sum) [R, S]."""
     rows, vocab = logits.shape
     slices = span_groups(vocab, 1)
-    span = span or span_for(rows, vocab, interop.sm_count(logits.device))
     part_max, part_index, part_sum = scratch(rows, slices, logits.device, "stats" + space)
-    interop.launch_tensors(stats_kernel(bool(dependent), span), rows * -(-slices // span), THREADS,
+    interop.launch_tensors(stats_kernel(bool(dependent)), rows * -(-slices // SLICE_WARPS), WARP * SLICE_WARPS,
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum],
                            dependent=dependent)
     return part_max, part_index, part_sum
 
 
-def slice_statistics(logits, st, rows_per_seq: int, dependent: bool = False, span: int | None = None) -> tuple:
+def slice_statistics(logits, st, rows_per_seq: int, dependent: bool = False) -> tuple:
     """Each slice's (max, its index, sum of exp(x/T - max/T)) of logits [R, V]'s rows, [R, S] f32 / int64
     / f32, for a kernel that combines them itself (slices.combine_stats at T): one launch of
     the statistics kernel (dependent: as a programmatic dependent, where the step's kernels launch so)."""
-    return launch_stats(logits, st, rows_per_seq, "", dependent, span)
+    return launch_stats(logits, st, rows_per_seq, "", dependent)

@@ -217,7 +217,7 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     device = logits.device
     rows = batch * (k + 1)
     span = span or span_for(rows, vocab, interop.sm_count(device))
-    stats = slice_statistics(logits, st, k + 1, dependent, span)  # [B (k + 1), S] each
+    stats = slice_statistics(logits, st, k + 1, dependent)  # [B (k + 1), S] each
     probs = torch.empty_like(logits)  # [B (k + 1), V]
     out = RejectionBuffers.empty(batch, k, device)
     args = [logits, st.temperature, st.is_greedy, *stats, probs, draft_token_ids, draft_probs, uniforms,
