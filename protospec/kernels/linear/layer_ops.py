@@ -34,9 +34,10 @@ ROPE_THREADS = 32 if interop.SIMULATOR else 256
 ELEMENTWISE_THREADS = 32 if interop.SIMULATOR else 256
 
 
-# Each kernel issues all of a thread's loads before its first store. Its output may alias its inputs
-# as far as the compiler knows, so a load written after a store waits for that store: a loop that
-# alternates them pays one memory latency per entry a thread, where loads issued together pay one.
+# The norm and the RoPE issue all of a thread's loads before their first store. A kernel's outputs may
+# alias its inputs as far as the compiler knows, so a load written after a store waits for that store:
+# a loop that alternates them pays one memory latency per entry a thread, where loads issued together
+# pay one.
 
 
 @functools.lru_cache(maxsize=None)
@@ -152,29 +153,17 @@ def rope_and_cache_kernel(PAIRS: int, VALUES: int):  # noqa: N803 (Numba freezes
     return rope_and_cache_kernel
 
 
-SILU_ENTRIES = 4  # outputs a thread: loads of 4 in flight together, a quarter of the blocks
-
-
 @cuda.jit
 def silu_and_mul_kernel(gate_up, out):
-    """gate_up [T, 2I] act (gate, then up)  ->  out [T, I] act = silu(gate) * up. Thread n of the grid's
-    G threads takes outputs n, n + G, n + 2G, n + 3G (flat, row-major)."""
+    """gate_up [T, 2I] act (gate, then up)  ->  out [T, I] act = silu(gate) * up."""
     inter = out.shape[1]
     total = out.shape[0] * inter
-    threads = cuda.gridDim.x * cuda.blockDim.x
-    first = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    gs = cuda.local.array(SILU_ENTRIES, float32)
-    us = cuda.local.array(SILU_ENTRIES, float32)
-    for e in range(SILU_ENTRIES):  # clamped: every load in flight before the first store
-        t, i = divide32(min(first + e * threads, total - 1), inter)
-        gs[e] = float32(gate_up[t, i])
-        us[e] = float32(gate_up[t, inter + i])
-    for e in range(SILU_ENTRIES):
-        n = first + e * threads
-        if n < total:
-            t, i = divide32(n, inter)
-            g = gs[e]
-            out[t, i] = g / (float32(1.0) + math.exp(-g)) * us[e]
+    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    while n < total:  # grid-stride; not range, whose run-time step costs a 64-bit division
+        t, i = divide32(n, inter)
+        g = float32(gate_up[t, i])
+        out[t, i] = g / (float32(1.0) + math.exp(-g)) * float32(gate_up[t, inter + i])
+        n += cuda.gridDim.x * cuda.blockDim.x
 
 
 def _check_activation(name: str, t: torch.Tensor, ndim: int) -> None:
@@ -235,6 +224,6 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if tokens * inter >= 2**32:  # the kernel splits its flat index in 32 bits
         raise KernelArgumentError(f"silu_and_mul: {tokens} x {inter} outputs, at most 2**32 - 1")
     out = torch.empty(tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
-    blocks = max(1, math.ceil(tokens * inter / (ELEMENTWISE_THREADS * SILU_ENTRIES)))
+    blocks = max(1, min(1024, math.ceil(tokens * inter / ELEMENTWISE_THREADS)))
     interop.launch_tensors(silu_and_mul_kernel, blocks, ELEMENTWISE_THREADS, [gate_up, out])
     return out

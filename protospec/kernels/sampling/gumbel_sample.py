@@ -91,18 +91,14 @@ def _kernel(DEPENDENT: bool, SPAN: int, KEYED: bool = False):  # noqa: N803 (Num
             wait_after_issued_loads(groups)  # kept below the loads above in the machine code
             allow_dependent_launch()
         t = temperature[row]
-        xs = cuda.local.array(ENTRIES, float32)  # the logits, all loaded before the copy's first store
-        for j in range(ENTRIES):
-            xs[j] = logits[row, min(lo + tid + j * THREADS, hi - 1)]
-        if keep:
-            for j in range(ENTRIES):
-                if lo + tid + j * THREADS < hi:
-                    logits_out[row, out_step, lo + tid + j * THREADS] = xs[j]
         value, index = float32(-math.inf), int64(vocab)
         for j in range(ENTRIES):  # ties (a row of -inf too) to the first entry, torch.argmax's rule
             v = lo + tid + j * THREADS
             if v < hi:
-                score = xs[j] if greedy else xs[j] / t + gumbel[j]
+                x = logits[row, v]
+                if keep:
+                    logits_out[row, out_step, v] = x
+                score = x if greedy else x / t + gumbel[j]
                 if better(score, v, value, index):
                     value, index = score, v
         best_value = cuda.shared.array(THREADS, float32)
