@@ -10,8 +10,11 @@
 #   PROTOSPEC_GIT_COMMIT=<sha> OTHER=.old7 OTHER_COMMIT=370bafe bash scripts/device/tree_ab.sh --sweep --sweep-batch-sizes 64 --sweep-ks 5 --modes graph
 #   PROTOSPEC_GIT_COMMIT=<sha> OTHER=".a .b" OTHER_COMMIT="1111111 2222222" bash scripts/device/tree_ab.sh --ablation --repeats 1 --modes graph --batch-size 64
 #   PROTOSPEC_GIT_COMMIT=<sha> OTHER='protospec/model/layer_kernels.py:s/^MLP_FUSED_MAX_ROWS = 32$/MLP_FUSED_MAX_ROWS = 64/' bash scripts/device/tree_ab.sh --ablation --repeats 1 --modes graph --peers
+# Bound a call's time with RUN_LIMIT (seconds a run, default 300), not by wrapping this script in `timeout`:
+# that stops the script but not the run in flight, which then times itself beside the next command's.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
+run_limit=${RUN_LIMIT:-300}
 : "${OTHER:?OTHER: directories with protospec/ in them, or FILE:SED}"
 rounds=${ROUNDS:-2}
 arms=() dirs=() commits=()
@@ -49,10 +52,10 @@ for ((r = 1; r <= rounds; r++)); do
     ((i >= 0)) && arm=${arms[i]}
     out=/tmp/tree_ab_run && rm -rf "$out" && mkdir -p "$out"
     if ((i < 0)); then
-      timeout 300 python3 -m protospec.bench "$@" --output-dir "$out" > "$out/log.txt" 2>&1
+      timeout "$run_limit" python3 -m protospec.bench "$@" --output-dir "$out" > "$out/log.txt" 2>&1
     else
       (cd "${dirs[i]}" && PYTHONPATH=/tmp/site:${dirs[i]} PROTOSPEC_GIT_COMMIT=${commits[i]} \
-        timeout 300 python3 -m protospec.bench "$@" --output-dir "$out" > "$out/log.txt" 2>&1)
+        timeout "$run_limit" python3 -m protospec.bench "$@" --output-dir "$out" > "$out/log.txt" 2>&1)
     fi
     echo "round $r [$arm] rc $?"
     summary "$out"
