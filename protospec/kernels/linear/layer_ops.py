@@ -114,7 +114,8 @@ def rope_and_cache_kernel(PAIRS: int, VALUES: int):  # noqa: N803 (Numba freezes
         vs = cuda.local.array(VALUES, float32)   # [VALUES] v entries (exact through float32)
         pos = positions[t]
         slot = slot_mapping[t]
-        # Every load first, at clamped indices. A (head, i) pair's division is 32-bit: a 64-bit
+        # Every load first, at clamped indices: q, k and v, then cos and sin (which wait for the position:
+        # issued first, they would hold back the rest). A (head, i) pair's division is 32-bit: a 64-bit
         # division by a runtime value is a subroutine call on a GPU.
         for e in range(PAIRS):
             p = min(tid + e * ROPE_THREADS, pairs - 1)

@@ -30,6 +30,7 @@ VIRTUAL = THREADS // WARP     # the block's threads a lane plays (1 in the simul
 ENTRIES = VIRTUAL * PER_THREAD  # a lane's entries of its slice
 SLICE_WARPS = 1 if interop.SIMULATOR else 8  # slices a block (the simulator's blocks are one warp)
 LEVELS = VIRTUAL.bit_length() - 1  # the block tree's levels above a warp: strides THREADS / 2 .. WARP
+LANE_LEVELS = WARP.bit_length() - 1  # its levels inside a warp: strides 16 .. 1, as xor shuffles
 SHUFFLES = WARP * SLICE_WARPS if interop.SIMULATOR else 1  # the simulator's exchanges go through shared memory
 
 
@@ -75,7 +76,7 @@ def stats_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant
                 v = lo + lane + WARP * m + THREADS * jj
                 if v < hi and xs[jj * VIRTUAL + m] > value:
                     value, index = xs[jj * VIRTUAL + m], v
-        for level in range(5):
+        for level in range(LANE_LEVELS):
             mask = WARP >> (level + 1)
             other_value = xor_exchange(value, mask, value_scratch, tid)
             other_index = xor_exchange(index, mask, index_scratch, tid)
@@ -94,7 +95,7 @@ def stats_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant
             for m in range(width):
                 sums[m] += sums[m + width]
         total = sums[0]
-        for level in range(5):  # strides 16 .. 1 inside the warp: the tree's pairs
+        for level in range(LANE_LEVELS):  # strides 16 .. 1 inside the warp: the tree's pairs
             total += xor_exchange(total, WARP >> (level + 1), value_scratch, tid)
         if lane == 0 and piece < slices:
             part_max[row, piece], part_index[row, piece], part_sum[row, piece] = value, index, total
