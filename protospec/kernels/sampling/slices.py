@@ -7,7 +7,8 @@ reduced by the same tree whatever the launch, so the probabilities' bits do not 
 A block takes a *span* of consecutive slices of one row (span_for): one slice a block at batch 1,
 where the grid is small and each block's latency is the cost; up to MAX_SPAN at batch, where a block
 a slice made tens of thousands of blocks that each paid the row's combine and a block reduction
-for two entries a thread.
+for two entries a thread. The statistics kernel (sampling/stats.py) instead takes a warp a slice, its
+lanes playing this block's threads, with the same bits.
 """
 from __future__ import annotations
 
