@@ -23,7 +23,7 @@ import torch
 from numba import int64, uint64
 
 from protospec.kernels.launch import interop
-from protospec.kernels.randoms.counter_randoms import MASK32, _hash, hash_torch
+from protospec.kernels.randoms.counter_randoms import MASK32, hash32, hash_torch
 from protospec.kernels.launch.interop import check_tensor, cuda
 from protospec.kernels.inputs.slot_lookup import slot_or_flag
 from protospec.layout import PAD_SLOT_ID, PLACEHOLDER_TOKEN_ID
@@ -70,7 +70,7 @@ def decode_advance_kernel(step, block_size, sampled, stop_ids, remaining, base_k
     seq_lens[row] = pos + 1
     slot_mapping[row] = slot_or_flag(block_tables, row, pos, block_tables.shape[1], block_size, error_row)
     # The token after this one sits at pos + 1: its numbers depend on the request's key and that position only.
-    step_keys[row, 0] = int64(_hash(uint64(pos + 1), uint64(base_keys[row, 0]), uint64(base_keys[row, 1])))
+    step_keys[row, 0] = int64(hash32(uint64(pos + 1), uint64(base_keys[row, 0]), uint64(base_keys[row, 1])))
     step_keys[row, 1] = base_keys[row, 1]
 
 

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 import torch
-from numba import float32, uint64
+from numba import float32, int32, uint64
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import check_tensor, cuda
@@ -43,26 +43,61 @@ def split_key(key: int) -> tuple[int, int]:
 
 
 # ---- the kernel ----------------------------------------------------------------------------------
-@cuda.jit(device=True)
-def _lowbias32(x):
-    x ^= x >> uint64(16)
-    x = (x * _MULT_A) & _MASK32
-    x ^= x >> uint64(15)
-    x = (x * _MULT_B) & _MASK32
-    x ^= x >> uint64(16)
-    return x
+# Numba types integer arithmetic at 64 bits, so the hash written as Python is 64-bit shifts, xors and
+# multiplies on a GPU (two or three instructions each, where 32-bit ones take one). There it is built
+# as 32-bit LLVM IR instead: the same integers, since a 32-bit multiply keeps exactly the product's low
+# half, which is what the masks keep. The simulator runs the Python form.
+if interop.SIMULATOR:
+    @cuda.jit(device=True)
+    def _lowbias32(x):
+        x ^= x >> uint64(16)
+        x = (x * _MULT_A) & _MASK32
+        x ^= x >> uint64(15)
+        x = (x * _MULT_B) & _MASK32
+        x ^= x >> uint64(16)
+        return x
 
+    @cuda.jit(device=True)
+    def hash32(index, key_lo, key_hi):
+        """The hash of (index, key) as a uint64 in [0, 2^32) (key_lo, key_hi < 2^32)."""
+        h = _lowbias32(((index * _KEY_MIX) & _MASK32) ^ key_lo)
+        return _lowbias32(h ^ key_hi)
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
 
-@cuda.jit(device=True)
-def _hash(index, key_lo, key_hi):
-    h = _lowbias32(((index * _KEY_MIX) & _MASK32) ^ key_lo)
-    return _lowbias32(h ^ key_hi)
+    def _word(value: int) -> ir.Constant:
+        """A 32-bit constant, written signed (LLVM reads an i32 literal as signed)."""
+        return ir.Constant(ir.IntType(32), value - (1 << 32) if value >= 1 << 31 else value)
+
+    def _lowbias32_ir(builder, x):
+        x = builder.xor(x, builder.lshr(x, _word(16)))
+        x = builder.mul(x, _word(MULT_A))
+        x = builder.xor(x, builder.lshr(x, _word(15)))
+        x = builder.mul(x, _word(MULT_B))
+        return builder.xor(x, builder.lshr(x, _word(16)))
+
+    @intrinsic
+    def hash32(typingctx, index, key_lo, key_hi):  # noqa: ARG001
+        """The hash of (index, key) as a uint64 in [0, 2^32) (key_lo, key_hi < 2^32): 32-bit operations."""
+        if not all(isinstance(a, types.Integer) for a in (index, key_lo, key_hi)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            words = [builder.trunc(context.cast(builder, a, t, types.uint64), ir.IntType(32))
+                     for a, t in zip(args, sig.args)]
+            h = _lowbias32_ir(builder, builder.xor(builder.mul(words[0], _word(KEY_MIX)), words[1]))
+            return builder.zext(_lowbias32_ir(builder, builder.xor(h, words[2])), ir.IntType(64))
+
+        return types.uint64(index, key_lo, key_hi), codegen
 
 
 @cuda.jit(device=True)
 def exponential(index, key_lo, key_hi):
-    """Number `index` of a key as Exp(1): what the fill writes there, for a kernel that draws its own."""
-    u = (float32(_hash(index, key_lo, key_hi) >> uint64(9)) + float32(0.5)) * float32(2.0 ** -23)
+    """Number `index` of a key as Exp(1): what the fill writes there, for a kernel that draws its own.
+    (h >> 9 < 2^23 converts exactly from a 32-bit integer, a cheaper conversion than from 64 bits.)"""
+    u = (float32(int32(hash32(index, key_lo, key_hi) >> uint64(9))) + float32(0.5)) * float32(2.0 ** -23)
     return -math.log(u)
 
 
@@ -84,7 +119,7 @@ def fill_randoms_kernel(keys, noise, uniforms):
             if i < n_noise:
                 noise[b, i] = exponential(uint64(i), key_lo, key_hi)
             else:
-                uniforms[b, i - n_noise] = float32(_hash(uint64(i), key_lo, key_hi) >> uint64(8)) * float32(2.0 ** -24)
+                uniforms[b, i - n_noise] = float32(int32(hash32(uint64(i), key_lo, key_hi) >> uint64(8))) * float32(2.0 ** -24)
 
 
 def fill_kernel(keys: torch.Tensor, noise: torch.Tensor, uniforms: torch.Tensor) -> None:
