@@ -63,10 +63,43 @@ def test_rope_and_cache_matches_apply_rope_and_write_kv(dtype):
     assert cache.view(2, -1, kv_heads, d)[:, [s for s in range(32) if s not in (9, 22)]].abs().sum() == 0
 
 
+def test_rope_and_cache_in_float16_words_gives_the_entry_kernels_bits():
+    """float16 with head sizes of whole words a half (d = 16) and 8-byte aligned tensors take four pairs a
+    thread; the same qkv 2 bytes off that boundary takes a pair a thread: the same q and cache bits."""
+    heads, kv_heads, d, tokens, block_size = 4, 2, 16, 5, 4
+    model = LlamaForCausalLM(LlamaArchConfig.from_dict(TARGET_CFG))
+    cos, sin = model.rope.cos.half().to(DEV), model.rope.sin.half().to(DEV)
+    qkv = _randn(tokens, (heads + 2 * kv_heads) * d, dtype=torch.float16) * 8
+    shifted = torch.empty(qkv.numel() + 1, dtype=torch.float16, device=DEV)[1:].view_as(qkv)
+    shifted.copy_(qkv)
+    positions = torch.tensor([5, 17, 30, 31, 2], device=DEV)
+    slots = torch.tensor([9, -1, 22, 23, 0], device=DEV)
+    caches = [torch.zeros(2, 8, block_size, kv_heads, d, dtype=torch.float16, device=DEV) for _ in range(2)]
+    q_words = rope_and_cache(qkv, positions, cos, sin, caches[0], slots, heads)
+    q_entries = rope_and_cache(shifted, positions, cos, sin, caches[1], slots, heads)
+    assert torch.equal(q_words, q_entries) and torch.equal(caches[0], caches[1])
+    assert caches[0].abs().sum() > 0
+
+
 def test_silu_and_mul_matches_torch():
     gate_up = _randn(3, 2 * 40, dtype=torch.float32)
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(silu_and_mul(gate_up), F.silu(gate) * up, **TOL[torch.float32])
+
+
+def test_silu_and_mul_in_float16_words_gives_the_entry_kernels_bits():
+    """float16 with whole 8-byte words (inter 40, data 8-byte aligned) takes four outputs a thread; the
+    same values 2 bytes off that boundary, or a width of no whole words (38), take an entry a thread:
+    every output is silu(gate) * up in float32 rounded once, so the two give the same bits."""
+    for inter in (40, 38):
+        gate_up = (_randn(3, 2 * inter, dtype=torch.float32) * 4).to(torch.float16)  # saturated and small gates
+        shifted = torch.empty(gate_up.numel() + 1, dtype=torch.float16, device=DEV)[1:].view_as(gate_up)
+        shifted.copy_(gate_up)
+        assert gate_up.data_ptr() % 8 == 0 and shifted.data_ptr() % 8 == 2
+        gate, up = gate_up.float().chunk(2, dim=-1)
+        out = silu_and_mul(gate_up)
+        torch.testing.assert_close(out, (F.silu(gate) * up).to(torch.float16), **TOL[torch.float16])
+        torch.testing.assert_close(out, silu_and_mul(shifted), atol=0, rtol=0)
 
 
 def _uniform_batch(query_len: int, lengths: list[int], block_size: int, num_blocks: int, seed: int = 0):

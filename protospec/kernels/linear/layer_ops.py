@@ -24,13 +24,14 @@ from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import check_tensor, cuda
 from protospec.kernels.primitives.divisions import divide32
 from protospec.kernels.primitives.reductions import tree_sum
-from protospec.kernels.primitives.word_loads import store_flat
+from protospec.kernels.primitives.word_loads import load_flat, pack_f16x4, store_flat, unpack_f16x4
 
 ACTIVATION_DTYPES = (torch.float16, torch.float32)
 # Threads per block (powers of two, for the tree reductions); the simulator runs a Python thread
 # per CUDA thread, so it gets narrow blocks.
 NORM_THREADS = 32 if interop.SIMULATOR else 256
 ROPE_THREADS = 32 if interop.SIMULATOR else 256
+ROPE_WORD_THREADS = 32 if interop.SIMULATOR else 128  # the word form: 4 entries a thread where the other takes 1
 ELEMENTWISE_THREADS = 32 if interop.SIMULATOR else 256
 
 
@@ -154,6 +155,73 @@ def rope_and_cache_kernel(PAIRS: int, VALUES: int):  # noqa: N803 (Numba freezes
     return rope_and_cache_kernel
 
 
+@functools.lru_cache(maxsize=None)
+def rope_and_cache_words_kernel(PAIRS: int, VALUES: int):  # noqa: N803 (Numba freezes them as constants)
+    """rope_and_cache_kernel over float16 as 8-byte words, for head sizes of whole words a half (d a
+    multiple of 8): PAIRS: word pairs a thread, ceil((h + kvh) * d / 8 / ROPE_WORD_THREADS); VALUES: v
+    words a thread, ceil(kvh * d / 4 / ROPE_WORD_THREADS). A thread rotates four (i, i + d / 2) pairs
+    at a time, each as the entry kernel does it (the same bits), with a quarter of its memory instructions."""
+
+    @cuda.jit
+    def rope_and_cache_words_kernel(qkv, positions, cos_table, sin_table, kv_cache, slot_mapping, q_out, num_heads):
+        """
+        qkv [T, (h + 2 kvh) * d / 4], cos_table, sin_table [P, d / 4], kv_cache [2, blocks, block_size,
+        kvh, d / 4], q_out [T, h, d / 4]: int64 words of the float16 tensors rope_and_cache_kernel takes;
+        positions [T] int64, slot_mapping [T] int64 (-1 = skip). Block t: token t, as that kernel's.
+        """
+        t = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        head_words = q_out.shape[2]    # d / 4
+        half = head_words // 2         # words a half: d / 8
+        num_kv_heads = kv_cache.shape[3]
+        pairs = (num_heads + num_kv_heads) * half
+        key_words = num_kv_heads * head_words
+        row = t * qkv.shape[1]
+        v_start = row + (num_heads + num_kv_heads) * head_words
+        x1s = cuda.local.array(PAIRS, int64)   # [PAIRS] a pair's first-half word
+        x2s = cuda.local.array(PAIRS, int64)   # [PAIRS] and its second-half partner
+        cs = cuda.local.array(PAIRS, int64)    # [PAIRS] the cos and sin words at its position
+        ss = cuda.local.array(PAIRS, int64)
+        vs = cuda.local.array(VALUES, int64)   # [VALUES] v words (copied as they are)
+        pos = positions[t]
+        slot = slot_mapping[t]
+        for e in range(PAIRS):  # every load first, at clamped indices (the entry kernel's order)
+            head, i = divide32(min(tid + e * ROPE_WORD_THREADS, pairs - 1), half)
+            x1s[e] = load_flat(qkv, row + head * head_words + i)
+            x2s[e] = load_flat(qkv, row + head * head_words + half + i)
+        for e in range(VALUES):
+            vs[e] = load_flat(qkv, v_start + min(tid + e * ROPE_WORD_THREADS, key_words - 1))
+        for e in range(PAIRS):
+            _, i = divide32(min(tid + e * ROPE_WORD_THREADS, pairs - 1), half)
+            cs[e] = load_flat(cos_table, pos * head_words + i)
+            ss[e] = load_flat(sin_table, pos * head_words + i)
+        k_row = slot * key_words
+        v_row = (kv_cache.shape[1] * kv_cache.shape[2] + slot) * key_words
+        for e in range(PAIRS):
+            p = tid + e * ROPE_WORD_THREADS
+            if p < pairs:
+                head, i = divide32(p, half)
+                a0, a1, a2, a3 = unpack_f16x4(x1s[e])
+                b0, b1, b2, b3 = unpack_f16x4(x2s[e])
+                c0, c1, c2, c3 = unpack_f16x4(cs[e])
+                s0, s1, s2, s3 = unpack_f16x4(ss[e])
+                y1 = pack_f16x4(a0 * c0 - b0 * s0, a1 * c1 - b1 * s1, a2 * c2 - b2 * s2, a3 * c3 - b3 * s3)
+                y2 = pack_f16x4(b0 * c0 + a0 * s0, b1 * c1 + a1 * s1, b2 * c2 + a2 * s2, b3 * c3 + a3 * s3)
+                if head < num_heads:
+                    out = (t * num_heads + head) * head_words + i
+                    store_flat(q_out, out, y1)
+                    store_flat(q_out, out + half, y2)
+                elif slot >= 0:
+                    store_flat(kv_cache, k_row + (head - num_heads) * head_words + i, y1)
+                    store_flat(kv_cache, k_row + (head - num_heads) * head_words + i + half, y2)
+        if slot >= 0:
+            for e in range(VALUES):
+                if tid + e * ROPE_WORD_THREADS < key_words:
+                    store_flat(kv_cache, v_row + tid + e * ROPE_WORD_THREADS, vs[e])
+
+    return rope_and_cache_words_kernel
+
+
 @cuda.jit
 def silu_and_mul_kernel(gate_up, out):
     """gate_up [T, 2I] act (gate, then up)  ->  out [T, I] act = silu(gate) * up."""
@@ -165,6 +233,24 @@ def silu_and_mul_kernel(gate_up, out):
         g = float32(gate_up[t, i])
         out[t, i] = g / (float32(1.0) + math.exp(-g)) * float32(gate_up[t, inter + i])
         n += cuda.gridDim.x * cuda.blockDim.x
+
+
+@cuda.jit
+def silu_and_mul_words_kernel(gate_up, out):
+    """gate_up [T, 2I / 4] int64 (float16 gate, then up, as 8-byte words)  ->  out [T, I / 4] int64.
+    Thread n takes out's word n: four outputs from a word of gate and one of up, each computed as the
+    kernel above computes it and rounded once to float16 (so the same bits), in three memory
+    instructions where 2-byte entries take twelve; a large call (a prefill's [T, I] at T in the
+    thousands) is bound by them."""
+    words = out.shape[1]
+    n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if n < out.shape[0] * words:
+        t, w = divide32(n, words)
+        g0, g1, g2, g3 = unpack_f16x4(load_flat(gate_up, 2 * t * words + w))
+        u0, u1, u2, u3 = unpack_f16x4(load_flat(gate_up, (2 * t + 1) * words + w))
+        one = float32(1.0)
+        store_flat(out, n, pack_f16x4(g0 / (one + math.exp(-g0)) * u0, g1 / (one + math.exp(-g1)) * u1,
+                                      g2 / (one + math.exp(-g2)) * u2, g3 / (one + math.exp(-g3)) * u3))
 
 
 def _check_activation(name: str, t: torch.Tensor, ndim: int) -> None:
@@ -211,6 +297,15 @@ def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, cos_table: torch.
         raise KernelArgumentError(f"rope_and_cache: qkv {tuple(qkv.shape)}, kv_cache {tuple(kv_cache.shape)}, "
                                   f"cos_table {tuple(cos_table.shape)} do not fit {num_heads} heads")
     q = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    tensors = (qkv, cos_table, sin_table, kv_cache)
+    if qkv.dtype == torch.float16 and head_dim % 8 == 0 and all(t.data_ptr() % 8 == 0 for t in tensors):
+        pairs = -(-(num_heads + num_kv_heads) * (head_dim // 8) // ROPE_WORD_THREADS)  # word pairs a thread
+        values = -(-num_kv_heads * head_dim // 4 // ROPE_WORD_THREADS)
+        words = [t.view(torch.int64) for t in tensors]
+        interop.launch_tensors(rope_and_cache_words_kernel(pairs, values), qkv.shape[0], ROPE_WORD_THREADS,
+                               [words[0], positions, words[1], words[2], words[3], slot_mapping,
+                                q.view(torch.int64), num_heads])
+        return q
     pairs = -(-(num_heads + num_kv_heads) * (head_dim // 2) // ROPE_THREADS)  # a thread's, rounded up
     values = -(-num_kv_heads * head_dim // ROPE_THREADS)
     interop.launch_tensors(rope_and_cache_kernel(pairs, values), qkv.shape[0], ROPE_THREADS,
@@ -225,6 +320,11 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if tokens * inter >= 2**32:  # the kernel splits its flat index in 32 bits
         raise KernelArgumentError(f"silu_and_mul: {tokens} x {inter} outputs, at most 2**32 - 1")
     out = torch.empty(tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
+    if gate_up.dtype == torch.float16 and inter % 4 == 0 and gate_up.data_ptr() % 8 == 0:  # whole 8-byte words
+        words = tokens * inter // 4
+        interop.launch_tensors(silu_and_mul_words_kernel, max(1, -(-words // ELEMENTWISE_THREADS)),
+                               ELEMENTWISE_THREADS, [gate_up.view(torch.int64), out.view(torch.int64)])
+        return out
     blocks = max(1, min(1024, math.ceil(tokens * inter / ELEMENTWISE_THREADS)))
     interop.launch_tensors(silu_and_mul_kernel, blocks, ELEMENTWISE_THREADS, [gate_up, out])
     return out

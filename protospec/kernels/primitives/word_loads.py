@@ -16,13 +16,17 @@ load's immediate offsets), and the load is marked invariant (the array must not 
 kernel runs), so it can take the read-only path. `store_flat(array, index, value)` writes the same way. `load_flat_pair(array, index)`: elements `index` and `index + 1` of an
 int64 array as one 16-byte load (index even, the data 16-byte aligned): half the load instructions
 of two `load_flat`s, which LLVM does not merge by itself (it cannot prove the alignment).
+`pack_f16x4(a, b, c, d)`: the word unpack_f16x4 reads back, each value rounded to float16 to nearest
+(as a float32 stored into a float16 array is), for a kernel that stores words.
 """
 from __future__ import annotations
 
 import numpy as np
+from numba import int64
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import cuda
+from protospec.kernels.primitives.warp_mma import pack_half2
 
 if interop.SIMULATOR:
     def _bits(word) -> np.ndarray:
@@ -131,3 +135,9 @@ def load_words(array, index, out, at, pair):
         out[at], out[at + 1] = load_flat_pair(array, index)
     else:
         out[at] = load_flat(array, index)
+
+
+@cuda.jit(device=True)
+def pack_f16x4(a, b, c, d):
+    """An int64 word of four float16 values, a at the lowest address (unpack_f16x4's inverse)."""
+    return int64(pack_half2(a, b)) | (int64(pack_half2(c, d)) << 32)
