@@ -7,7 +7,7 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from protospec.model.attention import paged_attention as torch_paged_attention, plan_attention
+from protospec.model.attention import paged_attention as torch_paged_attention, plan_attention, prompt_attention
 from protospec.errors import KernelArgumentError
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.attention import by_kv_head, mma as by_mma, paged_attention as kernel
@@ -80,6 +80,18 @@ def test_paged_attention_matches_the_torch_path(path, dtype, query_len, lengths,
     inputs, cache, q = _case(query_len, lengths, heads, kv_heads, 16, 4, dtype)
     expected = _torch_reference(inputs, cache, q, dtype)
     torch.testing.assert_close(_kernel(inputs, cache, q, path=path), expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype,heads,kv_heads", [(torch.float32, 4, 2), (torch.float16, 4, 4)])
+def test_whole_prompts_take_causal_attention_over_their_own_keys(dtype, heads, kv_heads):
+    """prompt_attention (a prefill's): prompts of 11 tokens from position 0, scattered blocks of 4, the
+    slots past each prompt NaN (never read), GQA and MHA: the torch path's output; a batch whose chunks
+    start past 0 is not one of whole prompts."""
+    inputs, cache, q = _case(11, [11, 11, 11], heads, kv_heads, 16, 4, dtype, seed=3)
+    assert inputs.meta.whole_prompts and not _case(3, [11, 5], 4, 2, 16, 4, dtype)[0].meta.whole_prompts
+    expected = _torch_reference(inputs, cache, q, dtype)
+    got = prompt_attention(q, _poisoned(inputs, cache, [11, 11, 11]), inputs.meta.block_tables, 11, 16 ** -0.5)
+    torch.testing.assert_close(got, expected, **TOL[dtype])
 
 
 @pytest.mark.parametrize("splits,block_size", [(1, 4), (2, 5), (3, 6), (8, 4)])

@@ -40,6 +40,9 @@ class AttentionMetadata:
     # Host-side fact: every sequence feeds exactly this many tokens, so the flat batch IS the
     # [num_seqs, query_len] grid and attention can reshape instead of gathering. None = ragged.
     uniform_query_len: int | None = None
+    # Host-side fact: every sequence's chunk is its whole context, from position 0 (a prompt's
+    # prefill), so its keys are its own chunk's tokens and attention is causal over the chunk alone.
+    whole_prompts: bool = False
 
 
 @dataclass
@@ -110,3 +113,25 @@ def paged_attention(
     )  # [S, h, Q, d]
     out = out.transpose(1, 2).reshape(num_seqs * max_q, *query.shape[1:])  # [S*Q, h, d]
     return out if uniform else out[meta.token_grid_index]
+
+
+def prompt_attention(
+    query: torch.Tensor,         # [S * L, num_heads, head_dim], L = query_len
+    kv_cache: torch.Tensor,      # [2, num_blocks, block_size, num_kv_heads, head_dim], K/V of these tokens in it
+    block_tables: torch.Tensor,  # [S, max_blocks] int32
+    query_len: int,
+    scale: float,
+) -> torch.Tensor:               # [S * L, num_heads * head_dim]
+    """Attention of whole prompts (AttentionMetadata.whole_prompts: every sequence's chunk is its whole
+    context, L tokens from position 0): causal SDPA over each sequence's own L keys, gathered from its
+    first blocks. A prompt's keys are exactly its queries' positions, so no mask is needed and SDPA can
+    take its fused causal kernel, where a decode-shaped kernel walks the keys again for every chunk of
+    16 queries."""
+    seqs, block_size, kv_heads, head_dim = block_tables.shape[0], *kv_cache.shape[2:]
+    blocks = -(-query_len // block_size)
+    kv = kv_cache[:, block_tables[:, :blocks].long()]  # [2, S, blocks, block_size, kvh, d]
+    kv = kv.reshape(2, seqs, blocks * block_size, kv_heads, head_dim)[:, :, :query_len].transpose(2, 3)  # [2, S, kvh, L, d]
+    q = query.view(seqs, query_len, -1, head_dim).transpose(1, 2)  # [S, h, L, d]
+    out = F.scaled_dot_product_attention(q, kv[0], kv[1], is_causal=True, scale=scale,
+                                         enable_gqa=kv_heads != q.shape[1])  # [S, h, L, d]
+    return out.transpose(1, 2).reshape(seqs * query_len, -1)

@@ -94,7 +94,8 @@ class GraphCache:
         width = bucket(width, self.max_blocks, smallest=8)
         if inputs.persistent is not None:
             return inputs.persistent.name, rows, width
-        return f"static_q{inputs.query_len}_l{inputs.logits_per_seq}", rows, width
+        prompts = "_prompts" if inputs.meta.whole_prompts else ""  # their attention differs (AttentionMetadata)
+        return f"static_q{inputs.query_len}_l{inputs.logits_per_seq}{prompts}", rows, width
 
     def take_prefill(self, inputs: ForwardInputs) -> bool:
         """Whether this uniform prefill replays a graph: its layout ran before (a one-off length stays
@@ -120,7 +121,7 @@ class GraphCache:
             return key, inputs.persistent.view(rows, width)
         if key not in self.static:
             self.static[key] = PersistentInputs(key[0], rows, inputs.query_len, width, inputs.logits_per_seq,
-                                                self.block_size, inputs.input_ids.device)
+                                                self.block_size, inputs.input_ids.device, inputs.meta.whole_prompts)
         self.static[key].fill(inputs)
         return key, self.static[key].view(rows, width)
 

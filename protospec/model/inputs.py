@@ -100,6 +100,7 @@ def prepare_inputs(
         logits_indices=views["logits_indices"],
         block_size=block_size,
         uniform_query_len=max_q if len(set(lens)) == 1 else None,
+        whole_prompts=all(start == 0 for start in start_positions),
     )
     uniform = len(set(lens)) == 1 and len(set(logits_per)) == 1
     return ForwardInputs(views["input_ids"], views["positions"], meta,

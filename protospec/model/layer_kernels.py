@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from protospec.errors import ConfigError
 from protospec.layout import LINEAR_KERNELS
-from protospec.model.attention import AttentionMetadata
+from protospec.model.attention import AttentionMetadata, prompt_attention
 from protospec.kernels.launch import dependent_launch
 from protospec.kernels.linear import gemv_mma
 from protospec.kernels.attention import paged_attention as attention_kernel
@@ -163,7 +163,11 @@ class LayerKernelForward:
             qkv = self._linear(h, layer.qkv_weight)
             q = rope_and_cache(qkv, positions, self.cos, self.sin, kv_cache, meta.slot_mapping,
                                self.num_heads)  # [T, h, d]; K/V now in the cache
-            attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len, layer.scale)
+            if meta.whole_prompts:  # a prefill: the fused causal attention over each prompt's own keys
+                attn = prompt_attention(q, kv_cache, tables, meta.uniform_query_len, layer.scale)
+            else:
+                attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len,
+                                                        layer.scale)
             o = self._linear(attn, layer.self_attn.o_proj.weight)
             h, residual = add_rms_norm(o, residual, norm2.weight, norm2.eps, rows)
             act = silu_and_mul(self._linear(h, layer.gate_up_weight))

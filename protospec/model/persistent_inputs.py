@@ -17,9 +17,10 @@ from protospec.model.inputs import ForwardInputs
 
 class PersistentInputs:
     def __init__(self, name: str, max_rows: int, query_len: int, max_blocks: int, logits_per_seq: int,
-                 block_size: int, device: torch.device):
+                 block_size: int, device: torch.device, whole_prompts: bool = False):
         n, q = max_rows, query_len
         self.name = name  # what a captured graph of these buffers is keyed by
+        self.whole_prompts = whole_prompts  # AttentionMetadata's: only batches of whole prompts fill these
         self.query_len, self.logits_per_seq, self.block_size = q, logits_per_seq, block_size
         self.input_ids = torch.zeros(n * q, dtype=torch.int64, device=device)                   # [n * q]
         self.positions = torch.zeros(n * q, dtype=torch.int64, device=device)                   # [n * q]
@@ -63,6 +64,7 @@ class PersistentInputs:
                 logits_indices=self._logits_index[: b * self.logits_per_seq],
                 block_size=self.block_size,
                 uniform_query_len=q,
+                whole_prompts=self.whole_prompts,
             )
             self._views[b, w] = ForwardInputs(self.input_ids[:tokens], self.positions[:tokens], meta, query_len=q,
                                               logits_per_seq=self.logits_per_seq, persistent=self)
