@@ -197,7 +197,7 @@ def census(llm, setup: BenchSetup, mode: str | None) -> dict:
     top = {name: round(count / max(1, steps), 1) for name, count in names.most_common(20)}
     top_time = {name: {"ms": round(us / 1e3, 2), "calls": names[name], "us_per_call": round(us / names[name], 2),
                             "uncovered_us_per_call": round(uncovered.get(name, 0.0) / names[name], 2)}
-                for name, us in durations.most_common(16)}
+                for name, us in durations.most_common(40)}
     return {"wall_ms": wall_us / 1e3, "gpu_busy_ms": busy_us / 1e3, "gpu_idle_ms": (wall_us - busy_us) / 1e3,
             "gpu_kernels": len(kernels), "spec_steps": steps, "kernels_per_spec_step": len(kernels) / max(1, steps),
             "mean_kernel_us": busy_us / max(1, len(kernels)),
