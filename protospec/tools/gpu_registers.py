@@ -1,12 +1,14 @@
 """Registers, spills and shared memory a thread of each Numba kernel, from ptxas, without a GPU.
 
-    NUMBA_ENABLE_CUDASIM=0 python -m protospec.tools.gpu_registers [--match gemv_mma_k768]
+    NUMBA_ENABLE_CUDASIM=0 python -m protospec.tools.gpu_registers [--match gemv_mma_k768] [--ptx-dir DIR]
 
 Why: how many blocks an SM holds at once (occupancy) is set by registers a thread and shared memory
 a block, and a launch of more blocks than the GPU holds runs in waves; spills turn registers into
 local-memory traffic. Both come from ptxas, which needs the CUDA toolkit (libNVVM and ptxas), not a
 GPU. The kernels are reached as tools/gpu_typecheck.py reaches them (the same shapes, every compile-time
 variant), compiled to PTX for sm_90 with their own options (fastmath, max_registers) and assembled.
+--ptx-dir writes each one's PTX there too: what the instructions are (64-bit integer arithmetic where
+32 bits would do, a division that became a subroutine call) shows there, before any GPU time is spent.
 
 Numba finds its NVVM library through NVRTC's search, and asks NVRTC which architectures it supports:
 a toolkit without NVRTC (libNVVM and ptxas alone) is told sm_90 directly here.
@@ -45,11 +47,6 @@ def toolkit_without_nvrtc() -> None:
     cuda_paths._get_nvrtc_path = lambda: None
 
 
-def assemble(py_func, signature: tuple, options: dict, workdir: str) -> tuple[str, str]:
-    """The kernel's PTX for sm_90 assembled by ptxas -v: (ptxas's report, the cubin's path)."""
-    return assemble_ptx(kernel_ptx(py_func, signature, options), options, workdir)
-
-
 def kernel_ptx(py_func, signature: tuple, options: dict) -> str:
     """The kernel's PTX for sm_90 (NVVM; no ptxas)."""
     from numba import cuda
@@ -60,7 +57,7 @@ def kernel_ptx(py_func, signature: tuple, options: dict) -> str:
 
 
 def assemble_ptx(ptx: str, options: dict, workdir: str) -> tuple[str, str]:
-    """assemble()'s second half: the PTX through ptxas -v."""
+    """The PTX through ptxas -v: (ptxas's report, the cubin's path)."""
     path, cubin = os.path.join(workdir, "kernel.ptx"), os.path.join(workdir, "kernel.cubin")
     with open(path, "w") as f:
         f.write(ptx)
@@ -70,11 +67,6 @@ def assemble_ptx(ptx: str, options: dict, workdir: str) -> tuple[str, str]:
     if done.returncode:
         raise RuntimeError(f"ptxas failed on the kernel's PTX: {done.stderr.strip()}")
     return done.stderr, cubin
-
-
-def kernel_usage(py_func, signature: tuple, options: dict, workdir: str) -> dict:
-    """assemble()'s figures, as parse_ptxas reads them."""
-    return parse_ptxas(assemble(py_func, signature, options, workdir)[0])
 
 
 PARTS = ("attention", "layers", "sampling", "draft_inputs", "forwards")  # gpu_typecheck's groups of kernels
@@ -111,14 +103,20 @@ def reached_kernels(parts: tuple[str, ...] = PARTS) -> list[tuple[str, tuple, ob
 def main(argv: list[str] | None = None) -> int:
     p = CommandParser(prog=f"python -m {__spec__.name if __spec__ else __name__}", description=__doc__.split("\n\n")[0])
     p.add_argument("--match", default="", help="only kernels whose name contains this")
+    p.add_argument("--ptx-dir", default=None, help="also write each kernel's PTX here, as <name>_<n>.ptx")
     args = p.parse_args(argv)
     if shutil.which("ptxas") is None:
         raise SystemExit("gpu_registers needs ptxas (the CUDA toolkit) on the PATH")
     with tempfile.TemporaryDirectory() as workdir:
-        for name, signature, kernel in reached_kernels():
+        for n, (name, signature, kernel) in enumerate(reached_kernels()):
             if args.match not in name:
                 continue
-            u = kernel_usage(kernel.py_func, signature, kernel.targetoptions, workdir)
+            ptx = kernel_ptx(kernel.py_func, signature, kernel.targetoptions)
+            if args.ptx_dir:
+                os.makedirs(args.ptx_dir, exist_ok=True)
+                with open(os.path.join(args.ptx_dir, f"{name}_{n}.ptx"), "w") as f:
+                    f.write(ptx)
+            u = parse_ptxas(assemble_ptx(ptx, kernel.targetoptions, workdir)[0])
             print(f"{u['registers']:4d} registers  {u['spill_stores']:4d}/{u['spill_loads']:<4d} bytes spilled "
                   f"(stores/loads)  {u['shared_bytes']:>6} bytes shared  {name}")
     return 0
