@@ -61,6 +61,12 @@ def test_rope_and_cache_matches_apply_rope_and_write_kv(dtype):
     write_kv(expected, rotated[keep, heads:], grid[keep, heads + kv_heads:], slots[keep])
     torch.testing.assert_close(cache, expected, **TOL[dtype])
     assert cache.view(2, -1, kv_heads, d)[:, [s for s in range(32) if s not in (9, 22)]].abs().sum() == 0
+    # with_keys (a prefill's): the rotated k after q, for every token (a padding row's too), the same cache
+    again = torch.zeros_like(cache)
+    q_and_k = rope_and_cache(qkv, positions, cos, sin, again, slots, heads, with_keys=True)
+    assert q_and_k.shape == (tokens, heads + kv_heads, d) and torch.equal(q_and_k[:, :heads], q)
+    torch.testing.assert_close(q_and_k[:, heads:], rotated[:, heads:], **TOL[dtype])
+    assert torch.equal(again, cache)
 
 
 def test_rope_and_cache_in_float16_words_gives_the_entry_kernels_bits():
@@ -79,6 +85,11 @@ def test_rope_and_cache_in_float16_words_gives_the_entry_kernels_bits():
     q_entries = rope_and_cache(shifted, positions, cos, sin, caches[1], slots, heads)
     assert torch.equal(q_words, q_entries) and torch.equal(caches[0], caches[1])
     assert caches[0].abs().sum() > 0
+    keys_words = rope_and_cache(qkv, positions, cos, sin, caches[0], slots, heads, with_keys=True)
+    keys_entries = rope_and_cache(shifted, positions, cos, sin, caches[1], slots, heads, with_keys=True)
+    assert torch.equal(keys_words, keys_entries) and torch.equal(keys_words[:, :heads], q_words)
+    stored = caches[0][0].view(-1, kv_heads, d)[slots[slots >= 0]]  # what the kernels wrote as k
+    assert torch.equal(keys_words[slots >= 0, heads:], stored)
 
 
 def test_silu_and_mul_matches_torch():

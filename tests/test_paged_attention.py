@@ -84,13 +84,19 @@ def test_paged_attention_matches_the_torch_path(path, dtype, query_len, lengths,
 
 @pytest.mark.parametrize("dtype,heads,kv_heads", [(torch.float32, 4, 2), (torch.float16, 4, 4)])
 def test_whole_prompts_take_causal_attention_over_their_own_keys(dtype, heads, kv_heads):
-    """prompt_attention (a prefill's): prompts of 11 tokens from position 0, scattered blocks of 4, the
-    slots past each prompt NaN (never read), GQA and MHA: the torch path's output; a batch whose chunks
-    start past 0 is not one of whole prompts."""
+    """prompt_attention (a prefill's): prompts of 11 tokens from position 0, GQA and MHA, q and k passed
+    as views of one [T, h + kvh, d] tensor and v as a view off wider rows (as the layer passes them):
+    the torch path's output over a cache holding those keys; a batch whose chunks start past 0 is not
+    one of whole prompts."""
     inputs, cache, q = _case(11, [11, 11, 11], heads, kv_heads, 16, 4, dtype, seed=3)
     assert inputs.meta.whole_prompts and not _case(3, [11, 5], 4, 2, 16, 4, dtype)[0].meta.whole_prompts
     expected = _torch_reference(inputs, cache, q, dtype)
-    got = prompt_attention(q, _poisoned(inputs, cache, [11, 11, 11]), inputs.meta.block_tables, 11, 16 ** -0.5)
+    d = q.shape[2]
+    key, value = (cache[i].view(-1, kv_heads, d)[inputs.meta.slot_mapping] for i in (0, 1))  # [T, kvh, d]
+    q_and_k = torch.cat([q, key], dim=1)  # [T, h + kvh, d]
+    rows = torch.cat([q_and_k.flatten(1), value.flatten(1)], dim=1)  # [T, (h + 2 kvh) * d], as qkv
+    got = prompt_attention(q_and_k[:, :heads], q_and_k[:, heads:],
+                           rows[:, (heads + kv_heads) * d:].view(-1, kv_heads, d), 11, d ** -0.5)
     torch.testing.assert_close(got, expected, **TOL[dtype])
 
 

@@ -116,22 +116,18 @@ def paged_attention(
 
 
 def prompt_attention(
-    query: torch.Tensor,         # [S * L, num_heads, head_dim], L = query_len
-    kv_cache: torch.Tensor,      # [2, num_blocks, block_size, num_kv_heads, head_dim], K/V of these tokens in it
-    block_tables: torch.Tensor,  # [S, max_blocks] int32
+    query: torch.Tensor,  # [S * L, num_heads, head_dim], L = query_len (a view may skip entries between rows)
+    key: torch.Tensor,    # [S * L, num_kv_heads, head_dim], rotated: the keys these tokens stored
+    value: torch.Tensor,  # [S * L, num_kv_heads, head_dim]
     query_len: int,
     scale: float,
-) -> torch.Tensor:               # [S * L, num_heads * head_dim]
+) -> torch.Tensor:        # [S * L, num_heads * head_dim]
     """Attention of whole prompts (AttentionMetadata.whole_prompts: every sequence's chunk is its whole
-    context, L tokens from position 0): causal SDPA over each sequence's own L keys, gathered from its
-    first blocks. A prompt's keys are exactly its queries' positions, so no mask is needed and SDPA can
-    take its fused causal kernel, where a decode-shaped kernel walks the keys again for every chunk of
-    16 queries."""
-    seqs, block_size, kv_heads, head_dim = block_tables.shape[0], *kv_cache.shape[2:]
-    blocks = -(-query_len // block_size)
-    kv = kv_cache[:, block_tables[:, :blocks].long()]  # [2, S, blocks, block_size, kvh, d]
-    kv = kv.reshape(2, seqs, blocks * block_size, kv_heads, head_dim)[:, :, :query_len].transpose(2, 3)  # [2, S, kvh, L, d]
-    q = query.view(seqs, query_len, -1, head_dim).transpose(1, 2)  # [S, h, L, d]
-    out = F.scaled_dot_product_attention(q, kv[0], kv[1], is_causal=True, scale=scale,
-                                         enable_gqa=kv_heads != q.shape[1])  # [S, h, L, d]
+    context, L tokens from position 0): causal SDPA over each sequence's own L keys, which are this
+    forward's own K/V, so nothing is read back from the cache. SDPA takes its fused causal kernel, where
+    a decode-shaped kernel walks the keys again for every chunk of 16 queries."""
+    seqs, heads, head_dim = query.shape[0] // query_len, query.shape[1], query.shape[2]
+    q, k, v = (t.view(seqs, query_len, t.shape[1], head_dim).transpose(1, 2) for t in (query, key, value))  # [S, heads, L, d]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                         enable_gqa=key.shape[1] != heads)  # [S, h, L, d]
     return out.transpose(1, 2).reshape(seqs * query_len, -1)

@@ -162,9 +162,12 @@ class LayerKernelForward:
             h, residual = add_rms_norm(x, residual, norm1.weight, norm1.eps, rows)
             qkv = self._linear(h, layer.qkv_weight)
             q = rope_and_cache(qkv, positions, self.cos, self.sin, kv_cache, meta.slot_mapping,
-                               self.num_heads)  # [T, h, d]; K/V now in the cache
+                               self.num_heads, meta.whole_prompts)  # [T, h (+ kvh), d]; K/V now in the cache
             if meta.whole_prompts:  # a prefill: the fused causal attention over each prompt's own keys
-                attn = prompt_attention(q, kv_cache, tables, meta.uniform_query_len, layer.scale)
+                kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
+                value = qkv[:, (self.num_heads + kv_heads) * head_dim:].view(-1, kv_heads, head_dim)
+                attn = prompt_attention(q[:, : self.num_heads], q[:, self.num_heads:], value,
+                                        meta.uniform_query_len, layer.scale)
             else:
                 attn = attention_kernel.paged_attention(q, kv_cache, tables, positions, meta.uniform_query_len,
                                                         layer.scale)

@@ -96,9 +96,10 @@ def rope_and_cache_kernel(PAIRS: int, VALUES: int):  # noqa: N803 (Numba freezes
         """
         qkv [T, (h + 2 kvh) * d] act (q heads, then k heads, then v heads)   positions [T] int64
         cos_table, sin_table [P, d] act (the two halves share frequencies)   slot_mapping [T] int64, -1 = skip
-        kv_cache [2, blocks, block_size, kvh, d] act                         q_out [T, h, d] act
-        Block t: HF's rotate-half RoPE on token t's q and k heads; q goes to q_out, k and v to the
-        cache slot (nothing is written for slot -1: padding rows of a CUDA graph).
+        kv_cache [2, blocks, block_size, kvh, d] act                         q_out [T, h or h + kvh, d] act
+        Block t: HF's rotate-half RoPE on token t's q and k heads; q goes to q_out (and the rotated k
+        after it, where q_out has h + kvh heads), k and v to the cache slot (nothing is written for
+        slot -1: padding rows of a CUDA graph).
         """
         t = cuda.blockIdx.x
         tid = cuda.threadIdx.x
@@ -141,10 +142,10 @@ def rope_and_cache_kernel(PAIRS: int, VALUES: int):  # noqa: N803 (Numba freezes
                 i = p - head * half
                 y1 = x1s[e] * cs[e] - x2s[e] * ss[e]
                 y2 = x2s[e] * cs[e] + x1s[e] * ss[e]
-                if head < num_heads:
+                if head < q_out.shape[1]:  # q heads, and k heads too where q_out has room for them
                     q_out[t, head, i] = y1
                     q_out[t, head, i + half] = y2
-                elif slot >= 0:
+                if head >= num_heads and slot >= 0:
                     store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i, y1)
                     store_flat(kv_cache, k_row + (head - num_heads) * head_dim + i + half, y2)
         if slot >= 0:
@@ -166,7 +167,7 @@ def rope_and_cache_words_kernel(PAIRS: int, VALUES: int):  # noqa: N803 (Numba f
     def rope_and_cache_words_kernel(qkv, positions, cos_table, sin_table, kv_cache, slot_mapping, q_out, num_heads):
         """
         qkv [T, (h + 2 kvh) * d / 4], cos_table, sin_table [P, d / 4], kv_cache [2, blocks, block_size,
-        kvh, d / 4], q_out [T, h, d / 4]: int64 words of the float16 tensors rope_and_cache_kernel takes;
+        kvh, d / 4], q_out [T, h or h + kvh, d / 4]: int64 words of the float16 tensors rope_and_cache_kernel takes;
         positions [T] int64, slot_mapping [T] int64 (-1 = skip). Block t: token t, as that kernel's.
         """
         t = cuda.blockIdx.x
@@ -207,11 +208,11 @@ def rope_and_cache_words_kernel(PAIRS: int, VALUES: int):  # noqa: N803 (Numba f
                 s0, s1, s2, s3 = unpack_f16x4(ss[e])
                 y1 = pack_f16x4(a0 * c0 - b0 * s0, a1 * c1 - b1 * s1, a2 * c2 - b2 * s2, a3 * c3 - b3 * s3)
                 y2 = pack_f16x4(b0 * c0 + a0 * s0, b1 * c1 + a1 * s1, b2 * c2 + a2 * s2, b3 * c3 + a3 * s3)
-                if head < num_heads:
-                    out = (t * num_heads + head) * head_words + i
+                if head < q_out.shape[1]:
+                    out = (t * q_out.shape[1] + head) * head_words + i
                     store_flat(q_out, out, y1)
                     store_flat(q_out, out + half, y2)
-                elif slot >= 0:
+                if head >= num_heads and slot >= 0:
                     store_flat(kv_cache, k_row + (head - num_heads) * head_words + i, y1)
                     store_flat(kv_cache, k_row + (head - num_heads) * head_words + i + half, y2)
         if slot >= 0:
@@ -285,8 +286,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
 
 def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor,
-                   kv_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Rotate q and k, store k and v in the paged cache. qkv [T, (h + 2 kvh) * d] -> q [T, h, d]."""
+                   kv_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int,
+                   with_keys: bool = False) -> torch.Tensor:
+    """Rotate q and k, store k and v in the paged cache. qkv [T, (h + 2 kvh) * d] -> q [T, h, d], or
+    with_keys q and the rotated k [T, h + kvh, d] (a prefill's attention takes its keys from there
+    instead of reading them back through the block tables)."""
     _check_activation("qkv", qkv, 2)
     for name, t in (("cos_table", cos_table), ("sin_table", sin_table), ("kv_cache", kv_cache)):
         check_tensor(name, t, qkv.dtype, t.dim())
@@ -296,7 +300,7 @@ def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, cos_table: torch.
     if kv_cache.dim() != 5 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or cos_table.shape[1] != head_dim:
         raise KernelArgumentError(f"rope_and_cache: qkv {tuple(qkv.shape)}, kv_cache {tuple(kv_cache.shape)}, "
                                   f"cos_table {tuple(cos_table.shape)} do not fit {num_heads} heads")
-    q = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    q = torch.empty(qkv.shape[0], num_heads + num_kv_heads * with_keys, head_dim, dtype=qkv.dtype, device=qkv.device)
     tensors = (qkv, cos_table, sin_table, kv_cache)
     if qkv.dtype == torch.float16 and head_dim % 8 == 0 and all(t.data_ptr() % 8 == 0 for t in tensors):
         pairs = -(-(num_heads + num_kv_heads) * (head_dim // 8) // ROPE_WORD_THREADS)  # word pairs a thread
