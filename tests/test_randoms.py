@@ -30,6 +30,16 @@ def test_the_kernel_computes_its_torch_twin():
     torch.testing.assert_close(noise.cpu(), twin_noise, rtol=1e-6, atol=0)  # the log may differ in its last bit
 
 
+def test_a_fill_from_a_later_number_writes_the_uniforms_of_the_whole_fill():
+    """first = R V with no noise rows: the uniforms alone, the very numbers of the fill of R noise rows
+    (a spec step whose samplers draw their noise from the keys fills only these)."""
+    keys = _keys(7, 2**40 + 3).to(DEV)
+    noise, uniforms, alone = torch.empty(2, 3, 7, device=DEV), torch.empty(2, 2, device=DEV), torch.empty(2, 2, device=DEV)
+    counter_randoms.fill_kernel(keys, noise, uniforms)
+    counter_randoms.fill_kernel(keys, torch.empty(2, 0, 7, device=DEV), alone, first=3 * 7)
+    assert torch.equal(alone, uniforms)
+
+
 def test_the_twin_hash_matches_plain_integer_arithmetic():
     """int64 torch ops must give lowbias32's 32-bit results (a carry or sign slip would not)."""
     def lowbias32(x):

@@ -88,6 +88,31 @@ def test_rows_with_fewer_proposals_match_the_reference():
     assert not ref.passed_mask[0].any() and not ref.passed_mask[1, 1:].any()
 
 
+def test_noise_drawn_from_the_keys_gives_the_tokens_of_the_filled_noise():
+    """noise_keys: the kernel draws each Exp(1) number from the sequence's key where the filled form
+    reads the spec step's noise block (counter_randoms' numbers at rows k..2k): the same probabilities,
+    tokens, masks and commit row, for the bonus race (u = 0), the residual race (u = 1) and the residual
+    fallback (q = p on the second sequence: its race over p, in the sequence's last block)."""
+    from protospec.kernels.randoms import counter_randoms
+
+    k, vocab = 2, 130
+    logits, st, draft = _case(9, [1.0, 0.8, 0.0], k, vocab, uniforms=torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]))
+    probs = probs_into(logits, st, torch.empty_like(logits), k + 1).view(3, k + 1, -1)
+    draft[1][1] = probs[1, :k]  # q = p on the second sequence: its residual is zero everywhere
+    keys = torch.tensor([counter_randoms.split_key(v) for v in (11, 2**63 + 5, 3)], dtype=torch.int64, device=DEV)
+    noise = torch.empty(3, 2 * k + 1, vocab, device=DEV)
+    counter_randoms.fill_kernel(keys, noise, torch.empty(3, k, device=DEV))
+    filled = [*draft[:3], noise[:, k : 2 * k], noise[:, 2 * k]]
+    got_probs, got = verify_rejection.probs_and_rejection(logits, st, *draft[:3], None, None, noise_keys=keys)
+    want_probs, want = verify_rejection.probs_and_rejection(logits, st, *filled)
+    assert torch.equal(got_probs, want_probs)
+    for field in ("output_token_ids", "num_accepted", "accepted_mask", "passed_mask", "commit_columns"):
+        assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
+    assert want.num_accepted.tolist() == [2, 0, 0]
+    with pytest.raises(KernelArgumentError, match="noise or noise_keys"):
+        verify_rejection.probs_and_rejection(logits, st, *filled, noise_keys=keys)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the wait is a no-op in the simulator: needs a CUDA device")
 def test_the_dependent_form_matches():

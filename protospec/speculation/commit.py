@@ -188,7 +188,7 @@ class OverlappedCommit(SyncedCommit):
     def _keep_randoms(self, pending: StepState) -> None:
         self._counters["first_step_discarded"] += 1
         r = pending.randoms
-        if r is not None and r.noise_block is not None:
+        if r is not None and (r.keys is not None or r.noise_block is not None):  # neither: all greedy
             for row, seq in enumerate(pending.seqs):
                 self._kept_randoms[seq.seq_id] = r.kept_row(row)
 

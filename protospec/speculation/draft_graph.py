@@ -68,17 +68,20 @@ class DraftLoopGraph:
         return rows, width, st.all_greedy, st.any_greedy, st.needs_filter, from_first_step
 
     def steps(self, noise_block: torch.Tensor | None = None, noise_ready: torch.cuda.Event | None = None,
-              tokens_to: torch.Tensor | None = None, join: bool = True) -> None:
+              tokens_to: torch.Tensor | None = None, join: bool = True,
+              noise_keys: torch.Tensor | None = None) -> None:
         """The captured work, issued once: steps 2..k (1..k with `first`) over the graph's buffers.
         A spec step graph's: noise_block [rows, >= k, V] the noise to sample with instead of the graph's
         own (filled inside its replay); noise_ready: an event the first sample waits for (that fill on
         another stream); tokens_to [rows, k + 1] int64: step j's ids also go to column j + 1 (the
         verify's tokens); join=False: the probabilities' branch (self.branch) is left for the caller
-        to join before it reads draft_probs."""
+        to join before it reads draft_probs; noise_keys [rows, 2] int64: the samples draw their noise
+        from these counter keys (the sample-first sampler's; no noise block at all)."""
         decode, model, kv_caches = self.decode, self.runner.model, self.runner.kv_caches
         inputs = decode.inputs(self.rows, self.width)
         sampled = decode.sampled_ids[: self.rows]  # [rows] int64: each step's ids, read by advance_step
-        noise = None if self.st.all_greedy else self.noise if noise_block is None else noise_block
+        keys = None if self.st.all_greedy else noise_keys
+        noise = None if self.st.all_greedy or keys is not None else self.noise if noise_block is None else noise_block
         dependent = self.runner.launches_dependents
         if self.first is not None:  # draft step 1: its 2-token rows, the last one's logits
             first = self.first.view(self.rows, self.width)
@@ -88,7 +91,7 @@ class DraftLoopGraph:
             sample_draft_step(logits, self.st, 0, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
                               dependent, then_advance=decode.advance if self.k > 1 else None,
                               tokens_to=None if tokens_to is None else tokens_to[:, 1],
-                              sample_first=self.branch is not None)
+                              sample_first=self.branch is not None, noise_keys=keys)
         elif self.k > 1:  # draft step 1 sampled before the replay
             if noise_ready is not None:
                 torch.cuda.current_stream().wait_event(noise_ready)
@@ -98,7 +101,7 @@ class DraftLoopGraph:
             sample_draft_step(logits, self.st, step, self.draft_ids, self.draft_probs, noise, sampled, self.fused,
                               dependent, then_advance=decode.advance if step < self.k - 1 else None,
                               tokens_to=None if tokens_to is None else tokens_to[:, step + 1],
-                              sample_first=self.branch is not None)
+                              sample_first=self.branch is not None, noise_keys=keys)
         if self.branch is not None:  # the k steps' logits -> probabilities, beside what follows
             self.branch.probabilities(self.draft_probs, self.st)
             if join:

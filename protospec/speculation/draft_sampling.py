@@ -13,7 +13,8 @@ from protospec.speculation.sampler import SamplingTensors, compute_probs, expone
 def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draft_ids: torch.Tensor,
                       draft_probs: torch.Tensor, noise_block: torch.Tensor | None, mirror: torch.Tensor | None,
                       fused: bool, dependent: bool = False, then_advance=None,
-                      tokens_to: torch.Tensor | None = None, sample_first: bool = False) -> torch.Tensor:
+                      tokens_to: torch.Tensor | None = None, sample_first: bool = False,
+                      noise_keys: torch.Tensor | None = None) -> torch.Tensor:
     """logits [B, V] f32 -> draft_ids[:, step] [B] (returned, a view) and draft_probs[:, step] [B, V].
     noise_block: [B, >= k, V] Exp(1) whose [:, step] is this step's noise (None: all greedy).
     mirror: an int64 [B] buffer that also gets the ids (advance_step reads it), or None.
@@ -23,7 +24,11 @@ def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draf
     tokens_to: a [B] int64 view (any stride) that gets the ids too (the verify's column of this step's
     draft tokens, in a spec step graph), or None.
     sample_first: the token alone (kernels/sampling/gumbel_sample.py), the logits left in draft_probs[:, step] for
-    the caller to turn into probabilities (probs_branch.py), where the fused kernels apply."""
+    the caller to turn into probabilities (probs_branch.py), where the fused kernels apply.
+    noise_keys [B, 2] int64: the rows' counter keys, from which that kernel draws what noise_block
+    [:, step] would hold (noise_block then None; only where it applies)."""
+    if noise_keys is not None and not (fused and sample_first):
+        raise ValueError("noise_keys: only the fused sample-first draft sampler draws its noise from keys")
     if fused:
         from protospec.kernels.sampling.softmax_sample import fused_applies, sample_into
 
@@ -31,7 +36,7 @@ def sample_draft_step(logits: torch.Tensor, st: SamplingTensors, step: int, draf
             from protospec.kernels.sampling.gumbel_sample import gumbel_sample_into
 
             gumbel_sample_into(logits, st, step, draft_ids, noise_block, mirror, dependent, then_advance, tokens_to,
-                               logits_out=draft_probs)
+                               logits_out=draft_probs, noise_keys=noise_keys)
             return draft_ids[:, step]
         if fused_applies(st):
             sample_into(logits, st, step, draft_probs, draft_ids, noise_block, mirror, dependent, then_advance,

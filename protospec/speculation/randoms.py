@@ -61,8 +61,10 @@ def step_keys(generators: list, kept: list | None = None) -> list[int]:
 @dataclass
 class SpecStepRandoms:
     uniforms: torch.Tensor            # [B, k] U[0, 1) for the accept tests
-    recovered_noise: torch.Tensor     # [B, k, V] Exp(1) for recovered tokens
-    bonus_noise: torch.Tensor         # [B, V] Exp(1) for the bonus token
+    # Exp(1) for recovered tokens [B, k, V] and for the bonus token [B, V]; None where the kernels
+    # draw them from the keys (a keyed spec step graph: step_graph.py)
+    recovered_noise: torch.Tensor | None
+    bonus_noise: torch.Tensor | None
     # Exp(1) for the draft's samples, [B, 2k + 1, V]: [:, j] is draft step j's noise (j < k); the
     # rest backs recovered_noise and bonus_noise. None if all greedy. Kept whole (contiguous): the
     # fused sampling kernel reads it in place.
@@ -83,11 +85,14 @@ class SpecStepRandoms:
         return None if self.noise_block is None else (self.uniforms[row], self.noise_block[row])
 
     @classmethod
-    def keyed(cls, st: SamplingTensors, k: int, uniforms: torch.Tensor, noise_block: torch.Tensor,
+    def keyed(cls, st: SamplingTensors, k: int, uniforms: torch.Tensor, noise_block: torch.Tensor | None,
               kept: list | None = None) -> "SpecStepRandoms":
         """The batch's keys, the numbers left to the owner of uniforms [B, k] and noise_block
         [B, 2k + 1, V] (counter_randoms.fill_kernel from the keys): a spec step graph fills its own
-        buffers inside its replay. Views, valid until that owner's next fill."""
+        buffers inside its replay. Views, valid until that owner's next fill. noise_block None: the
+        owner's kernels draw the noise from the keys (no block at all)."""
+        if noise_block is None:
+            return cls(uniforms, None, None, noise_block=None, keys=step_keys(st.generators, kept))
         return cls(uniforms, noise_block[:, k : 2 * k], noise_block[:, 2 * k], noise_block=noise_block,
                    keys=step_keys(st.generators, kept))
 

@@ -95,12 +95,19 @@ class SpecStepGraph:
         # block in rows > 1, inside the replay).
         self.greedy = draft_graph.st.all_greedy
         self.uniforms = torch.zeros(rows, k, device=device)                 # [rows, k] U[0, 1)
-        self.noise = torch.ones(rows, 2 * k + 1, vocab, device=device) if not self.greedy else None  # [rows, 2k + 1, V]
+        # Filled inside the replay from the requests' keys where draws are batched (a GPU's default),
+        # else copied in from the requests' own generators' draws. Keyed: the draft samples and the
+        # verify's rejection sampler draw the noise from the keys themselves (the sample-first draft
+        # sampler and verify_rejection's kernel can), so only the uniforms are filled and no
+        # [rows, 2k + 1, V] block is filled or read.
+        self.fills = not self.greedy and batched_draws(device, batched_randoms)
+        self.keyed = self.fills and fused_sampling and draft_graph.branch is not None \
+            and verify_rejection.applies(draft_graph.st, acceptance)
+        self.noise = torch.ones(rows, 2 * k + 1, vocab, device=device) \
+            if not self.greedy and not self.keyed else None  # [rows, 2k + 1, V]
+        self._no_noise = torch.empty(rows, 0, vocab, device=device)  # [rows, 0, V]: a uniforms-only fill's
         self.greedy_noise = (torch.ones(rows, k, vocab, device=device), torch.ones(rows, vocab, device=device)) \
             if self.greedy else None                                        # [rows, k, V], [rows, V] Exp(1) stand-ins
-        # Filled inside the replay from the requests' keys where draws are batched (a GPU's default),
-        # else copied in from the requests' own generators' draws.
-        self.fills = not self.greedy and batched_draws(device, batched_randoms)
         self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
         self._side: torch.cuda.Stream | None = None  # the side branch's stream
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -119,11 +126,14 @@ class SpecStepGraph:
             if self.forced_acceptance is not None:
                 force_acceptance(randoms.uniforms, self.forced_acceptance)
             return randoms
-        return SpecStepRandoms.keyed(st, self.k, self.uniforms[:batch], self.noise[:batch], kept)
+        return SpecStepRandoms.keyed(st, self.k, self.uniforms[:batch], None if self.keyed else self.noise[:batch], kept)
 
     def _fill(self) -> None:
         """The step's numbers from the keys, inside the replay (where draws are batched)."""
-        if self.fills:
+        if self.keyed:  # the numbers after the 2k + 1 noise rows
+            counter_randoms.fill_kernel(self.keys, self._no_noise, self.uniforms,
+                                        first=(2 * self.k + 1) * self._no_noise.shape[2])
+        elif self.fills:
             counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
             if self.forced_acceptance is not None:
                 force_acceptance(self.uniforms, self.forced_acceptance)
@@ -146,11 +156,14 @@ class SpecStepGraph:
     def _record(self) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
         d, rows, k = self.draft, self.rows, self.k
         tokens = self.verify.input_ids[: rows * (k + 1)].view(rows, k + 1)  # [rows, k + 1] the verify's
-        d.steps(noise_block=self.noise, noise_ready=self._side_branch(), tokens_to=tokens, join=False)
+        d.steps(noise_block=self.noise, noise_ready=self._side_branch(), tokens_to=tokens, join=False,
+                noise_keys=self.keys if self.keyed else None)
         v = self.verify.view(rows, self.width)
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
         if self.greedy:
             randoms = SpecStepRandoms(self.uniforms, *self.greedy_noise, noise_block=None)
+        elif self.keyed:
+            randoms = SpecStepRandoms(self.uniforms, None, None, noise_block=None)
         else:
             randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
         dependent = self.target.launches_dependents
@@ -159,7 +172,8 @@ class SpecStepGraph:
                 d.branch.join()
             probs, result = verify_rejection.probs_and_rejection(
                 logits, d.st, d.draft_ids, d.draft_probs, randoms.uniforms, randoms.recovered_noise,
-                randoms.bonus_noise, error_flag=self.error_row, dependent=dependent)
+                randoms.bonus_noise, error_flag=self.error_row, dependent=dependent,
+                noise_keys=self.keys if self.keyed else None)
             return probs, result, commit_row(result, None, self.error_row)
         probs = target_probs(logits, d.st, k + 1, self.fused, dependent).view(rows, k + 1, -1)  # [rows, k+1, V]
         if d.branch is not None:

@@ -39,6 +39,9 @@ def sampling_and_rejection_forms() -> None:
                            noise_keys=torch.zeros(batch, 2, dtype=torch.int64))  # target-only's: draws its noise
         verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft, dependent=dependent,
                                              span=span)
+        verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft[:3], None, None,
+                                             dependent=dependent, span=span,
+                                             noise_keys=torch.zeros(batch, 2, dtype=torch.int64))  # a keyed step graph's
     rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:])
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))

@@ -102,10 +102,10 @@ def exponential(index, key_lo, key_hi):
 
 
 @cuda.jit
-def fill_randoms_kernel(keys, noise, uniforms):
+def fill_randoms_kernel(keys, noise, uniforms, first):
     """keys [B, 2] int64 (low, high halves) -> noise [B, R * V] f32 Exp(1), uniforms [B, k] f32 U[0, 1).
-    Index i of a request: noise[i] for i < R * V, then uniforms[i - R * V]. The grid is B equal runs
-    of blocks, one run per request (one division per block, none per number)."""
+    Number first + i of a request: noise[i] for i < R * V, then uniforms[i - R * V]. The grid is B
+    equal runs of blocks, one run per request (one division per block, none per number)."""
     n_noise, k = noise.shape[1], uniforms.shape[1]
     per_request = n_noise + k
     chunk = cuda.blockDim.x * PER_THREAD
@@ -117,13 +117,16 @@ def fill_randoms_kernel(keys, noise, uniforms):
         i = start + j * cuda.blockDim.x
         if i < per_request:
             if i < n_noise:
-                noise[b, i] = exponential(uint64(i), key_lo, key_hi)
+                noise[b, i] = exponential(uint64(first + i), key_lo, key_hi)
             else:
-                uniforms[b, i - n_noise] = float32(int32(hash32(uint64(i), key_lo, key_hi) >> uint64(8))) * float32(2.0 ** -24)
+                h = hash32(uint64(first + i), key_lo, key_hi)
+                uniforms[b, i - n_noise] = float32(int32(h >> uint64(8))) * float32(2.0 ** -24)
 
 
-def fill_kernel(keys: torch.Tensor, noise: torch.Tensor, uniforms: torch.Tensor) -> None:
-    """Fill noise [B, R, V] and uniforms [B, k] (float32, on the kernels' device) from keys [B, 2] int64."""
+def fill_kernel(keys: torch.Tensor, noise: torch.Tensor, uniforms: torch.Tensor, first: int = 0) -> None:
+    """Fill noise [B, R, V] and uniforms [B, k] (float32, on the kernels' device) from keys [B, 2] int64:
+    numbers first .. first + R V + k of each key (first > 0: the uniforms alone, R = 0, where the kernels
+    that read the noise draw it from the keys themselves)."""
     check_tensor("keys", keys, torch.int64, 2)
     check_tensor("noise", noise, torch.float32, 3, rows=keys.shape[0])
     check_tensor("uniforms", uniforms, torch.float32, 2, rows=keys.shape[0])
@@ -132,7 +135,7 @@ def fill_kernel(keys: torch.Tensor, noise: torch.Tensor, uniforms: torch.Tensor)
         return
     threads = min(THREADS, per_request) if interop.SIMULATOR else THREADS
     runs = -(-per_request // (threads * PER_THREAD))
-    interop.launch_tensors(fill_randoms_kernel, batch * runs, threads, [keys, noise.view(batch, -1), uniforms])
+    interop.launch_tensors(fill_randoms_kernel, batch * runs, threads, [keys, noise.view(batch, -1), uniforms, int(first)])
 
 
 # ---- the torch twin ------------------------------------------------------------------------------

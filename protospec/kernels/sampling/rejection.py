@@ -187,8 +187,12 @@ def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noi
                    error_flag, vocab) -> tuple:
     """The rejection sampler's draft-side inputs checked against B, k and V (a KernelArgumentError that
     names the first misfit): (recovered_noise, bonus_noise contiguous, num_proposed, the error flag),
-    the last two made where not given (k for every row; a zero flag)."""
+    the last two made where not given (k for every row; a zero flag). Both noises None: a caller that
+    draws them from keys (verify_rejection's keyed form), checked there."""
     batch, k = draft_token_ids.shape
+    keyed = recovered_noise is None and bonus_noise is None
+    if keyed:  # stand-ins of the right shapes for the checks below (views: nothing allocated)
+        recovered_noise, bonus_noise = draft_probs, draft_probs[:, 0]
     # Slices of the spec step's noise block are contiguous at batch 1; copy them otherwise.
     recovered_noise, bonus_noise = recovered_noise.contiguous(), bonus_noise.contiguous()
     for name, t, dtype, ndim in (("draft_token_ids", draft_token_ids, torch.int64, 2),
@@ -212,6 +216,8 @@ def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noi
     check_tensor("num_proposed", num_proposed, torch.int64, 1, rows=batch)
     flag = error_flag if error_flag is not None else _no_flag(device)
     check_tensor("error_flag", flag, torch.int32, 1, rows=1)
+    if keyed:
+        recovered_noise = bonus_noise = None
     return recovered_noise, bonus_noise, num_proposed, flag
 
 

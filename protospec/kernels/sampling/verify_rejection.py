@@ -33,15 +33,16 @@ import functools
 import math
 
 import torch
-from numba import float32, int32, int64
+from numba import float32, int32, int64, uint64
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, wait_after_issued_loads
-from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.launch.interop import check_tensor, cuda, placeholder
 from protospec.kernels.primitives.divisions import block_row_and_part, divide32
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.sampling.packed_argmax import EMPTY, argmax_key, key_index
 from protospec.kernels.primitives.reductions import block_argmax_or
+from protospec.kernels.randoms.counter_randoms import exponential
 from protospec.kernels.sampling.rejection import RejectionBuffers, checked_inputs
 from protospec.kernels.sampling.slices import (PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats, span_for,
                                                span_groups)
@@ -49,12 +50,29 @@ from protospec.kernels.sampling.stats import slice_statistics
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 
+@cuda.jit(device=True)
+def _filled_noise(recovered_noise, bonus_noise, seq, i, v, k, vocab):  # noqa: ARG001
+    """Row i's Exp(1) number at v: recovered_noise [B, k, V] for i < k, bonus_noise [B, V] at i == k."""
+    return recovered_noise[seq, i, v] if i < k else bonus_noise[seq, v]
+
+
+@cuda.jit(device=True)
+def _keyed_noise(keys, unused, seq, i, v, k, vocab):  # noqa: ARG001
+    """The same number drawn from the sequence's key (keys [B, 2] int64): a spec step's noise block
+    [2k + 1, V] holds recovered row i at k + i and the bonus at 2k (SpecStepRandoms' layout)."""
+    return exponential(uint64((k + i) * vocab + v), uint64(keys[seq, 0]), uint64(keys[seq, 1]))
+
+
 @functools.lru_cache(maxsize=None)
-def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as constants)
+def _kernel(DEPENDENT: bool, SPAN: int, KEYED: bool):  # noqa: N803 (Numba freezes them as constants)
     """DEPENDENT: launched as a programmatic dependent of the statistics kernel, which lets it launch
     only after its own wait, so each thread loads its span's logits, q and noise (written by kernels
-    finished by then) before its wait. SPAN: vocabulary slices a block."""
+    finished by then) before its wait. SPAN: vocabulary slices a block. KEYED: recovered_noise is the
+    sequences' counter keys [B, 2] (bonus_noise unused) and the kernel draws each number it reads
+    from them, the numbers counter_randoms.fill_kernel writes (no [B, 2k + 1, V] block is filled or read)."""
     ENTRIES = SPAN * PER_THREAD  # noqa: N806
+    noise_at = _keyed_noise if KEYED else _filled_noise
+    finish = _finisher(KEYED)
 
     @cuda.jit
     def verify_rejection_kernel(logits, temperature, is_greedy, stat_max, stat_index, stat_sum, probs_out,
@@ -66,7 +84,8 @@ def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as co
         temperature [B] f32 (1.0 on greedy rows), is_greedy [B] bool
         stat_max, stat_sum [B (k + 1), S] f32, stat_index [.., S] int64: the slices' statistics
         draft_ids [B, k] int64, draft_probs [B, k, V] f32, uniforms [B, k] f32, recovered_noise [B, k, V]
-        f32, bonus_noise [B, V] f32 (Exp(1), > 0), num_proposed [B] int64: as rejection.py's
+        f32, bonus_noise [B, V] f32 (Exp(1), > 0) (KEYED: [B, 2] int64 keys, and unused), num_proposed
+        [B] int64: as rejection.py's
         out_ids [B, k + 1] int64, num_accepted [B] int64, accepted_mask / passed_mask [B, k] bool,
         commit [B + 1, k + 3] int64: out, as rejection.py's
         win_key [>= B (k + 1)] int64, win_mass [..] int32: each verify row's race so far (its slices'
@@ -96,7 +115,7 @@ def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as co
             qs[j] = draft_probs[seq, ii, v] if inside and residual else float32(0.0)
             ns[j] = float32(1.0)
             if inside:
-                ns[j] = recovered_noise[seq, ii, v] if residual else bonus_noise[seq, v]
+                ns[j] = noise_at(recovered_noise, bonus_noise, seq, i, v, k, vocab)
         tests = residual and group == 0 and tid == 0
         d = min(max(draft_ids[seq, ii], int64(0)), int64(vocab - 1)) if tests else int64(0)
         uq = uniforms[seq, ii] * draft_probs[seq, ii, d] if tests else float32(0.0)
@@ -135,45 +154,52 @@ def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as co
             if cuda.atomic.add(counters, seq, 1) == (k + 1) * groups - 1:
                 counters[seq] = 0
                 cuda.threadfence()
-                _finish(seq, k, vocab, draft_ids, recovered_noise, probs_out, out_ids, num_accepted, accepted_mask,
-                        passed_mask, commit, win_key, win_mass, error_flag)
+                finish(seq, k, vocab, draft_ids, recovered_noise, bonus_noise, probs_out, out_ids, num_accepted,
+                       accepted_mask, passed_mask, commit, win_key, win_mass, error_flag)
 
     return verify_rejection_kernel
 
 
-@cuda.jit(device=True)
-def _finish(seq, k, vocab, draft_ids, recovered_noise, probs_out, out_ids, num_accepted, accepted_mask, passed_mask,
-            commit, win_key, win_mass, error_flag):
-    """The sequence's last block, one thread: n, the masks, the token after the kept ones (every row's
-    key and mass slot reset on the way), the output rows."""
-    n, passes = int64(k), int64(0)
-    for i in range(k):
-        if passed_mask[seq, i]:
-            passes += 1
-        elif n == k:
-            n = i
-    key, mass = int64(EMPTY), int32(0)
-    for i in range(k + 1):  # the verify row whose race decides: the residual at n < k, the bonus at k
-        row_key = cuda.atomic.exch(win_key, seq * (k + 1) + i, int64(EMPTY))
-        row_mass = cuda.atomic.exch(win_mass, seq * (k + 1) + i, int32(0))
-        if i == n:
-            key, mass = row_key, row_mass
-    index = key_index(key)
-    if n < k and mass == 0:  # the residual was zero everywhere: race over p_n itself (p == q: rare)
-        row, value = seq * (k + 1) + n, float32(-1.0)
-        for v in range(vocab):
-            score = probs_out[row, v] / recovered_noise[seq, n, v]
-            if score > value:
-                value, index = score, v
-    for i in range(k + 1):
-        token = draft_ids[seq, i] if i < n else (index if i == n else PLACEHOLDER_TOKEN_ID)
-        out_ids[seq, i], commit[seq, i] = token, token
-        if i < k:
-            accepted_mask[seq, i] = i < n
-    num_accepted[seq] = n
-    commit[seq, k + 1], commit[seq, k + 2] = n, passes
-    if seq == 0:
-        commit[draft_ids.shape[0], 0] = error_flag[0]
+@functools.lru_cache(maxsize=None)
+def _finisher(KEYED: bool):  # noqa: N803 (Numba freezes it as a constant)
+    """The sequence's last block's work, reading the noise as the kernel of that KEYED does."""
+    noise_at = _keyed_noise if KEYED else _filled_noise
+
+    @cuda.jit(device=True)
+    def finish(seq, k, vocab, draft_ids, recovered_noise, bonus_noise, probs_out, out_ids, num_accepted,
+               accepted_mask, passed_mask, commit, win_key, win_mass, error_flag):
+        """The sequence's last block, one thread: n, the masks, the token after the kept ones (every
+        row's key and mass slot reset on the way), the output rows."""
+        n, passes = int64(k), int64(0)
+        for i in range(k):
+            if passed_mask[seq, i]:
+                passes += 1
+            elif n == k:
+                n = i
+        key, mass = int64(EMPTY), int32(0)
+        for i in range(k + 1):  # the verify row whose race decides: the residual at n < k, the bonus at k
+            row_key = cuda.atomic.exch(win_key, seq * (k + 1) + i, int64(EMPTY))
+            row_mass = cuda.atomic.exch(win_mass, seq * (k + 1) + i, int32(0))
+            if i == n:
+                key, mass = row_key, row_mass
+        index = key_index(key)
+        if n < k and mass == 0:  # the residual was zero everywhere: race over p_n itself (p == q: rare)
+            row, value = seq * (k + 1) + n, float32(-1.0)
+            for v in range(vocab):
+                score = probs_out[row, v] / noise_at(recovered_noise, bonus_noise, seq, n, v, k, vocab)
+                if score > value:
+                    value, index = score, v
+        for i in range(k + 1):
+            token = draft_ids[seq, i] if i < n else (index if i == n else PLACEHOLDER_TOKEN_ID)
+            out_ids[seq, i], commit[seq, i] = token, token
+            if i < k:
+                accepted_mask[seq, i] = i < n
+        num_accepted[seq] = n
+        commit[seq, k + 1], commit[seq, k + 2] = n, passes
+        if seq == 0:
+            commit[draft_ids.shape[0], 0] = error_flag[0]
+
+    return finish
 
 
 _slots: dict[str, list] = {}  # device -> [(win_key, win_mass)], EMPTY / 0 between calls; the last the largest
@@ -201,18 +227,30 @@ def applies(st, acceptance) -> bool:
 
 
 def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, uniforms, recovered_noise,
-                        bonus_noise, num_proposed=None, error_flag=None,
-                        dependent: bool = False, span: int | None = None) -> tuple[torch.Tensor, RejectionOutput]:
+                        bonus_noise, num_proposed=None, error_flag=None, dependent: bool = False,
+                        span: int | None = None, noise_keys: torch.Tensor | None = None) -> tuple[torch.Tensor, RejectionOutput]:
     """The verify's probabilities of logits [B (k + 1), V] f32 (st: the B rows' settings) and
     rejection.rejection_sample_fused's result over them, in the statistics launch and this one:
     (probabilities [B, k + 1, V] f32, RejectionOutput). dependent: as the sampling kernels'; span:
-    vocabulary slices a block (None: by the grid, slices.span_for; the same results at any span)."""
+    vocabulary slices a block (None: by the grid, slices.span_for; the same results at any span).
+    noise_keys [B, 2] int64: the sequences' counter keys, from which the kernel draws the numbers
+    counter_randoms.fill_kernel writes into a spec step's [B, 2k + 1, V] noise block (recovered_noise
+    and bonus_noise then None: nothing of that size is filled or read)."""
     batch, k = draft_token_ids.shape
     vocab = logits.shape[-1]
     check_tensor("logits", logits, torch.float32, 2, rows=batch * (k + 1))
+    keyed = noise_keys is not None
+    if keyed:
+        if recovered_noise is not None or bonus_noise is not None:
+            raise interop.KernelArgumentError("probs_and_rejection: noise or noise_keys, not both")
+        check_tensor("noise_keys", noise_keys, torch.int64, 2, rows=batch)
+        if noise_keys.shape[1] != 2:
+            raise interop.KernelArgumentError(f"noise_keys {tuple(noise_keys.shape)}: a (low, high) key pair a row")
     recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
         "probs_and_rejection", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, vocab)
+    if keyed:
+        recovered_noise, bonus_noise = noise_keys, placeholder(torch.float32, 2, logits.device)
     dependent = bool(dependent)
     device = logits.device
     rows = batch * (k + 1)
@@ -223,6 +261,6 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     args = [logits, st.temperature, st.is_greedy, *stats, probs, draft_token_ids, draft_probs, uniforms,
             recovered_noise, bonus_noise, num_proposed, *out.kernel_args, *_row_slots(rows, device),
             arrival_counters(device, batch, "verify_rejection"), flag]
-    interop.launch_tensors(_kernel(dependent, span), rows * span_groups(vocab, span), THREADS, args,
+    interop.launch_tensors(_kernel(dependent, span, keyed), rows * span_groups(vocab, span), THREADS, args,
                            dependent=dependent)
     return probs.view(batch, k + 1, vocab), out.result(error_flag is not None)
