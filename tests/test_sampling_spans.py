@@ -5,14 +5,16 @@ import pytest
 import torch
 
 from protospec.config import SamplingParams
-from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE
+from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, SIMULATOR
 from protospec.kernels.sampling import gumbel_sample, slices, verify_rejection
 from protospec.kernels.sampling.softmax_sample import probs_into, sample_into
 from protospec.kernels.sampling.stats import slice_statistics
 from protospec.speculation.sampler import SamplingTensors, exponential_noise
 
 DEV = KERNEL_DEVICE_TYPE
-SPANS = (1, 2, 4)
+# Spans of several slices that cut the row unevenly (5 slices: 2 + 2 + 1, 4 + 1). The simulator, where
+# each span's case costs 10-20 s, takes the span of 4 alone; a GPU takes both.
+SPANS = (1, 4) if SIMULATOR else (1, 2, 4)
 
 
 def _case(temperatures, slices_per_row=5, seed=0):

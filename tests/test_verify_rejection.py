@@ -95,7 +95,7 @@ def test_noise_drawn_from_the_keys_gives_the_tokens_of_the_filled_noise():
     fallback (q = p on the second sequence: its race over p, in the sequence's last block)."""
     from protospec.kernels.randoms import counter_randoms
 
-    k, vocab = 2, 130
+    k, vocab = 2, 100
     logits, st, draft = _case(9, [1.0, 0.8, 0.0], k, vocab, uniforms=torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]))
     probs = probs_into(logits, st, torch.empty_like(logits), k + 1).view(3, k + 1, -1)
     draft[1][1] = probs[1, :k]  # q = p on the second sequence: its residual is zero everywhere
