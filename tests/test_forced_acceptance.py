@@ -20,7 +20,8 @@ def test_the_uniforms_become_pass_or_fail_with_probability_alpha():
     assert torch.equal(force_uniforms(forced.clone(), 0.3), forced)  # a kept, forced draw stays as it was
 
 
-@pytest.mark.parametrize("mode", ["main", "gpu"])
+@pytest.mark.parametrize("mode", ["main", "gpu", pytest.param("graph", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the graph mode replays CUDA graphs: its uniforms are forced inside the replay"))])
 def test_the_measured_acceptance_follows_alpha(tiny_target, tiny_draft, mode):
     llm = tiny_llm(tiny_target, tiny_draft, k=3, device=KERNEL_DEVICE_TYPE, draft_loop=mode)
     prompts = random_prompts(4)

@@ -21,7 +21,8 @@ the steps 1..k draft graph's buffers (settings, noise, draft ids and probabiliti
 (target probabilities, the rejection output, the commit's row) are the graph's own tensors,
 overwritten by the next replay: the host reads a step's outcome from the commit's copy. Memory: each
 (rows, width) layout keeps its own graph pool (a verify's activations, [rows, k + 1, V] probabilities)
-and [rows, 2k + 1, V] of noise, beside the verify graph the stage-by-stage step captures.
+and, where its samplers cannot draw from the keys, [rows, 2k + 1, V] of noise, beside the verify graph
+the stage-by-stage step captures.
 """
 from __future__ import annotations
 
@@ -130,13 +131,15 @@ class SpecStepGraph:
 
     def _fill(self) -> None:
         """The step's numbers from the keys, inside the replay (where draws are batched)."""
+        if not self.fills:
+            return
         if self.keyed:  # the numbers after the 2k + 1 noise rows
             counter_randoms.fill_kernel(self.keys, self._no_noise, self.uniforms,
                                         first=(2 * self.k + 1) * self._no_noise.shape[2])
-        elif self.fills:
+        else:
             counter_randoms.fill_kernel(self.keys, self.noise, self.uniforms)
-            if self.forced_acceptance is not None:
-                force_acceptance(self.uniforms, self.forced_acceptance)
+        if self.forced_acceptance is not None:
+            force_acceptance(self.uniforms, self.forced_acceptance)
 
     def _side_branch(self) -> torch.cuda.Event:
         """The fill and the verify's inputs but the draft tokens on a stream of their own,
