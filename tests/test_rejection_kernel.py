@@ -132,6 +132,8 @@ def test_bad_arguments_are_named():
         rejection_sample_fused(args[0], args[1].double(), *args[2:])
     with pytest.raises(KernelArgumentError, match="shapes"):
         rejection_sample_fused(args[0], args[1], args[2][:, :3].contiguous(), *args[3:])
+    with pytest.raises(KernelArgumentError, match="recovered_noise and bonus_noise are tensors"):
+        rejection_sample_fused(*args[:4], None, None)
 
 
 def test_engine_with_the_fused_kernel_emits_the_same_tokens(tiny_target, tiny_draft):

@@ -111,6 +111,11 @@ def test_noise_drawn_from_the_keys_gives_the_tokens_of_the_filled_noise():
     assert want.num_accepted.tolist() == [2, 0, 0]
     with pytest.raises(KernelArgumentError, match="noise or noise_keys"):
         verify_rejection.probs_and_rejection(logits, st, *filled, noise_keys=keys)
+    with pytest.raises(KernelArgumentError, match="shapes"):  # the draft's side is still checked without noise
+        verify_rejection.probs_and_rejection(logits, st, draft[0], draft[1][:, :, :50].contiguous(), draft[2], None,
+                                             None, noise_keys=keys)
+    with pytest.raises(KernelArgumentError, match="noise_keys"):
+        verify_rejection.probs_and_rejection(logits, st, *draft[:3], None, None, noise_keys=keys[:, :1].contiguous())
 
 
 @pytest.mark.gpu

@@ -164,6 +164,8 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     so it starts once that kernel has ended."""
     batch, k = draft_token_ids.shape
     check_tensor("target_probs", target_probs, torch.float32, 3, rows=batch)
+    if recovered_noise is None or bonus_noise is None:  # only verify_rejection draws its noise from keys
+        raise interop.KernelArgumentError("rejection_sample_fused: recovered_noise and bonus_noise are tensors, not None")
     recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
         "rejection_sample_fused", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, target_probs.shape[-1])
@@ -191,22 +193,20 @@ def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noi
     draws them from keys (verify_rejection's keyed form), checked there."""
     batch, k = draft_token_ids.shape
     keyed = recovered_noise is None and bonus_noise is None
-    if keyed:  # stand-ins of the right shapes for the checks below (views: nothing allocated)
-        recovered_noise, bonus_noise = draft_probs, draft_probs[:, 0]
-    # Slices of the spec step's noise block are contiguous at batch 1; copy them otherwise.
-    recovered_noise, bonus_noise = recovered_noise.contiguous(), bonus_noise.contiguous()
-    for name, t, dtype, ndim in (("draft_token_ids", draft_token_ids, torch.int64, 2),
-                                 ("draft_probs", draft_probs, torch.float32, 3),
-                                 ("uniforms", uniforms, torch.float32, 2),
-                                 ("recovered_noise", recovered_noise, torch.float32, 3),
-                                 ("bonus_noise", bonus_noise, torch.float32, 2)):
+    tensors = [("draft_token_ids", draft_token_ids, torch.int64, 2), ("draft_probs", draft_probs, torch.float32, 3),
+               ("uniforms", uniforms, torch.float32, 2)]
+    if not keyed:  # slices of the spec step's noise block are contiguous at batch 1; copy them otherwise
+        recovered_noise, bonus_noise = recovered_noise.contiguous(), bonus_noise.contiguous()
+        tensors += [("recovered_noise", recovered_noise, torch.float32, 3), ("bonus_noise", bonus_noise, torch.float32, 2)]
+    for name, t, dtype, ndim in tensors:
         check_tensor(name, t, dtype, ndim, rows=batch)
-    if draft_probs.shape != (batch, k, vocab) or recovered_noise.shape != (batch, k, vocab) \
-            or bonus_noise.shape != (batch, vocab) or uniforms.shape != (batch, k):
+    if draft_probs.shape != (batch, k, vocab) or uniforms.shape != (batch, k) or not keyed and (
+            recovered_noise.shape != (batch, k, vocab) or bonus_noise.shape != (batch, vocab)):
+        noise = "" if keyed else (f", recovered_noise {tuple(recovered_noise.shape)}, "
+                                  f"bonus_noise {tuple(bonus_noise.shape)}")
         raise interop.KernelArgumentError(
             f"{caller}: shapes do not fit B={batch}, k={k}, V={vocab}: draft_probs {tuple(draft_probs.shape)}, "
-            f"uniforms {tuple(uniforms.shape)}, recovered_noise {tuple(recovered_noise.shape)}, "
-            f"bonus_noise {tuple(bonus_noise.shape)}")
+            f"uniforms {tuple(uniforms.shape)}{noise}")
     device = draft_token_ids.device
     if num_proposed is None:
         key = (batch, k, device)
@@ -216,8 +216,6 @@ def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noi
     check_tensor("num_proposed", num_proposed, torch.int64, 1, rows=batch)
     flag = error_flag if error_flag is not None else _no_flag(device)
     check_tensor("error_flag", flag, torch.int32, 1, rows=1)
-    if keyed:
-        recovered_noise = bonus_noise = None
     return recovered_noise, bonus_noise, num_proposed, flag
 
 
