@@ -6,7 +6,9 @@
 # no switch added). OTHER may list several directories (space-separated; OTHER_COMMIT their commits in
 # the same order): every round runs this tree once and each arm once, so N candidates share the baseline's
 # runs. Prints each run's p50 and token digest per point (--ablation's modes, or --sweep's points); each
-# run's JSON lands in $OUT/ab/ as <arm>_r<round>_<name>.json (one level deep, so a device call brings it back).
+# run's JSON and log are appended to $OUT/ab.tar as <arm>_r<round>_<name> right after the run (one file,
+# since a device call brings back only so many, and a call cut short keeps the runs it finished; AB_TAR
+# names another, for a second call in the same job).
 #   PROTOSPEC_GIT_COMMIT=<sha> OTHER=.old7 OTHER_COMMIT=370bafe bash scripts/device/tree_ab.sh --sweep --sweep-batch-sizes 64 --sweep-ks 5 --modes graph
 #   PROTOSPEC_GIT_COMMIT=<sha> OTHER=".a .b" OTHER_COMMIT="1111111 2222222" bash scripts/device/tree_ab.sh --ablation --repeats 1 --modes graph --batch-size 64
 #   PROTOSPEC_GIT_COMMIT=<sha> OTHER='protospec/model/layer_kernels.py:s/^MLP_FUSED_MAX_ROWS = 32$/MLP_FUSED_MAX_ROWS = 64/' bash scripts/device/tree_ab.sh --ablation --repeats 1 --modes graph --peers
@@ -45,7 +47,6 @@ for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
             print(f"  {mode}: p50 {e['p50_s']:.5f} s, tokens {e.get('token_digest')}")
 PY
 }
-mkdir -p "$OUT/ab"
 for ((r = 1; r <= rounds; r++)); do
   for ((i = -1; i < ${#arms[@]}; i++)); do
     arm=tree
@@ -59,7 +60,8 @@ for ((r = 1; r <= rounds; r++)); do
     fi
     echo "round $r [$arm] rc $?"
     summary "$out"
-    for f in "$out"/*.json; do [ -f "$f" ] && cp "$f" "$OUT/ab/${arm}_r${r}_$(basename "$f")"; done
-    cp "$out/log.txt" "$OUT/ab/${arm}_r${r}_log.txt"
+    staged=/tmp/tree_ab_staged && rm -rf "$staged" && mkdir -p "$staged"
+    for f in "$out"/*.json "$out/log.txt"; do [ -f "$f" ] && cp "$f" "$staged/${arm}_r${r}_$(basename "$f")"; done
+    tar -rf "$OUT/${AB_TAR:-ab.tar}" -C "$staged" .
   done
 done
