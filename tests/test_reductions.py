@@ -9,23 +9,9 @@ from numba import float32, int64
 from protospec.kernels.launch import interop
 from protospec.kernels.primitives import reductions
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, cuda
-from protospec.kernels.primitives.reductions import block_argmax_or, block_sum_tree_order
+from protospec.kernels.primitives.reductions import block_argmax_or, block_sum_tree_order, tree_sum
 
 DEV = KERNEL_DEVICE_TYPE
-
-
-@cuda.jit(device=True)
-def tree_sum(values, tid, width):
-    """values[0] = the sum of values[:width] by the plain shared-memory tree: the order (and so the bits)
-    block_sum_tree_order, the norm and the slice statistics keep."""
-    stride = width // 2
-    while stride > 0:
-        if tid < stride:
-            values[tid] += values[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-
-
 WIDTH = 64  # two warps: the merge across warps runs even in the simulator
 LANES = [pytest.param(32, id="shuffles"), pytest.param(1, id="slots_only")]
 

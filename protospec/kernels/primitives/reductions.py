@@ -1,7 +1,5 @@
-"""Block-wide reductions shared by the kernels (device functions): argmax / min / sum forms that combine
-inside each warp by shuffles before one merge of the warps. "tree_sum's order" below is the plain tree
-in shared memory (values[t] += values[t + s] for s = width / 2 .. 1: tests/test_reductions.py), whose
-bits the sums keep.
+"""Block-wide reductions shared by the kernels (device functions): a tree in shared memory, and
+argmax / min / sum forms that combine inside each warp by shuffles before one merge of the warps.
 
 `width` is the number of threads taking part, a power of two; every thread of the block must call
 (they synchronise).
@@ -10,6 +8,17 @@ from __future__ import annotations
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import cuda
+
+
+@cuda.jit(device=True)
+def tree_sum(values, tid, width):
+    """values[0] = the sum of values[:width]."""
+    stride = width // 2
+    while stride > 0:
+        if tid < stride:
+            values[tid] += values[tid + stride]
+        cuda.syncthreads()
+        stride //= 2
 
 
 # Warp-level exchange: on a GPU a register shuffle; the simulator has no shuffles, so there every
