@@ -42,41 +42,6 @@ def test_add_rms_norm_matches_torch_and_updates_the_residual_in_place(dtype, hid
     torch.testing.assert_close(out, rms_norm(x, w, 1e-6)[picked], **TOL[dtype])
 
 
-def test_the_norm_a_warp_a_row_has_the_bits_of_a_block_tree_a_row():
-    """A warp plays a 64-thread block's tree (2 threads a lane, a level of the tree in registers), two
-    rows a block, three rows (the second block's spare warp writes nothing), 100 entries (2 a played
-    thread, the last past the row in some): out has the bits of thread t summing entries t, t + 64 in
-    order and tree_sum's pairs (stride 32, then 16 .. 1), emulated here in float32."""
-    import math
-
-    import numpy as np
-
-    from protospec.kernels.launch import interop
-    from protospec.kernels.linear.layer_ops import add_rms_norm_kernel
-
-    tree, hidden, eps = 64, 100, 1e-6
-    x, residual = _randn(5, hidden, dtype=torch.float32, seed=7), _randn(5, hidden, dtype=torch.float32, seed=8)
-    w = _randn(hidden, dtype=torch.float32, seed=9)
-    rows = torch.tensor([4, 0, 2], device=DEV)
-    out = torch.full((3, hidden), float("nan"), device=DEV)
-    expected_residual = (x + residual).cpu().numpy()
-    kept = residual[[1, 3]].clone()
-    interop.launch_tensors(add_rms_norm_kernel(2, tree, 2), 2, 64, [x, residual, w, rows, out, eps, 1])
-    assert np.array_equal(residual.cpu().numpy()[rows.cpu()], expected_residual[rows.cpu()])
-    assert torch.equal(residual[[1, 3]], kept)  # rows not asked for: untouched
-    weights = w.cpu().numpy()
-    for i, r in enumerate(rows.tolist()):
-        v = np.concatenate([expected_residual[r], np.zeros(2 * tree - hidden, np.float32)])  # [128]
-        sums = v[:tree] * v[:tree]  # thread t: entry t, then t + 64 (where it exists), in order
-        sums[: hidden - tree] += v[tree:hidden] * v[tree:hidden]
-        stride = tree // 2
-        while stride:  # tree_sum's pairs
-            sums[:stride] = sums[:stride] + sums[stride : 2 * stride]
-            stride //= 2
-        inv = np.float32(1.0) / math.sqrt(sums[0] / np.float32(hidden) + np.float32(eps))
-        assert np.array_equal(out[i].cpu().numpy(), weights * (v[:hidden] * inv)), i
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rope_and_cache_matches_apply_rope_and_write_kv(dtype):
     heads, kv_heads, d, tokens, block_size = 4, 2, 16, 3, 4

@@ -23,14 +23,13 @@ from protospec.errors import KernelArgumentError
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import check_tensor, cuda
 from protospec.kernels.primitives.divisions import divide32
-from protospec.kernels.primitives.reductions import WARP, xor_exchange
+from protospec.kernels.primitives.reductions import tree_sum
 from protospec.kernels.primitives.word_loads import load_flat, pack_f16x4, store_flat, unpack_f16x4
 
 ACTIVATION_DTYPES = (torch.float16, torch.float32)
 # Threads per block (powers of two, for the tree reductions); the simulator runs a Python thread
 # per CUDA thread, so it gets narrow blocks.
-NORM_THREADS = 32 if interop.SIMULATOR else 256  # the block tree whose order (and bits) the norm keeps
-NORM_WARPS = 1 if interop.SIMULATOR else 4      # rows a block of the norm: a warp a row plays that tree
+NORM_THREADS = 32 if interop.SIMULATOR else 256
 ROPE_THREADS = 32 if interop.SIMULATOR else 256
 ROPE_WORD_THREADS = 32 if interop.SIMULATOR else 128  # the word form: 4 entries a thread where the other takes 1
 ELEMENTWISE_THREADS = 32 if interop.SIMULATOR else 256
@@ -43,66 +42,46 @@ ELEMENTWISE_THREADS = 32 if interop.SIMULATOR else 256
 
 
 @functools.lru_cache(maxsize=None)
-def add_rms_norm_kernel(PER_THREAD: int, TREE: int = NORM_THREADS, WARPS: int = NORM_WARPS):  # noqa: N803
-    """PER_THREAD: a row's entries a played thread, ceil(H / TREE) (sizes a local array); TREE: the
-    threads of the block tree a warp plays (a power of two, >= 32); WARPS: rows (warps) a block. Numba
-    freezes them as constants."""
-    NORM_THREADS, NORM_WARPS = TREE, WARPS  # noqa: N806 (the kernel's names for them)
-    NORM_VIRTUAL = TREE // WARP  # noqa: N806: the tree's threads a lane plays
-    NORM_LEVELS = NORM_VIRTUAL.bit_length() - 1  # noqa: N806: the tree's levels above a warp
-    LANE_LEVELS = WARP.bit_length() - 1  # noqa: N806: its levels inside a warp, as xor shuffles
-    NORM_SHUFFLES = WARP * WARPS if interop.SIMULATOR else 1  # noqa: N806: the simulator's exchanges
-    ENTRIES = NORM_VIRTUAL * PER_THREAD  # noqa: N806: a lane's entries
+def add_rms_norm_kernel(ENTRIES: int):  # noqa: N803 (Numba freezes it as a constant)
+    """ENTRIES: a row's entries a thread, ceil(H / NORM_THREADS) (a local array's size)."""
 
     @cuda.jit
     def add_rms_norm_kernel(x, residual, weight, rows, out, eps, add):
         """
         x, residual [T, H] act      weight [H] act     rows [N] int64 (distinct)     out [N, H] act
-        Warp w of block b handles output row i = b NORM_WARPS + w, token r = rows[i]: v = x[r] + residual[r]
-        (stored back into residual[r]) when add, else v = x[r]; out[i] = weight * v / sqrt(mean(v^2) + eps),
-        the mean in float32. Lane l plays threads l, l + 32, ... of a NORM_THREADS-thread block: thread t
-        holds entries t, t + NORM_THREADS, ... and sums their squares in that order, then the block's
-        tree adds the threads' sums (tree_sum's pairs: the levels above a warp in registers, the ones
-        inside it as xor shuffles), so the bits are a block a row's, with no barrier.
+        Block i handles token r = rows[i]: v = x[r] + residual[r] (stored back into residual[r]) when
+        add, else v = x[r]; out[i] = weight * v / sqrt(mean(v^2) + eps), the mean in float32.
+        Thread tid holds entries tid, tid + NORM_THREADS, ... and sums their squares in that order.
         """
+        i = cuda.blockIdx.x
         tid = cuda.threadIdx.x
-        lane = tid % WARP
-        i = cuda.blockIdx.x * NORM_WARPS + tid // WARP
-        live = i < rows.shape[0]  # a last block's spare warps run along (the simulator's exchanges need them)
-        r = rows[min(i, rows.shape[0] - 1)]
         hidden = x.shape[1]
-        scratch = cuda.shared.array(NORM_SHUFFLES, float32)  # the simulator's exchanges
-        vs = cuda.local.array(ENTRIES, float32)  # [PER_THREAD, NORM_VIRTUAL] entry lane + 32 m + NORM_THREADS jj
-        sums = cuda.local.array(NORM_VIRTUAL, float32)  # the played threads' sums, then the tree's
+        partial = cuda.shared.array(NORM_THREADS, float32)
+        vs = cuda.local.array(ENTRIES, float32)  # [ENTRIES] this thread's v, as stored when add
+        ws = cuda.local.array(ENTRIES, float32)  # [ENTRIES] its weights
         for e in range(ENTRIES):  # clamped indices, no branch: every load in flight at once
-            j = min(lane + WARP * (e % NORM_VIRTUAL) + NORM_THREADS * (e // NORM_VIRTUAL), hidden - 1)
+            ws[e] = float32(weight[min(tid + e * NORM_THREADS, hidden - 1)])
+        r = rows[i]
+        for e in range(ENTRIES):
+            j = min(tid + e * NORM_THREADS, hidden - 1)
             vs[e] = float32(x[r, j]) + float32(residual[r, j]) if add else float32(x[r, j])
         if add:  # the sum is rounded to act as it is stored; read back together, the rounded value
             for e in range(ENTRIES):
-                j = lane + WARP * (e % NORM_VIRTUAL) + NORM_THREADS * (e // NORM_VIRTUAL)
-                if live and j < hidden:
-                    residual[r, j] = vs[e]
+                if tid + e * NORM_THREADS < hidden:
+                    residual[r, tid + e * NORM_THREADS] = vs[e]
             for e in range(ENTRIES):
-                vs[e] = float32(residual[r, min(lane + WARP * (e % NORM_VIRTUAL) + NORM_THREADS * (e // NORM_VIRTUAL),
-                                                hidden - 1)])
-        for m in range(NORM_VIRTUAL):  # each played thread's sum over its entries, ascending
-            acc = float32(0.0)
-            for jj in range(PER_THREAD):
-                if lane + WARP * m + NORM_THREADS * jj < hidden:
-                    acc += vs[jj * NORM_VIRTUAL + m] * vs[jj * NORM_VIRTUAL + m]
-            sums[m] = acc
-        for level in range(NORM_LEVELS):  # the tree's strides above a warp: thread m adds thread m + width
-            width = NORM_VIRTUAL >> (level + 1)
-            for m in range(width):
-                sums[m] += sums[m + width]
-        total = sums[0]
-        for level in range(LANE_LEVELS):  # strides 16 .. 1 inside the warp: the tree's pairs, in every lane
-            total += xor_exchange(total, WARP >> (level + 1), scratch, tid)
-        inv_rms = float32(1.0) / math.sqrt(total / float32(hidden) + float32(eps))
+                vs[e] = float32(residual[r, min(tid + e * NORM_THREADS, hidden - 1)])
+        acc = float32(0.0)
         for e in range(ENTRIES):
-            j = lane + WARP * (e % NORM_VIRTUAL) + NORM_THREADS * (e // NORM_VIRTUAL)
-            if live and j < hidden:  # the weights read here (a lane holding them too would spill at H >= 2048)
-                out[i, j] = float32(weight[j]) * (vs[e] * inv_rms)
+            if tid + e * NORM_THREADS < hidden:
+                acc += vs[e] * vs[e]
+        partial[tid] = acc
+        cuda.syncthreads()
+        tree_sum(partial, tid, NORM_THREADS)
+        inv_rms = float32(1.0) / math.sqrt(partial[0] / float32(hidden) + float32(eps))
+        for e in range(ENTRIES):
+            if tid + e * NORM_THREADS < hidden:
+                out[i, tid + e * NORM_THREADS] = ws[e] * (vs[e] * inv_rms)
 
     return add_rms_norm_kernel
 
@@ -300,8 +279,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     out = torch.empty(rows.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
     if rows.shape[0] == 0:  # e.g. a draft prefill that wants no logits (a grid of 0 blocks is invalid)
         return out, residual
-    per_thread = -(-x.shape[1] // NORM_THREADS)
-    interop.launch_tensors(add_rms_norm_kernel(per_thread), -(-rows.shape[0] // NORM_WARPS), WARP * NORM_WARPS,
+    entries = -(-x.shape[1] // NORM_THREADS)
+    interop.launch_tensors(add_rms_norm_kernel(entries), rows.shape[0], NORM_THREADS,
                            [x, residual, weight, rows, out, float(eps), int(add)])
     return out, residual
 
