@@ -92,8 +92,10 @@ def test_noise_drawn_from_the_keys_gives_the_tokens_of_the_filled_noise():
     """noise_keys: the kernel draws each Exp(1) number from the sequence's key where the filled form
     reads the spec step's noise block (counter_randoms' numbers at rows k..2k): the same probabilities,
     tokens, masks and commit row, for the bonus race (u = 0), the residual race (u = 1) and the residual
-    fallback (q = p on the second sequence: its race over p, in the sequence's last block)."""
+    fallback (q = p on the second sequence: its race over p, in the sequence's last block); and so
+    does the rejection kernel that reads the probabilities the statistics and probabilities kernels wrote."""
     from protospec.kernels.randoms import counter_randoms
+    from protospec.kernels.sampling.rejection import rejection_sample_fused
 
     k, vocab = 2, 100
     logits, st, draft = _case(9, [1.0, 0.8, 0.0], k, vocab, uniforms=torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]))
@@ -109,6 +111,12 @@ def test_noise_drawn_from_the_keys_gives_the_tokens_of_the_filled_noise():
     for field in ("output_token_ids", "num_accepted", "accepted_mask", "passed_mask", "commit_columns"):
         assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
     assert want.num_accepted.tolist() == [2, 0, 0]
+    # The rejection kernel alone (the probabilities computed apart) draws only row n's numbers from the keys
+    keyed_alone = rejection_sample_fused(*draft[:2], want_probs, draft[2], None, None, noise_keys=keys)
+    for field in ("output_token_ids", "num_accepted", "accepted_mask", "passed_mask", "commit_columns"):
+        assert getattr(keyed_alone, field).tolist() == getattr(want, field).tolist(), field
+    with pytest.raises(KernelArgumentError, match="noise or noise_keys"):
+        rejection_sample_fused(*draft[:2], want_probs, *filled[2:], noise_keys=keys)
     with pytest.raises(KernelArgumentError, match="noise or noise_keys"):
         verify_rejection.probs_and_rejection(logits, st, *filled, noise_keys=keys)
     with pytest.raises(KernelArgumentError, match="shapes"):  # the draft's side is still checked without noise

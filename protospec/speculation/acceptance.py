@@ -71,15 +71,18 @@ class RejectionSampling:
             self.sample = rejection_sample
 
     def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None,
-                 dependent: bool = False) -> RejectionOutput:
+                 dependent: bool = False, noise_keys=None) -> RejectionOutput:
         """error_flag: [1] int32 the step's device-built inputs' flag, which the kernel copies into the
         commit's row (RejectionOutput.commit_flagged); the torch path leaves it to commit_row.
-        dependent: the kernel before launches dependents (ModelRunner.launches_dependents)."""
+        dependent: the kernel before launches dependents (ModelRunner.launches_dependents). noise_keys
+        [B, 2] int64: the kernel draws the noise from the sequences' keys (a keyed spec step graph)."""
         if self.sample is rejection_sample:
+            if noise_keys is not None:
+                raise ValueError("noise_keys: only the fused rejection kernel draws its noise from keys")
             return rejection_sample(draft_ids, draft_probs, target_probs, randoms.uniforms, randoms.recovered_noise,
                                     randoms.bonus_noise, num_proposed)
         return self.sample(draft_ids, draft_probs, target_probs, randoms.uniforms, randoms.recovered_noise,
-                           randoms.bonus_noise, num_proposed, error_flag, dependent)
+                           randoms.bonus_noise, num_proposed, error_flag, dependent, noise_keys=noise_keys)
 
 
 class TypicalAcceptance:

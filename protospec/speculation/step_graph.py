@@ -99,8 +99,8 @@ class SpecStepGraph:
         # Filled inside the replay from the requests' keys where draws are batched (a GPU's default),
         # else copied in from the requests' own generators' draws. Keyed: the draft samples and the
         # verify's rejection sampler draw the noise from the keys themselves (the sample-first draft
-        # sampler and verify_rejection's kernel can), so only the uniforms are filled and no
-        # [rows, 2k + 1, V] block is filled or read.
+        # sampler, verify_rejection's kernel and, past its one launch, rejection.py's can), so only the
+        # uniforms are filled and no [rows, 2k + 1, V] block is filled or read.
         self.fills = not self.greedy and batched_draws(device, batched_randoms)
         self.keyed = self.fills and fused_sampling and draft_graph.branch is not None \
             and verify_rejection.applies(draft_graph.st, acceptance)
@@ -170,7 +170,7 @@ class SpecStepGraph:
         else:
             randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
         dependent = self.target.launches_dependents
-        if self.fused and verify_rejection.applies(d.st, self.acceptance):  # the probabilities and the sampler at once
+        if self.fused and verify_rejection.applies(d.st, self.acceptance) and verify_rejection.one_launch(rows):
             if d.branch is not None:  # the draft's probabilities (probs_branch.py) are read from here on
                 d.branch.join()
             probs, result = verify_rejection.probs_and_rejection(
@@ -182,7 +182,7 @@ class SpecStepGraph:
         if d.branch is not None:
             d.branch.join()
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row,
-                                 dependent=dependent)
+                                 dependent=dependent, noise_keys=self.keys if self.keyed else None)
         return probs, result, commit_row(result, None, self.error_row)
 
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:

@@ -43,6 +43,8 @@ def sampling_and_rejection_forms() -> None:
                                              dependent=dependent, span=span,
                                              noise_keys=torch.zeros(batch, 2, dtype=torch.int64))  # a keyed step graph's
     rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:])
+    rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), draft[2], None, None,
+                                     noise_keys=torch.zeros(batch, 2, dtype=torch.int64))  # a keyed step graph's, past one launch
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))
     ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,

@@ -26,16 +26,18 @@ Waits: no block waits for another (arrivals.arrived_last says why the last-block
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
-from numba import float32, int32, int64
+from numba import float32, int32, int64, uint64
 
 from protospec.kernels.launch import interop
-from protospec.kernels.launch.interop import check_tensor, cuda
+from protospec.kernels.launch.interop import check_tensor, cuda, placeholder
 from protospec.kernels.primitives.divisions import block_row_and_part
 from protospec.kernels.primitives.arrivals import arrival_counters, arrived_last
 from protospec.kernels.primitives.reductions import better, block_argmax_or, block_min_and_sum
+from protospec.kernels.randoms.counter_randoms import exponential
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
 # Threads per block (a power of two, for the tree reduction) and vocabulary entries per block. The
@@ -46,109 +48,132 @@ VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
 
 
 @cuda.jit(device=True)
+def filled_noise(recovered_noise, bonus_noise, seq, i, v, k, vocab):  # noqa: ARG001
+    """Row i's Exp(1) number at v: recovered_noise [B, k, V] for i < k, bonus_noise [B, V] at i == k."""
+    return recovered_noise[seq, i, v] if i < k else bonus_noise[seq, v]
+
+
+@cuda.jit(device=True)
+def keyed_noise(keys, unused, seq, i, v, k, vocab):  # noqa: ARG001
+    """The same number drawn from the sequence's key (keys [B, 2] int64): a spec step's noise block
+    [2k + 1, V] holds recovered row i at k + i and the bonus at 2k (SpecStepRandoms' layout)."""
+    return exponential(uint64((k + i) * vocab + v), uint64(keys[seq, 0]), uint64(keys[seq, 1]))
+
+
+@cuda.jit(device=True)
 def _block_best(value, index, flag, best_value, best_index, flags, tid):
     """The block's best (value, index) (ties to the lowest index) and the OR of its flags, in every thread."""
     return block_argmax_or(value, index, flag, best_value, best_index, flags, tid, THREADS)
 
 
-@cuda.jit
-def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
-                            num_proposed, out_ids, num_accepted, accepted_mask, passed_mask, commit,
-                            part_value, part_index, part_mass, counters, error_flag):
-    """
-    draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
-    target_probs    [B, k + 1, V] float32 uniforms       [B, k] float32
-    recovered_noise [B, k, V] float32     bonus_noise    [B, V] float32   (Exp(1), > 0)
-    num_proposed    [B] int64: positions past it are not tested (their draft_probs rows are zero)
-    out_ids         [B, k + 1] int64 out  num_accepted   [B] int64 out
-    accepted_mask   [B, k] bool out       passed_mask    [B, k] bool out
-    commit          [B + 1, k + 3] int64 out: per row the ids, n and the number passed (the commit's
-                    row), then error_flag[0] at [B, 0]
-    part_value      [B, S, 2] float32, part_index [B, S, 2] int64, part_mass [B, S] int32: each slice's
-                    (residual or bonus race, fallback race) winners and whether its residual had mass
-    counters        [>= B] int32, zero between calls (the last block of a row resets its own)
-    error_flag      [1] int32: the step's device-built inputs' flag (0 = none), copied into commit
-    """
-    slices = part_mass.shape[1]
-    row, piece = block_row_and_part(slices)
-    tid = cuda.threadIdx.x
-    k = draft_ids.shape[1]
-    vocab = target_probs.shape[2]
-    best_value = cuda.shared.array(THREADS, float32)
-    best_index = cuda.shared.array(THREADS, int64)
-    flags = cuda.shared.array(THREADS, int64)
-    last = cuda.shared.array(1, int32)
-    zero = float32(0.0)
+@functools.lru_cache(maxsize=None)
+def _kernel(KEYED: bool):  # noqa: N803 (Numba freezes it as a constant)
+    """KEYED: recovered_noise is the sequences' counter keys [B, 2] (bonus_noise unused) and the kernel
+    draws each number it reads from them: those counter_randoms.fill_kernel writes into a spec step's
+    noise block, and only row n's, where the filled form reads a [B, 2k + 1, V] block filled before it."""
+    noise_at = keyed_noise if KEYED else filled_noise
 
-    # The acceptance tests, a position per thread; n = the first that failed. The thread's first
-    # position's token, uniform and q(d) first (a clamped, always valid position).
-    proposed = num_proposed[row]
-    first = min(tid, k - 1)
-    first_d = draft_ids[row, first]
-    first_uq = uniforms[row, first] * draft_probs[row, first, first_d]
-    failed, passes = int64(k), int64(0)
-    for i in range(tid, k, THREADS):
-        d = first_d if i == tid else draft_ids[row, i]
-        uq = first_uq if i == tid else uniforms[row, i] * draft_probs[row, i, d]
-        passed = i < proposed and uq < target_probs[row, i, d]
-        if piece == 0:
-            passed_mask[row, i] = passed
-        if passed:
-            passes += 1
-        elif failed == k:
-            failed = i
-    n, passes = block_min_and_sum(failed, passes, best_index, flags, tid, THREADS)
-    if piece == 0:
+    @cuda.jit
+    def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
+                                num_proposed, out_ids, num_accepted, accepted_mask, passed_mask, commit,
+                                part_value, part_index, part_mass, counters, error_flag):
+        """
+        draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
+        target_probs    [B, k + 1, V] float32 uniforms       [B, k] float32
+        recovered_noise [B, k, V] float32     bonus_noise    [B, V] float32   (Exp(1), > 0; keyed: [B, 2]
+                        int64 counter keys, and unused)
+        num_proposed    [B] int64: positions past it are not tested (their draft_probs rows are zero)
+        out_ids         [B, k + 1] int64 out  num_accepted   [B] int64 out
+        accepted_mask   [B, k] bool out       passed_mask    [B, k] bool out
+        commit          [B + 1, k + 3] int64 out: per row the ids, n and the number passed (the commit's
+                        row), then error_flag[0] at [B, 0]
+        part_value      [B, S, 2] float32, part_index [B, S, 2] int64, part_mass [B, S] int32: each slice's
+                        (residual or bonus race, fallback race) winners and whether its residual had mass
+        counters        [>= B] int32, zero between calls (the last block of a row resets its own)
+        error_flag      [1] int32: the step's device-built inputs' flag (0 = none), copied into commit
+        """
+        slices = part_mass.shape[1]
+        row, piece = block_row_and_part(slices)
+        tid = cuda.threadIdx.x
+        k = draft_ids.shape[1]
+        vocab = target_probs.shape[2]
+        best_value = cuda.shared.array(THREADS, float32)
+        best_index = cuda.shared.array(THREADS, int64)
+        flags = cuda.shared.array(THREADS, int64)
+        last = cuda.shared.array(1, int32)
+        zero = float32(0.0)
+
+        # The acceptance tests, a position per thread; n = the first that failed. The thread's first
+        # position's token, uniform and q(d) first (a clamped, always valid position).
+        proposed = num_proposed[row]
+        first = min(tid, k - 1)
+        first_d = draft_ids[row, first]
+        first_uq = uniforms[row, first] * draft_probs[row, first, first_d]
+        failed, passes = int64(k), int64(0)
         for i in range(tid, k, THREADS):
-            accepted_mask[row, i] = i < n
-        if tid == 0:
-            num_accepted[row] = n
-    nn = min(n, k - 1)  # a row index that exists when n == k (its values unused then)
+            d = first_d if i == tid else draft_ids[row, i]
+            uq = first_uq if i == tid else uniforms[row, i] * draft_probs[row, i, d]
+            passed = i < proposed and uq < target_probs[row, i, d]
+            if piece == 0:
+                passed_mask[row, i] = passed
+            if passed:
+                passes += 1
+            elif failed == k:
+                failed = i
+        n, passes = block_min_and_sum(failed, passes, best_index, flags, tid, THREADS)
+        if piece == 0:
+            for i in range(tid, k, THREADS):
+                accepted_mask[row, i] = i < n
+            if tid == 0:
+                num_accepted[row] = n
+        nn = min(n, k - 1)  # a row index that exists when n == k (its values unused then)
 
-    # The slice's races: max(0, p - q) / noise and p / noise at n (n < k), or p_k / bonus noise (n == k)
-    value, index, mass = float32(-1.0), int64(vocab), int64(0)
-    fallback_value, fallback_index = float32(-1.0), int64(vocab)
-    for v in range(piece * VOCAB_PER_BLOCK + tid, min((piece + 1) * VOCAB_PER_BLOCK, vocab), THREADS):
-        if n < k:
-            p, noise = target_probs[row, nn, v], recovered_noise[row, nn, v]
-            w = max(p - draft_probs[row, nn, v], zero)
-            if w > zero:
-                mass = 1
-            score = w / noise
-            if p / noise > fallback_value:
-                fallback_value, fallback_index = p / noise, v
-        else:
-            score = target_probs[row, k, v] / bonus_noise[row, v]
-        if score > value:
-            value, index = score, v
-    value, index, mass = _block_best(value, index, mass, best_value, best_index, flags, tid)
-    if tid == 0:
-        part_value[row, piece, 0], part_index[row, piece, 0], part_mass[row, piece] = value, index, mass
-    if n < k:  # the fallback race matters only past a rejection
-        value, index, mass = _block_best(fallback_value, fallback_index, 0, best_value, best_index, flags, tid)
-        if tid == 0:
-            part_value[row, piece, 1], part_index[row, piece, 1] = value, index
-
-    if arrived_last(counters, row, slices, last, tid):  # the row's last block: a slice per thread
+        # The slice's races: max(0, p - q) / noise and p / noise at n (n < k), or p_k / bonus noise (n == k)
         value, index, mass = float32(-1.0), int64(vocab), int64(0)
-        for s in range(tid, slices, THREADS):
-            mass = mass | part_mass[row, s]
-            if better(part_value[row, s, 0], part_index[row, s, 0], value, index):
-                value, index = part_value[row, s, 0], part_index[row, s, 0]
+        fallback_value, fallback_index = float32(-1.0), int64(vocab)
+        for v in range(piece * VOCAB_PER_BLOCK + tid, min((piece + 1) * VOCAB_PER_BLOCK, vocab), THREADS):
+            if n < k:
+                p, noise = target_probs[row, nn, v], noise_at(recovered_noise, bonus_noise, row, nn, v, k, vocab)
+                w = max(p - draft_probs[row, nn, v], zero)
+                if w > zero:
+                    mass = 1
+                score = w / noise
+                if p / noise > fallback_value:
+                    fallback_value, fallback_index = p / noise, v
+            else:
+                score = target_probs[row, k, v] / noise_at(recovered_noise, bonus_noise, row, k, v, k, vocab)
+            if score > value:
+                value, index = score, v
         value, index, mass = _block_best(value, index, mass, best_value, best_index, flags, tid)
-        if n < k and mass == 0:  # the residual was zero everywhere: race over p_n itself
-            value, index = float32(-1.0), int64(vocab)
-            for s in range(tid, slices, THREADS):
-                if better(part_value[row, s, 1], part_index[row, s, 1], value, index):
-                    value, index = part_value[row, s, 1], part_index[row, s, 1]
-            index = _block_best(value, index, 0, best_value, best_index, flags, tid)[1]
-        for i in range(tid, k + 1, THREADS):
-            token = draft_ids[row, i] if i < n else (index if i == n else PLACEHOLDER_TOKEN_ID)
-            out_ids[row, i], commit[row, i] = token, token
         if tid == 0:
-            commit[row, k + 1], commit[row, k + 2] = n, passes
-            if row == 0:
-                commit[draft_ids.shape[0], 0] = error_flag[0]
+            part_value[row, piece, 0], part_index[row, piece, 0], part_mass[row, piece] = value, index, mass
+        if n < k:  # the fallback race matters only past a rejection
+            value, index, mass = _block_best(fallback_value, fallback_index, 0, best_value, best_index, flags, tid)
+            if tid == 0:
+                part_value[row, piece, 1], part_index[row, piece, 1] = value, index
+
+        if arrived_last(counters, row, slices, last, tid):  # the row's last block: a slice per thread
+            value, index, mass = float32(-1.0), int64(vocab), int64(0)
+            for s in range(tid, slices, THREADS):
+                mass = mass | part_mass[row, s]
+                if better(part_value[row, s, 0], part_index[row, s, 0], value, index):
+                    value, index = part_value[row, s, 0], part_index[row, s, 0]
+            value, index, mass = _block_best(value, index, mass, best_value, best_index, flags, tid)
+            if n < k and mass == 0:  # the residual was zero everywhere: race over p_n itself
+                value, index = float32(-1.0), int64(vocab)
+                for s in range(tid, slices, THREADS):
+                    if better(part_value[row, s, 1], part_index[row, s, 1], value, index):
+                        value, index = part_value[row, s, 1], part_index[row, s, 1]
+                index = _block_best(value, index, 0, best_value, best_index, flags, tid)[1]
+            for i in range(tid, k + 1, THREADS):
+                token = draft_ids[row, i] if i < n else (index if i == n else PLACEHOLDER_TOKEN_ID)
+                out_ids[row, i], commit[row, i] = token, token
+            if tid == 0:
+                commit[row, k + 1], commit[row, k + 2] = n, passes
+                if row == 0:
+                    commit[draft_ids.shape[0], 0] = error_flag[0]
+
+    return rejection_sample_kernel
 
 
 _all_proposed: dict[tuple, torch.Tensor] = {}  # (batch, k, device) -> [B] int64 filled with k, never written
@@ -156,19 +181,30 @@ _partials: dict[tuple, tuple] = {}  # (batch, slices, device) -> the slices' win
 
 
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
-                           bonus_noise, num_proposed=None, error_flag=None, dependent=False) -> RejectionOutput:
+                           bonus_noise, num_proposed=None, error_flag=None, dependent=False,
+                           noise_keys=None) -> RejectionOutput:
     """Same arguments and result as protospec.speculation.rejection.rejection_sample, in one kernel launch.
     error_flag: [1] int32 the step's device-built inputs' flag, or None; given, the result's
     commit_flagged is the commit's row with it (RejectionOutput). dependent: the kernel before it
     launches dependents (ModelRunner.launches_dependents); this kernel is an ordinary launch after it,
-    so it starts once that kernel has ended."""
+    so it starts once that kernel has ended. noise_keys [B, 2] int64: the sequences' counter keys, from
+    which the kernel draws the numbers a spec step's noise block would hold (recovered_noise and
+    bonus_noise then None)."""
     batch, k = draft_token_ids.shape
     check_tensor("target_probs", target_probs, torch.float32, 3, rows=batch)
-    if recovered_noise is None or bonus_noise is None:  # only verify_rejection draws its noise from keys
-        raise interop.KernelArgumentError("rejection_sample_fused: recovered_noise and bonus_noise are tensors, not None")
+    keyed = noise_keys is not None
+    if keyed:
+        if recovered_noise is not None or bonus_noise is not None:
+            raise interop.KernelArgumentError("rejection_sample_fused: noise or noise_keys, not both")
+        check_keys("rejection_sample_fused", noise_keys, batch)
+    elif recovered_noise is None or bonus_noise is None:
+        raise interop.KernelArgumentError("rejection_sample_fused: recovered_noise and bonus_noise are tensors, "
+                                          "not None (or noise_keys given)")
     recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
         "rejection_sample_fused", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, target_probs.shape[-1])
+    if keyed:
+        recovered_noise, bonus_noise = noise_keys, placeholder(torch.float32, 2, draft_token_ids.device)
     if target_probs.shape != (batch, k + 1, target_probs.shape[-1]):
         raise interop.KernelArgumentError(f"rejection_sample_fused: shapes do not fit B={batch}, k={k}: target_probs "
                                           f"{tuple(target_probs.shape)}")
@@ -181,7 +217,7 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
                           torch.empty(batch, slices, dtype=torch.int32, device=draft_token_ids.device))
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
             *out.kernel_args, *_partials[key], arrival_counters(draft_token_ids.device, batch, "rejection"), flag]
-    interop.launch_tensors(rejection_sample_kernel, batch * slices, THREADS, args)
+    interop.launch_tensors(_kernel(keyed), batch * slices, THREADS, args)
     return out.result(error_flag is not None)
 
 
@@ -217,6 +253,14 @@ def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noi
     flag = error_flag if error_flag is not None else _no_flag(device)
     check_tensor("error_flag", flag, torch.int32, 1, rows=1)
     return recovered_noise, bonus_noise, num_proposed, flag
+
+
+def check_keys(caller: str, noise_keys: torch.Tensor, batch: int) -> None:
+    """noise_keys: [B, 2] int64, a (low, high) key pair a sequence."""
+    check_tensor("noise_keys", noise_keys, torch.int64, 2, rows=batch)
+    if noise_keys.shape[1] != 2:
+        raise interop.KernelArgumentError(f"{caller}: noise_keys {tuple(noise_keys.shape)}: a (low, high) key "
+                                          f"pair a row")
 
 
 @dataclass

@@ -33,7 +33,7 @@ import functools
 import math
 
 import torch
-from numba import float32, int32, int64, uint64
+from numba import float32, int32, int64
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, wait_after_issued_loads
@@ -42,25 +42,11 @@ from protospec.kernels.primitives.divisions import block_row_and_part, divide32
 from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.sampling.packed_argmax import EMPTY, argmax_key, key_index
 from protospec.kernels.primitives.reductions import block_argmax_or
-from protospec.kernels.randoms.counter_randoms import exponential
-from protospec.kernels.sampling.rejection import RejectionBuffers, checked_inputs
+from protospec.kernels.sampling.rejection import RejectionBuffers, check_keys, checked_inputs, filled_noise, keyed_noise
 from protospec.kernels.sampling.slices import (PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats, span_for,
                                                span_groups)
 from protospec.kernels.sampling.stats import slice_statistics
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
-
-
-@cuda.jit(device=True)
-def _filled_noise(recovered_noise, bonus_noise, seq, i, v, k, vocab):  # noqa: ARG001
-    """Row i's Exp(1) number at v: recovered_noise [B, k, V] for i < k, bonus_noise [B, V] at i == k."""
-    return recovered_noise[seq, i, v] if i < k else bonus_noise[seq, v]
-
-
-@cuda.jit(device=True)
-def _keyed_noise(keys, unused, seq, i, v, k, vocab):  # noqa: ARG001
-    """The same number drawn from the sequence's key (keys [B, 2] int64): a spec step's noise block
-    [2k + 1, V] holds recovered row i at k + i and the bonus at 2k (SpecStepRandoms' layout)."""
-    return exponential(uint64((k + i) * vocab + v), uint64(keys[seq, 0]), uint64(keys[seq, 1]))
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,7 +57,7 @@ def _kernel(DEPENDENT: bool, SPAN: int, KEYED: bool):  # noqa: N803 (Numba freez
     sequences' counter keys [B, 2] (bonus_noise unused) and the kernel draws each number it reads
     from them, the numbers counter_randoms.fill_kernel writes (no [B, 2k + 1, V] block is filled or read)."""
     ENTRIES = SPAN * PER_THREAD  # noqa: N806
-    noise_at = _keyed_noise if KEYED else _filled_noise
+    noise_at = keyed_noise if KEYED else filled_noise
     finish = _finisher(KEYED)
 
     @cuda.jit
@@ -163,7 +149,7 @@ def _kernel(DEPENDENT: bool, SPAN: int, KEYED: bool):  # noqa: N803 (Numba freez
 @functools.lru_cache(maxsize=None)
 def _finisher(KEYED: bool):  # noqa: N803 (Numba freezes it as a constant)
     """The sequence's last block's work, reading the noise as the kernel of that KEYED does."""
-    noise_at = _keyed_noise if KEYED else _filled_noise
+    noise_at = keyed_noise if KEYED else filled_noise
 
     @cuda.jit(device=True)
     def finish(seq, k, vocab, draft_ids, recovered_noise, bonus_noise, probs_out, out_ids, num_accepted,
@@ -217,6 +203,19 @@ def _row_slots(rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return kept[-1]
 
 
+# Sequences up to which a spec step graph's verify samples in this one launch. Past it, the statistics
+# and probabilities kernels write p, then rejection.py's kernel tests the draft tokens in every block
+# and races row n alone, where this kernel races all k + 1 rows before n is known (k + 1 times the
+# hashes, logs and divisions, in blocks of 106 registers). Every batch takes the one launch until the
+# kernel census at batch 16-64 decides the crossover (scripts/device/census_ab.sh, NOTES.md).
+ONE_LAUNCH_MAX_SEQUENCES = 1 << 20
+
+
+def one_launch(sequences: int) -> bool:
+    """Whether a spec step graph of `sequences` rows samples its verify in this launch (see above)."""
+    return sequences <= ONE_LAUNCH_MAX_SEQUENCES
+
+
 def applies(st, acceptance) -> bool:
     """This one launch serves a spec step graph whose rejection sampler is the fused kernel (not typical
     acceptance, not the torch sampler) and whose rows the fused sampling kernels take (no top-k / top-p);
@@ -243,9 +242,7 @@ def probs_and_rejection(logits: torch.Tensor, st, draft_token_ids, draft_probs, 
     if keyed:
         if recovered_noise is not None or bonus_noise is not None:
             raise interop.KernelArgumentError("probs_and_rejection: noise or noise_keys, not both")
-        check_tensor("noise_keys", noise_keys, torch.int64, 2, rows=batch)
-        if noise_keys.shape[1] != 2:
-            raise interop.KernelArgumentError(f"noise_keys {tuple(noise_keys.shape)}: a (low, high) key pair a row")
+        check_keys("probs_and_rejection", noise_keys, batch)
     recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
         "probs_and_rejection", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
         error_flag, vocab)
