@@ -181,8 +181,9 @@ class SpecStepGraph:
         probs = target_probs(logits, d.st, k + 1, self.fused, dependent).view(rows, k + 1, -1)  # [rows, k+1, V]
         if d.branch is not None:
             d.branch.join()
+        keyed = {"noise_keys": self.keys} if self.keyed else {}  # (keyed: the fused rejection kernel, which takes them)
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row,
-                                 dependent=dependent, noise_keys=self.keys if self.keyed else None)
+                                 dependent=dependent, **keyed)
         return probs, result, commit_row(result, None, self.error_row)
 
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
