@@ -24,11 +24,9 @@ while IFS= read -r arm; do
     names+=("$(basename "$arm" | tr -d .)") dirs+=("$(cd "$arm" && pwd)")
     continue
   fi
-  file=${arm%%:*} expr=${arm#*:} dir=/tmp/census_ab_arm$i
-  rm -rf "$dir" && mkdir -p "$dir/data" && cp -r protospec "$dir/" && cp -r data/configs "$dir/data/"
-  sed -i "$expr" "$dir/$file"
-  if cmp -s "$file" "$dir/$file"; then echo "census_ab: arm $i's sed changed nothing in $file" >&2; exit 2; fi
-  echo "arm$i: $file"; diff "$file" "$dir/$file"
+  dir=/tmp/census_ab_arm$i
+  echo "arm$i:"
+  sed_arm "$dir" "${arm%%:*}" "${arm#*:}" || exit 2
   names+=("arm$i") dirs+=("$dir")
 done < <(printf '%s\n' "${ARMS//;;/$'\n'}")
 for ((r = 1; r <= rounds; r++)); do

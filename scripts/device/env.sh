@@ -11,3 +11,11 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -e "it/s" -e "MinNewTokens" -e "sync_debug_mode" -e "FutureWarning" -e "return forward_call" \
   -e "warnings.warn" -e "_warn_once" -e "NumbaPerformanceWarning" -e "warn(errors" -e "^Writing"; }
+sed_arm() {  # sed_arm DIR FILE EXPR: a copy of protospec/ (and data/configs) in DIR with EXPR applied to FILE, a
+  # constant changed, no switch added; shows the change, and fails (2) where the expression changed nothing
+  rm -rf "$1" && mkdir -p "$1/data" && cp -r protospec "$1/" && cp -r data/configs "$1/data/"
+  sed -i "$3" "$1/$2"
+  if cmp -s "$2" "$1/$2"; then echo "the sed expression changed nothing in $2" >&2; return 2; fi
+  diff "$2" "$1/$2"
+  return 0
+}

@@ -27,11 +27,8 @@ if [ -d "${OTHER%% *}" ]; then
     arms+=("$(basename "${given[i]}" | tr -d .)") dirs+=("$(cd "${given[i]}" && pwd)") commits+=("${given_commits[i]:-unknown}")
   done
 else
-  file=${OTHER%%:*} expr=${OTHER#*:} other=/tmp/tree_ab_other
-  rm -rf "$other" && mkdir -p "$other/data" && cp -r protospec "$other/" && cp -r data/configs "$other/data/"
-  sed -i "$expr" "$other/$file"
-  if cmp -s "$file" "$other/$file"; then echo "tree_ab: the sed expression changed nothing in $file" >&2; exit 2; fi
-  diff "$file" "$other/$file"
+  other=/tmp/tree_ab_other
+  sed_arm "$other" "${OTHER%%:*}" "${OTHER#*:}" || exit 2
   arms+=(other) dirs+=("$other") commits+=("${PROTOSPEC_GIT_COMMIT:-unknown}")
 fi
 summary() {  # each point's p50 and token digest of one run's JSON
