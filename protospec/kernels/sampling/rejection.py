@@ -22,6 +22,8 @@ entries, 2 a thread on a GPU, so a 32000-entry row spreads over 63 blocks):
     then -1 (PLACEHOLDER_TOKEN_ID), a position per thread, and the same ids with n and the number passed
     as the row the commit reads (step_graph.commit_row): three torch kernels a step fewer; row 0's
     last block also copies the device-built inputs' error flag after the rows (two kernels fewer).
+The noise comes from the spec step's filled block, or (keyed) from the sequences' counter keys as it is
+read: row n's numbers alone, the same ones the fill would have written (randoms/counter_randoms.py).
 Waits: no block waits for another (arrivals.arrived_last says why the last-block count ends).
 """
 from __future__ import annotations
