@@ -68,6 +68,21 @@ def test_a_vocabulary_over_several_gpu_slices_matches_the_reference():
         _assert_same(args)
 
 
+@pytest.mark.parametrize("span", [2, 4])
+def test_blocks_of_several_slices_match_the_reference(span):
+    """A block over `span` slices (what the grid picks once it fills the GPU), the last block's range
+    ragged: the same tokens, masks and commit row as the reference and as a block a slice."""
+    from protospec.kernels.sampling.slices import VOCAB_PER_BLOCK
+
+    args = _case(10, 3, 4, 5 * VOCAB_PER_BLOCK + 37)
+    ref = rejection_sample(*args)
+    for given in (span, 1):
+        got = rejection_sample_fused(*args, span=given)
+        assert got.output_token_ids.tolist() == ref.output_token_ids.tolist()
+        assert got.passed_mask.tolist() == ref.passed_mask.tolist()
+        assert got.commit_columns[:, -2].tolist() == ref.num_accepted.tolist()
+
+
 @pytest.mark.parametrize("greedy", [False, True])
 def test_more_positions_than_threads_match_the_reference(greedy):
     """k past the block's threads: a thread tests several positions and writes several outputs."""

@@ -34,13 +34,14 @@ def test_the_span_grows_with_the_grid_and_keeps_it_filled():
     sms, vocab = 132, 63 * slices.VOCAB_PER_BLOCK
     resident = slices.RESIDENT_BLOCKS * sms
     assert slices.span_for(6, vocab, sms) == 1  # batch 1's verify: a block a slice
-    assert slices.span_for(64, vocab, sms) == 2
+    assert slices.span_for(16, vocab, sms) == 1  # 1,008 blocks: not yet one wave of resident blocks
+    assert slices.span_for(64, vocab, sms) == 4
     assert slices.span_for(384, vocab, sms) == slices.MAX_SPAN
     spans = [slices.span_for(rows, vocab, sms) for rows in range(1, 2000, 7)]
     assert spans == sorted(spans) and max(spans) == slices.MAX_SPAN
     for rows, span in zip(range(1, 2000, 7), spans):
-        if span > 1:  # still at least two waves of resident blocks
-            assert rows * slices.span_groups(vocab, span) >= resident
+        if span > 1:  # at least half a wave of resident blocks after the last doubling
+            assert 2 * rows * slices.span_groups(vocab, span) >= resident
 
 
 def test_each_slices_statistics_are_its_max_first_index_and_softmax_sum():

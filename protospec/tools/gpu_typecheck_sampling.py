@@ -42,9 +42,10 @@ def sampling_and_rejection_forms() -> None:
         verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft[:3], None, None,
                                              dependent=dependent, span=span,
                                              noise_keys=torch.zeros(batch, 2, dtype=torch.int64))  # a keyed step graph's
-    rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:])
+    rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:], span=1)
     rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), draft[2], None, None,
-                                     noise_keys=torch.zeros(batch, 2, dtype=torch.int64))  # a keyed step graph's, past one launch
+                                     noise_keys=torch.zeros(batch, 2, dtype=torch.int64),
+                                     span=MAX_SPAN)  # a keyed step graph's past one launch, several slices a block
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))
     ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,

@@ -8,8 +8,10 @@ p / noise, argmax ties to the lowest index), so both give identical tokens; test
 simulator and on the GPU.
 
 At batch 1 the kernel's time is latency, not bytes: every step that waits on a load before the next
-is spread over threads. Block (b, s) takes the vocabulary slice s of sequence b (VOCAB_PER_BLOCK
-entries, 2 a thread on a GPU, so a 32000-entry row spreads over 63 blocks):
+is spread over threads. Block (b, s) takes the vocabulary slice s of sequence b: `span` of
+slices.py's VOCAB_PER_BLOCK-entry slices, the span by the grid as the sampling kernels' (slices.span_for:
+at batch 1 a slice a block, 2 entries a thread, so a 32000-entry row spreads over 63 blocks; once the
+grid fills the GPU, fewer blocks with more entries each, each repeating the k tests less often):
     thread i < k: passed[i] = u[i] * q[i, d_i] < p[i, d_i] (each thread its own two dependent loads;
               one thread walking the k positions chained 2k of them); n = the first i that failed (k if
               none) and the number passed, warp shuffles and one merge of the warps; slice 0 writes the
@@ -40,13 +42,12 @@ from protospec.kernels.primitives.divisions import block_row_and_part
 from protospec.kernels.primitives.arrivals import arrival_counters, arrived_last
 from protospec.kernels.primitives.reductions import better, block_argmax_or, block_min_and_sum
 from protospec.kernels.randoms.counter_randoms import exponential
+from protospec.kernels.sampling.slices import VOCAB_PER_BLOCK, span_for, span_groups
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 
-# Threads per block (a power of two, for the tree reduction) and vocabulary entries per block. The
-# simulator runs a Python thread per CUDA thread: a narrow block, and small slices so its tests span
-# several blocks.
+# Threads per block (a power of two, for the tree reduction). The simulator runs a Python thread per
+# CUDA thread: a narrow block.
 THREADS = 32 if interop.SIMULATOR else 256
-VOCAB_PER_BLOCK = 128 if interop.SIMULATOR else 512
 
 
 @cuda.jit(device=True)
@@ -69,11 +70,13 @@ def _block_best(value, index, flag, best_value, best_index, flags, tid):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(KEYED: bool):  # noqa: N803 (Numba freezes it as a constant)
-    """KEYED: recovered_noise is the sequences' counter keys [B, 2] (bonus_noise unused) and the kernel
-    draws each number it reads from them: those counter_randoms.fill_kernel writes into a spec step's
-    noise block, and only row n's, where the filled form reads a [B, 2k + 1, V] block filled before it."""
+def _kernel(KEYED: bool, SPAN: int):  # noqa: N803 (Numba freezes them as constants)
+    """SPAN: VOCAB_PER_BLOCK-entry slices a block. KEYED: recovered_noise is the sequences' counter keys
+    [B, 2] (bonus_noise unused) and the kernel draws each number it reads from them: those
+    counter_randoms.fill_kernel writes into a spec step's noise block, and only row n's, where the
+    filled form reads a [B, 2k + 1, V] block filled before it."""
     noise_at = keyed_noise if KEYED else filled_noise
+    entries = VOCAB_PER_BLOCK * SPAN
 
     @cuda.jit
     def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
@@ -133,7 +136,7 @@ def _kernel(KEYED: bool):  # noqa: N803 (Numba freezes it as a constant)
         # The slice's races: max(0, p - q) / noise and p / noise at n (n < k), or p_k / bonus noise (n == k)
         value, index, mass = float32(-1.0), int64(vocab), int64(0)
         fallback_value, fallback_index = float32(-1.0), int64(vocab)
-        for v in range(piece * VOCAB_PER_BLOCK + tid, min((piece + 1) * VOCAB_PER_BLOCK, vocab), THREADS):
+        for v in range(piece * entries + tid, min((piece + 1) * entries, vocab), THREADS):
             if n < k:
                 p, noise = target_probs[row, nn, v], noise_at(recovered_noise, bonus_noise, row, nn, v, k, vocab)
                 w = max(p - draft_probs[row, nn, v], zero)
@@ -184,14 +187,15 @@ _partials: dict[tuple, tuple] = {}  # (batch, slices, device) -> the slices' win
 
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
                            bonus_noise, num_proposed=None, error_flag=None, dependent=False,
-                           noise_keys=None) -> RejectionOutput:
+                           noise_keys=None, span: int | None = None) -> RejectionOutput:
     """Same arguments and result as protospec.speculation.rejection.rejection_sample, in one kernel launch.
     error_flag: [1] int32 the step's device-built inputs' flag, or None; given, the result's
     commit_flagged is the commit's row with it (RejectionOutput). dependent: the kernel before it
     launches dependents (ModelRunner.launches_dependents); this kernel is an ordinary launch after it,
     so it starts once that kernel has ended. noise_keys [B, 2] int64: the sequences' counter keys, from
     which the kernel draws the numbers a spec step's noise block would hold (recovered_noise and
-    bonus_noise then None)."""
+    bonus_noise then None). span: vocabulary slices a block (None: by the grid, slices.span_for; the
+    same results at any span)."""
     batch, k = draft_token_ids.shape
     check_tensor("target_probs", target_probs, torch.float32, 3, rows=batch)
     keyed = noise_keys is not None
@@ -211,15 +215,17 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
         raise interop.KernelArgumentError(f"rejection_sample_fused: shapes do not fit B={batch}, k={k}: target_probs "
                                           f"{tuple(target_probs.shape)}")
     out = RejectionBuffers.empty(batch, k, draft_token_ids.device)
-    slices = -(-target_probs.shape[-1] // VOCAB_PER_BLOCK)
-    key = (batch, slices, draft_token_ids.device)
+    vocab, device = target_probs.shape[-1], draft_token_ids.device
+    span = span or span_for(batch, vocab, interop.sm_count(device))
+    slices = span_groups(vocab, span)
+    key = (batch, slices, device)
     if key not in _partials:  # written and read inside one launch: one set serves every call
         _partials[key] = (torch.empty(batch, slices, 2, dtype=torch.float32, device=draft_token_ids.device),
                           torch.empty(batch, slices, 2, dtype=torch.int64, device=draft_token_ids.device),
                           torch.empty(batch, slices, dtype=torch.int32, device=draft_token_ids.device))
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
             *out.kernel_args, *_partials[key], arrival_counters(draft_token_ids.device, batch, "rejection"), flag]
-    interop.launch_tensors(_kernel(keyed), batch * slices, THREADS, args)
+    interop.launch_tensors(_kernel(keyed, span), batch * slices, THREADS, args)
     return out.result(error_flag is not None)
 
 

@@ -206,9 +206,9 @@ def _row_slots(rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 # Sequences up to which a spec step graph's verify samples in this one launch. Past it, the statistics
 # and probabilities kernels write p, then rejection.py's kernel tests the draft tokens in every block
 # and races row n alone, where this kernel races all k + 1 rows before n is known (k + 1 times the
-# hashes, logs and divisions, each block holding three arrays of its span's entries). Every batch takes
-# the one launch until the two are timed at batch 16-64 (scripts/device/census_ab.sh; NOTES.md).
-ONE_LAUNCH_MAX_SEQUENCES = 1 << 20
+# hashes, logs and divisions, each block holding three arrays of its span's entries). At batch 1 the
+# launch saved is worth more than that work; by batch 16 the two kernels take less time (NOTES.md).
+ONE_LAUNCH_MAX_SEQUENCES = 4
 
 
 def one_launch(sequences: int) -> bool:
