@@ -237,3 +237,30 @@ def test_rows_with_fewer_proposals_match_the_reference(greedy):
     assert ref.num_accepted[0].item() == 0 and not ref.passed_mask[0].any()  # nothing proposed, nothing tested
     assert not ref.passed_mask[1, 1:].any() and not ref.passed_mask[3, 2:].any()
     assert (ref.output_token_ids[0, 1:] == -1).all()  # one token emitted: a target-only step for that row
+
+
+def test_noise_drawn_from_the_keys_gives_the_tokens_of_the_filled_noise():
+    """noise_keys: the kernel draws row n's Exp(1) numbers from each sequence's key where the filled
+    form reads the spec step's noise block (counter_randoms' numbers at rows k..2k): the same tokens,
+    masks and commit row, for the bonus race (u = 0), the residual race (u = 1) and the residual
+    fallback (q = p on the second sequence: its race over p)."""
+    from protospec.kernels.randoms import counter_randoms
+
+    k, vocab = 2, 300
+    args = _case(11, 3, k, vocab, uniforms=torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]))
+    args[2][1, :k] = args[1][1]  # p = q on the second sequence: its residual is zero everywhere
+    keys = torch.tensor([counter_randoms.split_key(v) for v in (11, 2**63 + 5, 3)], dtype=torch.int64, device=DEV)
+    noise = torch.empty(3, 2 * k + 1, vocab, device=DEV)
+    counter_randoms.fill_kernel(keys, noise, torch.empty(3, k, device=DEV))
+    filled = [*args[:4], noise[:, k : 2 * k], noise[:, 2 * k]]
+    assert _assert_same(filled).num_accepted.tolist()[:2] == [2, 0]  # the kernel over them is the reference's
+    want = rejection_sample_fused(*filled)
+    got = rejection_sample_fused(*args[:4], None, None, noise_keys=keys)
+    for field in ("output_token_ids", "num_accepted", "accepted_mask", "passed_mask", "commit_columns"):
+        assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
+    with pytest.raises(KernelArgumentError, match="noise or noise_keys"):
+        rejection_sample_fused(*args, noise_keys=keys)
+    with pytest.raises(KernelArgumentError, match="noise_keys"):
+        rejection_sample_fused(*args[:4], None, None, noise_keys=keys[:, :1].contiguous())
+    with pytest.raises(KernelArgumentError, match="shapes"):  # the draft's side is still checked without noise
+        rejection_sample_fused(args[0], args[1][:, :, :50].contiguous(), *args[2:4], None, None, noise_keys=keys)

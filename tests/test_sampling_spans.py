@@ -6,7 +6,8 @@ import torch
 
 from protospec.config import SamplingParams
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, SIMULATOR
-from protospec.kernels.sampling import gumbel_sample, slices, verify_rejection
+from protospec.kernels.sampling import gumbel_sample, slices
+from protospec.kernels.sampling.rejection import rejection_sample_fused
 from protospec.kernels.sampling.softmax_sample import probs_into, sample_into
 from protospec.kernels.sampling.stats import slice_statistics
 from protospec.speculation.sampler import SamplingTensors, exponential_noise
@@ -106,10 +107,11 @@ def test_the_fused_rejection_sampler_is_the_same_at_any_span(span):
     uniforms = torch.tensor([[0.0, 1.0], [0.0, 0.0]], device=DEV)
     noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)
     args = (draft_ids, draft_probs, uniforms, noise[:, :k].contiguous(), noise[:, k].contiguous())
-    probs_one, out_one = verify_rejection.probs_and_rejection(logits, st, *args, span=1)
-    probs_one = probs_one.clone()
+    probs_one = probs_into(logits, st, torch.empty_like(logits), k + 1, span=1).view(batch, k + 1, vocab)
+    out_one = rejection_sample_fused(draft_ids, draft_probs, probs_one, *args[2:], span=1)
     one = {f: getattr(out_one, f).tolist() for f in ("output_token_ids", "num_accepted", "accepted_mask")}
-    probs, out = verify_rejection.probs_and_rejection(logits, st, *args, span=span)
+    probs = probs_into(logits, st, torch.empty_like(logits), k + 1, span=span).view(batch, k + 1, vocab)
+    out = rejection_sample_fused(draft_ids, draft_probs, probs, *args[2:], span=span)
     assert torch.equal(probs, probs_one)
     assert {f: getattr(out, f).tolist() for f in one} == one
     assert one["num_accepted"][0] == 1

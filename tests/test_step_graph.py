@@ -11,7 +11,7 @@ from protospec.errors import ConfigError, KernelArgumentError
 from protospec.layout import NULL_BLOCK, PAD_SLOT_ID, RejectionOutput
 from protospec.model.inputs import prepare_inputs
 from protospec.model.persistent_inputs import PersistentInputs
-from protospec.speculation.step_graph import commit_row, step_graph_applies
+from protospec.speculation.step_graph import commit_row, draws_from_keys, step_graph_applies
 from protospec.speculation.verify_inputs import build_verify_inputs
 
 ON_GPU = torch.cuda.is_available()
@@ -122,6 +122,21 @@ def test_the_step_graph_applies_only_where_it_can_and_says_why_not():
     with pytest.raises(ConfigError, match="needs a draft model$"):
         step_graph_applies(True, **(args | {"proposer": registry.NGRAM}))
     assert not step_graph_applies(None, **(args | {"proposer": registry.NGRAM}))
+
+
+def test_the_verify_draws_from_keys_with_the_fused_rejection_kernel_only():
+    """Only the fused rejection kernel takes noise keys; rows with top-k / top-p go to the torch
+    samplers, which read filled noise."""
+    from protospec.speculation.acceptance import RejectionSampling, TypicalAcceptance
+    from protospec.speculation.sampler import SamplingTensors
+
+    def settings(**given):
+        return SamplingTensors.build([SamplingParams(temperature=1.0, **given)], [torch.Generator()], 50, KERNEL_DEVICE)
+
+    assert draws_from_keys(settings(), RejectionSampling(fused=True))
+    assert not draws_from_keys(settings(), RejectionSampling(fused=False))
+    assert not draws_from_keys(settings(), TypicalAcceptance())
+    assert not draws_from_keys(settings(top_k=5), RejectionSampling(fused=True))
 
 
 def test_asking_for_the_step_graph_on_a_cpu_engine_names_what_is_missing(tiny_target, tiny_draft):

@@ -1,6 +1,5 @@
 """A launched spec step as ONE CUDA graph: draft steps 1..k, the verify's inputs, the verify, the
-target's probabilities, the rejection sampler and the commit's row, one replay (the last three in two
-launches with kernels/sampling/verify_rejection.py, where it applies).
+target's probabilities, the rejection sampler and the commit's row, one replay.
 
 The overlapped commit (commit.py) builds the next spec step's draft step 1 on the device from the
 rejection output, before the host has read it. From there nothing the step does needs the host:
@@ -38,11 +37,18 @@ from protospec.speculation.draft_graph import DraftLoopGraph
 from protospec.speculation.draft_sampling import target_probs
 from protospec import registry
 from protospec.kernels.randoms import counter_randoms
-from protospec.kernels.sampling import verify_rejection
+from protospec.kernels.sampling.rejection import rejection_sample_fused
 from protospec.speculation.randoms import SpecStepRandoms, batched_draws, force_acceptance
 from protospec.speculation.sampler import SamplingTensors
 from protospec.speculation.verify_inputs import build_verify_inputs
 
+
+
+def draws_from_keys(st: SamplingTensors, acceptance) -> bool:
+    """Whether a step graph's verify draws its noise from the requests' keys: its rejection sampler is
+    the fused kernel (not typical acceptance, not the torch sampler) and the fused sampling kernels take
+    its rows (no top-k / top-p)."""
+    return getattr(acceptance, "sample", None) is rejection_sample_fused and not st.needs_filter
 
 
 def step_graph_applies(setting: bool | None, draft_loop: str, proposer: str | None, commit: str) -> bool:
@@ -99,11 +105,11 @@ class SpecStepGraph:
         # Filled inside the replay from the requests' keys where draws are batched (a GPU's default),
         # else copied in from the requests' own generators' draws. Keyed: the draft samples and the
         # verify's rejection sampler draw the noise from the keys themselves (the sample-first draft
-        # sampler, verify_rejection's kernel and, past its one launch, rejection.py's can), so only the
-        # uniforms are filled and no [rows, 2k + 1, V] block is filled or read.
+        # sampler and the fused rejection kernel can), so only the uniforms are filled and no
+        # [rows, 2k + 1, V] block is filled or read.
         self.fills = not self.greedy and batched_draws(device, batched_randoms)
         self.keyed = self.fills and fused_sampling and draft_graph.branch is not None \
-            and verify_rejection.applies(draft_graph.st, acceptance)
+            and draws_from_keys(draft_graph.st, acceptance)
         self.noise = torch.ones(rows, 2 * k + 1, vocab, device=device) \
             if not self.greedy and not self.keyed else None  # [rows, 2k + 1, V]
         self._no_noise = torch.empty(rows, 0, vocab, device=device)  # [rows, 0, V]: a uniforms-only fill's
@@ -170,16 +176,8 @@ class SpecStepGraph:
         else:
             randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
         dependent = self.target.launches_dependents
-        if self.fused and verify_rejection.applies(d.st, self.acceptance) and verify_rejection.one_launch(rows):
-            if d.branch is not None:  # the draft's probabilities (probs_branch.py) are read from here on
-                d.branch.join()
-            probs, result = verify_rejection.probs_and_rejection(
-                logits, d.st, d.draft_ids, d.draft_probs, randoms.uniforms, randoms.recovered_noise,
-                randoms.bonus_noise, error_flag=self.error_row, dependent=dependent,
-                noise_keys=self.keys if self.keyed else None)
-            return probs, result, commit_row(result, None, self.error_row)
         probs = target_probs(logits, d.st, k + 1, self.fused, dependent).view(rows, k + 1, -1)  # [rows, k+1, V]
-        if d.branch is not None:
+        if d.branch is not None:  # the draft's probabilities (probs_branch.py) are read from here on
             d.branch.join()
         keyed = {"noise_keys": self.keys} if self.keyed else {}  # (keyed: the fused rejection kernel, which takes them)
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row,

@@ -1,6 +1,6 @@
 """The sampling and rejection kernels' forms for gpu_typecheck (and the tools built on it): the sliced
-samplers in every form, the one-launch Gumbel sample, the rejection kernel alone and fused with
-the verify's probabilities, the counter-based random fill and the n-gram matcher, on CPU tensors of
+samplers in every form, the one-launch Gumbel sample, the rejection kernel (filled and keyed noise),
+the counter-based random fill and the n-gram matcher, on CPU tensors of
 shapes that reach each compile-time variant."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 def sampling_and_rejection_forms() -> None:
     from protospec.kernels.randoms import counter_randoms
     from protospec.kernels.inputs import ngram_match
-    from protospec.kernels.sampling import rejection, softmax_sample as sampling, verify_rejection
+    from protospec.kernels.sampling import rejection, softmax_sample as sampling
     from protospec.kernels.sampling.gumbel_sample import gumbel_sample_into
     from protospec.kernels.sampling.slices import MAX_SPAN
     from protospec.config import SamplingParams
@@ -37,15 +37,10 @@ def sampling_and_rejection_forms() -> None:
         gumbel_sample_into(logits, st, 0, torch.zeros(batch, 1, dtype=torch.int64), None,
                            torch.zeros(batch, dtype=torch.int64), dependent, span=span,
                            noise_keys=torch.zeros(batch, 2, dtype=torch.int64))  # target-only's: draws its noise
-        verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft, dependent=dependent,
-                                             span=span)
-        verify_rejection.probs_and_rejection(torch.zeros(batch * (k + 1), vocab), st, *draft[:3], None, None,
-                                             dependent=dependent, span=span,
-                                             noise_keys=torch.zeros(batch, 2, dtype=torch.int64))  # a keyed step graph's
     rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), *draft[2:], span=1)
     rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), draft[2], None, None,
                                      noise_keys=torch.zeros(batch, 2, dtype=torch.int64),
-                                     span=MAX_SPAN)  # a keyed step graph's past one launch, several slices a block
+                                     span=MAX_SPAN)  # a keyed step graph's, several slices a block
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))
     ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,

@@ -202,39 +202,41 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     if keyed:
         if recovered_noise is not None or bonus_noise is not None:
             raise interop.KernelArgumentError("rejection_sample_fused: noise or noise_keys, not both")
-        check_keys("rejection_sample_fused", noise_keys, batch)
+        check_tensor("noise_keys", noise_keys, torch.int64, 2, rows=batch)
+        if noise_keys.shape[1] != 2:
+            raise interop.KernelArgumentError(f"rejection_sample_fused: noise_keys {tuple(noise_keys.shape)}: a "
+                                              f"(low, high) key pair a row")
     elif recovered_noise is None or bonus_noise is None:
         raise interop.KernelArgumentError("rejection_sample_fused: recovered_noise and bonus_noise are tensors, "
                                           "not None (or noise_keys given)")
-    recovered_noise, bonus_noise, num_proposed, flag = checked_inputs(
-        "rejection_sample_fused", draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-        error_flag, target_probs.shape[-1])
+    vocab, device = target_probs.shape[-1], draft_token_ids.device
+    recovered_noise, bonus_noise, num_proposed, flag = _checked_inputs(
+        draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed, error_flag, vocab)
     if keyed:
-        recovered_noise, bonus_noise = noise_keys, placeholder(torch.float32, 2, draft_token_ids.device)
-    if target_probs.shape != (batch, k + 1, target_probs.shape[-1]):
+        recovered_noise, bonus_noise = noise_keys, placeholder(torch.float32, 2, device)
+    if target_probs.shape != (batch, k + 1, vocab):
         raise interop.KernelArgumentError(f"rejection_sample_fused: shapes do not fit B={batch}, k={k}: target_probs "
                                           f"{tuple(target_probs.shape)}")
-    out = RejectionBuffers.empty(batch, k, draft_token_ids.device)
-    vocab, device = target_probs.shape[-1], draft_token_ids.device
+    out = RejectionBuffers.empty(batch, k, device)
     span = span or span_for(batch, vocab, interop.sm_count(device))
     slices = span_groups(vocab, span)
     key = (batch, slices, device)
     if key not in _partials:  # written and read inside one launch: one set serves every call
-        _partials[key] = (torch.empty(batch, slices, 2, dtype=torch.float32, device=draft_token_ids.device),
-                          torch.empty(batch, slices, 2, dtype=torch.int64, device=draft_token_ids.device),
-                          torch.empty(batch, slices, dtype=torch.int32, device=draft_token_ids.device))
+        _partials[key] = (torch.empty(batch, slices, 2, dtype=torch.float32, device=device),
+                          torch.empty(batch, slices, 2, dtype=torch.int64, device=device),
+                          torch.empty(batch, slices, dtype=torch.int32, device=device))
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-            *out.kernel_args, *_partials[key], arrival_counters(draft_token_ids.device, batch, "rejection"), flag]
+            *out.kernel_args, *_partials[key], arrival_counters(device, batch, "rejection"), flag]
     interop.launch_tensors(_kernel(keyed, span), batch * slices, THREADS, args)
     return out.result(error_flag is not None)
 
 
-def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-                   error_flag, vocab) -> tuple:
-    """The rejection sampler's draft-side inputs checked against B, k and V (a KernelArgumentError that
-    names the first misfit): (recovered_noise, bonus_noise contiguous, num_proposed, the error flag),
-    the last two made where not given (k for every row; a zero flag). Both noises None: a caller that
-    draws them from keys (verify_rejection's keyed form), checked there."""
+def _checked_inputs(draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed, error_flag,
+                    vocab) -> tuple:
+    """The draft-side inputs checked against B, k and V (a KernelArgumentError that names the first
+    misfit): (recovered_noise, bonus_noise contiguous, num_proposed, the error flag), the last two made
+    where not given (k for every row; a zero flag). Both noises None: the keyed form, its keys checked
+    by the caller."""
     batch, k = draft_token_ids.shape
     keyed = recovered_noise is None and bonus_noise is None
     tensors = [("draft_token_ids", draft_token_ids, torch.int64, 2), ("draft_probs", draft_probs, torch.float32, 3),
@@ -249,7 +251,7 @@ def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noi
         noise = "" if keyed else (f", recovered_noise {tuple(recovered_noise.shape)}, "
                                   f"bonus_noise {tuple(bonus_noise.shape)}")
         raise interop.KernelArgumentError(
-            f"{caller}: shapes do not fit B={batch}, k={k}, V={vocab}: draft_probs {tuple(draft_probs.shape)}, "
+            f"rejection_sample_fused: shapes do not fit B={batch}, k={k}, V={vocab}: draft_probs {tuple(draft_probs.shape)}, "
             f"uniforms {tuple(uniforms.shape)}{noise}")
     device = draft_token_ids.device
     if num_proposed is None:
@@ -261,14 +263,6 @@ def checked_inputs(caller, draft_token_ids, draft_probs, uniforms, recovered_noi
     flag = error_flag if error_flag is not None else _no_flag(device)
     check_tensor("error_flag", flag, torch.int32, 1, rows=1)
     return recovered_noise, bonus_noise, num_proposed, flag
-
-
-def check_keys(caller: str, noise_keys: torch.Tensor, batch: int) -> None:
-    """noise_keys: [B, 2] int64, a (low, high) key pair a sequence."""
-    check_tensor("noise_keys", noise_keys, torch.int64, 2, rows=batch)
-    if noise_keys.shape[1] != 2:
-        raise interop.KernelArgumentError(f"{caller}: noise_keys {tuple(noise_keys.shape)}: a (low, high) key "
-                                          f"pair a row")
 
 
 @dataclass

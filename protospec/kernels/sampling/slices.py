@@ -1,6 +1,6 @@
 """The arithmetic of the sampling kernels over vocabulary slices, as device functions (sampling/softmax_sample.py: two
-kernels, the row's statistics then its probabilities; sampling/verify_rejection.py and sampling/gumbel_sample.py reuse
-them, so every form gives the same bits). Every thread of the block calls each function; shared arrays are [THREADS] scratch.
+kernels, the row's statistics then its probabilities; sampling/gumbel_sample.py reuses them, so every
+form gives the same bits). Every thread of the block calls each function; shared arrays are [THREADS] scratch.
 
 A slice (VOCAB_PER_BLOCK entries) is the unit of the arithmetic: each slice's max and softmax sum are
 reduced by the same tree whatever the launch, so the probabilities' bits do not depend on the batch.

@@ -1,9 +1,8 @@
 """The sampling kernels' first launch: each vocabulary slice's softmax statistics of a row of logits.
 
 Slice s of row r (slices.VOCAB_PER_BLOCK entries): its max logit, that max's first index and its sum of
-exp(x/T - max/T). Every block of its successor combines its row's slices itself (slices.combine_stats):
-the probabilities kernel (sampling/softmax_sample.py), or the verify's probabilities fused with the
-rejection sampler (sampling/verify_rejection.py).
+exp(x/T - max/T). Every block of its successor, the probabilities kernel (sampling/softmax_sample.py),
+combines its row's slices itself (slices.combine_stats).
 
 A warp takes a slice, SLICE_WARPS slices a block, with no barrier: lane l plays threads l, l + 32, ...
 of a slices.THREADS-thread block summing the slice by tree_sum's tree (each thread's entries in
