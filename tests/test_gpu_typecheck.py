@@ -1,19 +1,22 @@
-"""Every kernel builds for a GPU, checked on any machine (tools/gpu_typecheck.py): the simulator
-runs a kernel's Python, so only Numba's CUDA compiler sees a shared array sized by an expression or a
-type the GPU target does not unify. Runs in a child process: the GPU target must be chosen before
-numba is imported, and this process has the simulator."""
+"""Every kernel builds for a GPU, checked on any machine (tools/gpu_typecheck.py, beside the package):
+the simulator runs a kernel's Python, so only Numba's CUDA compiler sees a shared array sized by an
+expression or a type the GPU target does not unify. Runs in a child process: the GPU target must be
+chosen before numba is imported, and this process has the simulator."""
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: tools/ is not part of the installed package
+sys.path.insert(0, str(ROOT))
 ENV = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=ENV, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, cwd=ROOT)
 
 
 def test_every_kernel_builds_for_sm90_and_each_dependent_keeps_its_loads_around_its_wait():
@@ -23,7 +26,7 @@ def test_every_kernel_builds_for_sm90_and_each_dependent_keeps_its_loads_around_
     import shutil
 
     wait_orders = shutil.which("ptxas") is not None
-    done = _run("from protospec.tools import gpu_typecheck, gpu_wait_order\n"
+    done = _run("from tools import gpu_typecheck, gpu_wait_order\n"
                 "code = gpu_typecheck.main(['--divisions'])\n"
                 + ("gpu_wait_order.print_orders_of_built()\n" if wait_orders else "")
                 + "raise SystemExit(code)")
@@ -52,7 +55,7 @@ def test_a_kernel_the_gpu_compiler_rejects_is_reported():
     done = _run('''
         import json, torch
         from numba import cuda, float32
-        from protospec.tools import gpu_typecheck
+        from tools import gpu_typecheck
 
         @cuda.jit
         def sized_by_an_expression(out):
@@ -79,7 +82,7 @@ def test_ptxas_reports_are_read_for_registers_spills_and_shared_memory():
     reading is checked here on a report as ptxas 13 prints it, and a report without figures is refused)."""
     import pytest
 
-    from protospec.tools.gpu_registers import parse_ptxas
+    from tools.gpu_registers import parse_ptxas
 
     report = textwrap.dedent("""\
         ptxas info    : 96 bytes gmem
@@ -98,7 +101,7 @@ def test_ptxas_reports_are_read_for_registers_spills_and_shared_memory():
 def test_the_wait_order_reader_counts_loads_on_each_side_of_the_first_wait():
     """tools/gpu_wait_order.py: loads before and after the first griddepcontrol.wait, and where
     launch_dependents sits; a kernel without a wait has no order."""
-    from protospec.tools.gpu_wait_order import LAUNCH, LDG, WAIT, wait_order
+    from tools.gpu_wait_order import LAUNCH, LDG, WAIT, wait_order
 
     other = 0x7
     assert wait_order([LDG, other, LDG, LAUNCH, WAIT, LDG, LAUNCH]) == dict(loads_before=2, loads_after=1,
@@ -110,7 +113,7 @@ def test_the_wait_order_reader_counts_loads_on_each_side_of_the_first_wait():
 def test_the_ptx_reader_counts_the_loads_issued_before_the_first_wait():
     """gpu_wait_order.ptx_loads_before_wait: plain and predicated global loads before the first wait,
     not shared or parameter loads, nothing after it; PTX without a wait has no count."""
-    from protospec.tools.gpu_wait_order import ptx_loads_before_wait
+    from tools.gpu_wait_order import ptx_loads_before_wait
 
     ptx = """
         ld.param.u64 	%rd1, [param_0];

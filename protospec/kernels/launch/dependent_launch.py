@@ -11,7 +11,7 @@ wrote; one that follows a kernel that never allows it simply starts when that ke
 
 PTX `griddepcontrol.wait` / `griddepcontrol.launch_dependents` (ISA 7.8): inline assembly with a
 memory clobber, so LLVM keeps loads on their side of it. ptxas does not: it hoists an unconditional
-wait above every load that does not depend on it (`python -m protospec.tools.gpu_wait_order` shows
+wait above every load that does not depend on it (`python -m tools.gpu_wait_order` shows
 where each kernel's wait landed), so a kernel whose loads must be in flight during its wait calls
 `wait_after_issued_loads(nonzero)`, the wait behind a branch on a value that is never 0, which
 ptxas does not move it across (launch_dependents, which it does not move loads across either, is

@@ -2,7 +2,7 @@
 such a value with a subroutine call (dozens of instructions, and Python's floor rule on top), and the
 kernels divide their block index or a position first, ahead of the loads whose addresses depend on
 it. Every value divided here is a non-negative count below 2^32 (block indices, rows, positions);
-`python -m protospec.tools.gpu_typecheck --divisions` counts the 64-bit ones left in each kernel."""
+`python -m tools.gpu_typecheck --divisions` counts the 64-bit ones left in each kernel."""
 from __future__ import annotations
 
 from numba import int64, uint32

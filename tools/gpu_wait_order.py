@@ -1,6 +1,6 @@
 """Where ptxas put each dependent kernel's `griddepcontrol.wait` among its global loads, without a GPU.
 
-    NUMBA_ENABLE_CUDASIM=0 python -m protospec.tools.gpu_wait_order [--match gemv_mma]
+    NUMBA_ENABLE_CUDASIM=0 python -m tools.gpu_wait_order [--match gemv_mma]
 
 Why: a programmatic dependent (launch/dependent_launch.py) issues the loads no earlier kernel writes (the
 weights) before its wait, so they stream while the kernel before it ends. The order in the Python
@@ -72,7 +72,7 @@ def ptx_loads_before_wait(ptx: str) -> int | None:
 def sass_opcodes(py_func, signature: tuple, options: dict, workdir: str) -> tuple[list[int] | None, str]:
     """(the machine code's opcodes, the PTX they were assembled from); opcodes None for a kernel whose
     PTX never waits (ptxas is the slow half, and such a kernel has no order to read)."""
-    from protospec.tools.gpu_registers import kernel_ptx
+    from tools.gpu_registers import kernel_ptx
 
     ptx = kernel_ptx(py_func, signature, options)
     return machine_opcodes(ptx, options, workdir), ptx
@@ -80,7 +80,7 @@ def sass_opcodes(py_func, signature: tuple, options: dict, workdir: str) -> tupl
 
 def machine_opcodes(ptx: str, options: dict, workdir: str) -> list[int] | None:
     """The opcodes of the machine code ptxas makes of this PTX; None where the PTX never waits."""
-    from protospec.tools.gpu_registers import assemble_ptx
+    from tools.gpu_registers import assemble_ptx
 
     if PTX_WAIT not in ptx:
         return None
@@ -94,7 +94,7 @@ def built_kernel_ptx(compiled) -> str:
     compile_ptx makes it: the kernel's entry fixed up, then NVVM."""
     from numba.cuda.compiler import kernel_fixup
 
-    from protospec.tools.gpu_typecheck import COMPUTE_CAPABILITY
+    from tools.gpu_typecheck import COMPUTE_CAPABILITY
 
     library, entry = compiled.library, compiled.fndesc.llvm_func_name
     kernel_fixup(library.get_function(entry), False)
@@ -116,8 +116,8 @@ def print_orders(name: str, opcodes: list[int] | None, ptx: str) -> None:
 def print_orders_of_built(groups: tuple[str, ...] = ("_attention", "_layers_and_gemv", "_sampling_and_rejection")) -> None:
     """print_orders for the kernels gpu_typecheck.main() built in these groups (run it first, in this
     process): their PTX from the build's own results, so nothing is typed or lowered twice."""
-    from protospec.tools import gpu_typecheck
-    from protospec.tools.gpu_registers import toolkit_without_nvrtc
+    from tools import gpu_typecheck
+    from tools.gpu_registers import toolkit_without_nvrtc
 
     toolkit_without_nvrtc()
     with tempfile.TemporaryDirectory() as workdir:
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if shutil.which("ptxas") is None:
         raise SystemExit("gpu_wait_order needs ptxas (the CUDA toolkit) on the PATH")
-    from protospec.tools.gpu_registers import PARTS, reached_kernels
+    from tools.gpu_registers import PARTS, reached_kernels
 
     with tempfile.TemporaryDirectory() as workdir:
         for name, signature, kernel in reached_kernels(tuple(args.parts or PARTS)):

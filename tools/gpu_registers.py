@@ -1,6 +1,6 @@
 """Registers, spills and shared memory a thread of each Numba kernel, from ptxas, without a GPU.
 
-    NUMBA_ENABLE_CUDASIM=0 python -m protospec.tools.gpu_registers [--match gemv_mma_k768] [--ptx-dir DIR]
+    NUMBA_ENABLE_CUDASIM=0 python -m tools.gpu_registers [--match gemv_mma_k768] [--ptx-dir DIR]
 
 Why: how many blocks an SM holds at once (occupancy) is set by registers a thread and shared memory
 a block, and a launch of more blocks than the GPU holds runs in waves; spills turn registers into
@@ -75,7 +75,7 @@ PARTS = ("attention", "layers", "sampling", "draft_inputs", "forwards")  # gpu_t
 def reached_kernels(parts: tuple[str, ...] = PARTS) -> list[tuple[str, tuple, object]]:
     """(name, signature, kernel) of every kernel variant gpu_typecheck builds in `parts`, by name
     (NUMBA_ENABLE_CUDASIM=0; the CUDA toolkit's libNVVM, no NVRTC needed)."""
-    from protospec.tools import gpu_typecheck  # refuses to run in the simulator: NUMBA_ENABLE_CUDASIM=0
+    from tools import gpu_typecheck  # refuses to run in the simulator: NUMBA_ENABLE_CUDASIM=0
 
     toolkit_without_nvrtc()
     seen: dict[tuple, object] = {}

@@ -1,6 +1,6 @@
 """Compile every Numba kernel for a GPU up to LLVM IR, on any machine: no GPU, no CUDA toolkit.
 
-    NUMBA_ENABLE_CUDASIM=0 python -m protospec.tools.gpu_typecheck
+    NUMBA_ENABLE_CUDASIM=0 python -m tools.gpu_typecheck
 
 Why: the CUDA simulator runs a kernel's Python, not Numba's GPU compiler, so a kernel can pass every
 simulator test and still fail to build for a GPU: a shared array sized by an expression, types the
@@ -128,12 +128,12 @@ def _layers_and_gemv() -> None:
         rope_and_cache(torch.zeros(3, (4 + 2 * 2) * 16, dtype=dtype), torch.arange(3), torch.zeros(32, 16, dtype=dtype),
                        torch.zeros(32, 16, dtype=dtype), kv, torch.arange(3), 4)
         silu_and_mul(torch.zeros(3, 128, dtype=dtype))
-    from protospec.tools.gpu_typecheck_gemv_mma import tensor_core_gemv_forms
+    from tools.gpu_typecheck_gemv_mma import tensor_core_gemv_forms
     tensor_core_gemv_forms()
 
 
 def _sampling_and_rejection() -> None:
-    from protospec.tools.gpu_typecheck_sampling import sampling_and_rejection_forms
+    from tools.gpu_typecheck_sampling import sampling_and_rejection_forms
     sampling_and_rejection_forms()
 
 
@@ -202,7 +202,7 @@ def runtime_divisions(compiled) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = CommandParser(prog="python -m protospec.tools.gpu_typecheck", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="python -m tools.gpu_typecheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--divisions", action="store_true", help="count every kernel's runtime 64-bit divisions")
     p.add_argument("--divisions-of", default="", metavar="NAME[,NAME..]",
                    help="count them in the kernels whose name holds one of these")
