@@ -1,7 +1,7 @@
 """The rejection sampler is lossless: emitted tokens follow the target distribution."""
 import torch
 
-from protospec.speculation.rejection import rejection_sample, residual_probs
+from protospec.speculation.rejection import rejection_sample, residual_weights
 from protospec.layout import PLACEHOLDER_TOKEN_ID
 
 VOCAB, N = 12, 200_000
@@ -108,9 +108,9 @@ def test_output_layout_accepted_then_one_token_then_placeholders():
 
 def test_residual_falls_back_to_target_when_no_mass_left():
     p = torch.tensor([[0.5, 0.5, 0.0]])
-    assert torch.equal(residual_probs(p, p.clone()), p)
-    r = residual_probs(torch.tensor([[0.6, 0.4, 0.0]]), torch.tensor([[0.2, 0.4, 0.4]]))
-    assert torch.allclose(r, torch.tensor([[1.0, 0.0, 0.0]]))
+    assert torch.equal(residual_weights(p, p.clone()), p)
+    w = residual_weights(torch.tensor([[0.6, 0.4, 0.0]]), torch.tensor([[0.2, 0.4, 0.4]]))
+    assert torch.allclose(w / w.sum(-1, keepdim=True), torch.tensor([[1.0, 0.0, 0.0]]))
 
 
 def test_analysis_helpers_agree_with_theory():

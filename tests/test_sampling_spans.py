@@ -9,7 +9,7 @@ from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, SIMULATOR
 from protospec.kernels.sampling import gumbel_sample, slices
 from protospec.kernels.sampling.rejection import rejection_sample_fused
 from protospec.kernels.sampling.softmax_sample import probs_into, sample_into
-from protospec.kernels.sampling.stats import slice_statistics
+from protospec.kernels.sampling.stats import launch_stats
 from protospec.speculation.sampler import SamplingTensors, exponential_noise
 
 DEV = KERNEL_DEVICE_TYPE
@@ -50,7 +50,7 @@ def test_each_slices_statistics_are_its_max_first_index_and_softmax_sum():
     (the first index wins), a greedy row (sum 0), the ragged last slice."""
     st, logits, vocab = _case([0.7, 1.3, 0.0])
     logits[1, 300:304] = 25.0  # a four-way tie for row 1's max in its third slice
-    part_max, part_index, part_sum = (t.cpu() for t in slice_statistics(logits, st, 1))
+    part_max, part_index, part_sum = (t.cpu() for t in launch_stats(logits, st, 1, "", False))
     x = logits.cpu().double()
     per = slices.VOCAB_PER_BLOCK
     for row, temperature in enumerate([0.7, 1.3, 0.0]):

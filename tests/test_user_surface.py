@@ -208,8 +208,9 @@ def test_every_command_answers_a_bad_argument_in_one_line(capsys):
         parser.parse_args(["--k", "five"])
     assert info.value.code == BAD_INPUT
     assert capsys.readouterr().err == "python -m protospec.x: error: argument --k: invalid int value: 'five'\n"
-    root = Path(__file__).resolve().parents[1] / "protospec"
-    plain = [str(path.relative_to(root)) for path in root.rglob("*.py") if "argparse.ArgumentParser(" in path.read_text()]
+    root = Path(__file__).resolve().parents[1]
+    plain = [str(path.relative_to(root)) for folder in ("protospec", "tools") for path in (root / folder).rglob("*.py")
+             if "argparse.ArgumentParser(" in path.read_text()]
     assert plain == []
 
 

@@ -24,11 +24,42 @@ import torch
 
 from protospec import registry
 from protospec.bench.ablation import MODES, BenchSetup, apply_mode
-from protospec.bench.attention_cost import copy_bandwidth_gbs
 from protospec.bench.engine_flags import add_engine_flags, engine_switches
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.speculation.phase_timer import NULL_TIMER, ProfilerPhases
 from protospec.command_line import CommandParser, run_command
+
+
+def graph_replay_us(fn, steps: int, replays: int) -> float:
+    """Capture `steps` launches in one CUDA graph; device time of one replay (CUDA events)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            fn()
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / replays
+
+
+def copy_bandwidth_gbs(dev: torch.device, nbytes: int = 2**30) -> float:
+    """Device-to-device copy rate by a kernel (dst = src * 1 over float32), (read + written) bytes per
+    second / 1e9. A captured copy_ becomes a copy-engine memcpy node, which copies slower than a kernel
+    reads: the kernel's rate is the one an attention kernel competes with (and gives the lower floor)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).normal_()
+    dst = torch.empty_like(src)
+    us = graph_replay_us(lambda: torch.mul(src, 1.0, out=dst), 5, 5) / 5
+    return 2 * nbytes / us / 1e3
 
 
 def kernel_label(name: str) -> str:

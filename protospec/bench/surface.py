@@ -116,28 +116,46 @@ def plot_surface(report: dict):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = CommandParser(prog="python -m protospec.bench.surface", description=__doc__,
+def forced_acceptance_command(name: str, doc: str, default_pairs: list[str], warmup: int, iters: int,
+                              add_flags) -> CommandParser:
+    """The parser of a command that times pairs at set acceptance rates (this one, bench.throughput):
+    the shared flags and add_flags(parser)'s own."""
+    p = CommandParser(prog=f"python -m protospec.bench.{name}", description=doc,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS), help="target + draft pairs")
+    p.add_argument("--pairs", nargs="+", default=default_pairs, choices=list(PAIRS), help="target + draft pairs")
     p.add_argument("--alphas", nargs="+", type=float, default=list(ALPHAS), help="acceptance rates to set")
-    p.add_argument("--ks", nargs="+", type=int, default=list(KS), help="draft tokens a step")
+    add_flags(p)
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--num-iters-warmup", type=int, default=2)
-    p.add_argument("--num-iters", type=int, default=5)
+    p.add_argument("--num-iters-warmup", type=int, default=warmup)
+    p.add_argument("--num-iters", type=int, default=iters)
     p.add_argument("--device", default=None)
-    p.add_argument("--output-dir", default="runs/surface", help="JSON and PNG go here (default: %(default)s)")
-    args = p.parse_args(argv)
+    p.add_argument("--output-dir", default=f"runs/{name}", help="JSON and PNG go here (default: %(default)s)")
+    return p
+
+
+def start_report(name: str, args, argv, positive: dict) -> tuple[dict, Path]:
+    """Checked arguments (alphas in [0, 1], every `positive` value >= 1, a writable output directory):
+    (the report with its provenance, the path stem its JSON and PNG take)."""
     if any(not 0.0 <= a <= 1.0 for a in args.alphas):
         raise SystemExit(f"--alphas must lie in [0, 1], got {args.alphas}")
-    if any(k < 1 for k in args.ks) or min(args.input_len, args.output_len, args.batch_size, args.num_iters) < 1:
-        raise SystemExit("--ks, --input-len, --output-len, --batch-size and --num-iters must be >= 1")
+    if min(positive.values()) < 1:
+        raise SystemExit(f"{', '.join(positive)} must be >= 1")
     check_writable(args.output_dir, directory=True)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    report = provenance(device, argv, "protospec.bench.surface") | {"config": vars(args), "pairs": {}}
-    stem = Path(args.output_dir) / f"surface_{time.strftime('%Y%m%d-%H%M%S')}"
+    report = provenance(device, argv, f"protospec.bench.{name}") | {"config": vars(args), "pairs": {}}
+    return report, Path(args.output_dir) / f"{name}_{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    def flags(p):
+        p.add_argument("--ks", nargs="+", type=int, default=list(KS), help="draft tokens a step")
+        p.add_argument("--batch-size", type=int, default=1)
+
+    args = forced_acceptance_command("surface", __doc__, list(PAIRS), 2, 5, flags).parse_args(argv)
+    report, stem = start_report("surface", args, argv, {"--ks": min(args.ks), "--input-len": args.input_len,
+                                "--output-len": args.output_len, "--batch-size": args.batch_size,
+                                "--num-iters": args.num_iters})
     for name in args.pairs:
         target, draft = PAIRS[name]
         setup = BenchSetup(target, draft, args.ks[0], args.input_len, args.output_len, args.batch_size,

@@ -19,18 +19,14 @@ at least the spec engine's (None: speculation paid at every batch size timed).
 """
 from __future__ import annotations
 
-import argparse
-import time
 from dataclasses import replace
-from pathlib import Path
 
-import torch
 
 from protospec.bench.ablation import BenchSetup, _release_memory
 from protospec.bench.latency import time_generate
-from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.bench.surface import PAIRS
-from protospec.command_line import CommandParser, run_command
+from protospec.bench.provenance import write_report
+from protospec.bench.surface import PAIRS, forced_acceptance_command, start_report
+from protospec.command_line import run_command
 from protospec.lab.forced_acceptance import force_acceptance
 
 BATCH_SIZES = (1, 4, 16, 64, 128, 256)
@@ -119,28 +115,14 @@ def plot_throughput(report: dict):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = CommandParser(prog="python -m protospec.bench.throughput", description=__doc__,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", nargs="+", default=["seed", "llama-1b-shaped"], choices=list(PAIRS),
-                   help="target + draft pairs")
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=list(BATCH_SIZES))
-    p.add_argument("--k", type=int, default=5, help="draft tokens a step")
-    p.add_argument("--alphas", nargs="+", type=float, default=list(ALPHAS), help="acceptance rates to set")
-    p.add_argument("--input-len", type=int, default=256)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--num-iters-warmup", type=int, default=1)
-    p.add_argument("--num-iters", type=int, default=3)
-    p.add_argument("--device", default=None)
-    p.add_argument("--output-dir", default="runs/throughput", help="JSON and PNG go here (default: %(default)s)")
-    args = p.parse_args(argv)
-    if any(not 0.0 <= a <= 1.0 for a in args.alphas):
-        raise SystemExit(f"--alphas must lie in [0, 1], got {args.alphas}")
-    if min(args.k, *args.batch_sizes, args.input_len, args.output_len, args.num_iters) < 1:
-        raise SystemExit("--k, --batch-sizes, --input-len, --output-len and --num-iters must be >= 1")
-    check_writable(args.output_dir, directory=True)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    report = provenance(device, argv, "protospec.bench.throughput") | {"config": vars(args), "pairs": {}}
-    stem = Path(args.output_dir) / f"throughput_{time.strftime('%Y%m%d-%H%M%S')}"
+    def flags(p):
+        p.add_argument("--batch-sizes", nargs="+", type=int, default=list(BATCH_SIZES))
+        p.add_argument("--k", type=int, default=5, help="draft tokens a step")
+
+    args = forced_acceptance_command("throughput", __doc__, ["seed", "llama-1b-shaped"], 1, 3, flags).parse_args(argv)
+    report, stem = start_report("throughput", args, argv, {"--k": args.k, "--batch-sizes": min(args.batch_sizes),
+                                "--input-len": args.input_len, "--output-len": args.output_len,
+                                "--num-iters": args.num_iters})
     for name in args.pairs:
         target, draft = PAIRS[name]
         setup = BenchSetup(target, draft, args.k, args.input_len, args.output_len, 1, args.num_iters_warmup,

@@ -39,7 +39,7 @@ MAX_QUERY_LEN = 16  # longer uniform chunks (a prefill at batch 1) keep the torc
 MAX_ROWS = 65536    # tokens a forward at most (64 prompts of 1,024)
 # Token rows up to which the tensor-core GEMV (the fused forward where the shapes fuse) serves a forward:
 # past it cuBLAS's GEMM tiles, reusing the weights across many rows in shared memory, win
-# (bench.gemv_cost times both by rows; data/results/README.md has the crossovers). The LM head
+# (tools/gemv_cost.py times both by rows; data/results/README.md has the crossovers). The LM head
 # crosses over sooner than the layers' linears (the same table), so past LM_HEAD_MAX_ROWS rows it
 # takes the separate norm and cuBLAS even inside the fused forward.
 TENSOR_CORE_MAX_ROWS = 64

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from protospec import registry
-from protospec.speculation.rejection import rejection_sample
-from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
+from protospec.speculation.rejection import output_ids, rejection_sample
+from protospec.layout import RejectionOutput
 from protospec.speculation.sampler import sample_from_probs
 
 DEFAULT_POSTERIOR_THRESHOLD = 0.09  # vLLM's defaults
@@ -41,7 +41,7 @@ def typical_acceptance(
     bonus_noise: torch.Tensor,      # [B, V] Exp(1)
     num_proposed: torch.Tensor | None = None,  # [B] int64 in [0, k]; None: k for every row
 ) -> RejectionOutput:
-    batch, k = draft_token_ids.shape
+    k = draft_token_ids.shape[1]
     p = target_probs[:, :k]                                                   # [B, k, V]
     p_of_draft = p.gather(-1, draft_token_ids.unsqueeze(-1)).squeeze(-1)      # [B, k]
     bar = torch.clamp(posterior_alpha * torch.exp(-entropy(p)), max=posterior_threshold)  # [B, k]
@@ -53,11 +53,7 @@ def typical_acceptance(
     # The token after the kept prefix follows the target at its position.
     noise = torch.cat([recovered_noise, bonus_noise[:, None]], dim=1)         # [B, k + 1, V]
     last_choices = sample_from_probs(target_probs, noise)                     # [B, k + 1]
-    position = torch.arange(k + 1, device=draft_token_ids.device)[None, :]
-    padded = torch.cat([draft_token_ids, draft_token_ids.new_zeros(batch, 1)], dim=1)
-    n = num_accepted[:, None]
-    out = torch.where(position < n, padded, torch.where(position == n, last_choices, PLACEHOLDER_TOKEN_ID))
-    return RejectionOutput(out, num_accepted, kept, passed)
+    return RejectionOutput(output_ids(draft_token_ids, num_accepted, last_choices), num_accepted, kept, passed)
 
 
 class RejectionSampling:

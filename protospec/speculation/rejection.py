@@ -37,12 +37,6 @@ def residual_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> t
     return torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_probs)
 
 
-def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """normalise(max(0, p - q)): the distribution a recovered token follows (analysis, plots)."""
-    weights = residual_weights(target_probs, draft_probs)
-    return weights / weights.sum(-1, keepdim=True)
-
-
 def rejection_sample(
     draft_token_ids: torch.Tensor,  # [B, k] int64
     draft_probs: torch.Tensor,      # [B, k, V] float32
@@ -52,7 +46,7 @@ def rejection_sample(
     bonus_noise: torch.Tensor,      # [B, V] Exp(1)
     num_proposed: torch.Tensor | None = None,  # [B] int64 in [0, k]; None: k for every row
 ) -> RejectionOutput:
-    batch, k = draft_token_ids.shape
+    k = draft_token_ids.shape[1]
     ids = draft_token_ids.unsqueeze(-1)
     p_of_draft = target_probs[:, :k].gather(-1, ids).squeeze(-1)  # [B, k]
     q_of_draft = draft_probs.gather(-1, ids).squeeze(-1)           # [B, k]
@@ -68,8 +62,15 @@ def rejection_sample(
     # The token emitted after the accepted prefix: recovered at a rejection, bonus after k accepts.
     last_choices = torch.cat([recovered, bonus[:, None]], dim=1)   # [B, k + 1]
 
+    return RejectionOutput(output_ids(draft_token_ids, num_accepted, last_choices), num_accepted, accepted_prefix,
+                           accepted)
+
+
+def output_ids(draft_token_ids: torch.Tensor, num_accepted: torch.Tensor, last_choices: torch.Tensor) -> torch.Tensor:
+    """[B, k + 1] int64: the n = num_accepted kept draft tokens, then last_choices[:, n], then
+    PLACEHOLDER_TOKEN_ID (draft_token_ids [B, k], num_accepted [B], last_choices [B, k + 1])."""
+    batch, k = draft_token_ids.shape
     position = torch.arange(k + 1, device=draft_token_ids.device)[None, :]  # [1, k + 1]
     padded_drafts = torch.cat([draft_token_ids, draft_token_ids.new_zeros(batch, 1)], dim=1)
     n = num_accepted[:, None]
-    out = torch.where(position < n, padded_drafts, torch.where(position == n, last_choices, PLACEHOLDER_TOKEN_ID))
-    return RejectionOutput(out, num_accepted, accepted_prefix, accepted)
+    return torch.where(position < n, padded_drafts, torch.where(position == n, last_choices, PLACEHOLDER_TOKEN_ID))

@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from protospec.bench.attention_cost import make_calls
+from tools.attention_cost import make_calls
 from protospec.kernels.attention import by_kv_head, mma as by_mma
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.interop import sm_count as _sm_count

@@ -7,8 +7,8 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 rm -rf res; mkdir -p res
 timeout 420 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -12
-timeout 120 python3 -m protospec.bench.attention_cost --contexts 320 --paths by_kv_head mma --torch --output-json res/attention_cost.json 2>&1 | quiet
-timeout 90 python3 -m protospec.bench.attention_cost --contexts 256 1024 2048 --output-json res/attention_cost_contexts.json 2>&1 | quiet
+timeout 120 python3 -m tools.attention_cost --contexts 320 --paths by_kv_head mma --torch --output-json res/attention_cost.json 2>&1 | quiet
+timeout 90 python3 -m tools.attention_cost --contexts 256 1024 2048 --output-json res/attention_cost_contexts.json 2>&1 | quiet
 timeout 300 python3 -m protospec.bench --sweep --sweep-batch-sizes 1 16 64 --sweep-ks 5 --modes graph --peers \
   --num-iters-warmup 3 --num-iters 20 --sweep-rounds 3 --output-dir res 2>&1 | quiet | grep wrote
 { echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%FT%TZ), commit ${PROTOSPEC_GIT_COMMIT:-unknown}"

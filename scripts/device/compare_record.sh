@@ -6,5 +6,5 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 timeout 400 python3 -m protospec.bench --compare --output-dir "$OUT" 2>&1 | quiet | grep -E "^\||^wrote|Error|Traceback"
-timeout 200 python3 -m protospec.bench.attention_cost --contexts 320 2048 --paths by_kv_head \
+timeout 200 python3 -m tools.attention_cost --contexts 320 2048 --paths by_kv_head \
   --output-json "$OUT/attention_paths.json" 2>&1 | quiet

@@ -7,7 +7,7 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 rm -rf res; mkdir -p res
 case " $* " in *" --no-tests "*) ;; *) timeout 240 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -30 ;; esac
-case " $* " in *" --launch-cost "*) timeout 60 python3 -m protospec.bench.launch_cost --output-json res/launch_cost.json 2>&1 | quiet | tail -3 ;; esac
+case " $* " in *" --launch-cost "*) timeout 60 python3 -m tools.launch_cost --output-json res/launch_cost.json 2>&1 | quiet | tail -3 ;; esac
 timeout 100 python3 -m protospec.bench.kernel_census --modes main gpu --output-json res/kernel_census.json 2>&1 | quiet | tail -4
 timeout 70 python3 -m protospec.train.evaluate --models data/models --prompts-json data/models/heldout_prompts.json \
   --timing --output-json res/trained_pair_evaluate.json 2>&1 | quiet | tail -3

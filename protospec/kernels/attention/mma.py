@@ -35,7 +35,7 @@ FASTMATH = True
 # Split-K spreads a grid of fewer blocks than SMs up to this many blocks per SM (paged_attention.choose_splits),
 # with at least TILES_PER_SPLIT steps of the block's keys per split (keys_per_split), and only for block
 # tables at least MIN_SPLIT_KEYS wide: in a narrower one a split's partials and their combine cost more
-# than the walk they save (bench.attention_cost times the split factors by context); at most MAX_SPLITS,
+# than the walk they save (tools/attention_cost.py times the split factors by context); at most MAX_SPLITS,
 # the most timed to pay.
 BLOCKS_PER_SM = 1
 TILES_PER_SPLIT = 2

@@ -53,7 +53,7 @@ def choose_path(head_dim: int, dtype: torch.dtype | None = None, block_size: int
                 device: torch.device | None = None) -> str | None:
     """mma for fp16 it can hold (block size a multiple of its 16-key tile, tensor cores), even for a single
     row: at 320 keys it measured faster than by_kv_head at every batch timed, 6 rows and 1 alike
-    (bench.attention_cost; at one row the product uses 1 of its 16 rows, but the kernel spends its time
+    (tools/attention_cost.py; at one row the product uses 1 of its 16 rows, but the kernel spends its time
     on address arithmetic and loads, not on the product). by_kv_head wherever it holds the head size
     (fp32, or cache blocks of fewer than 16 keys); None for a head size neither holds."""
     if (dtype == torch.float16 and block_size is not None and by_mma.supports(head_dim, block_size)
@@ -68,7 +68,7 @@ def choose_splits(groups: int, max_keys: int, step_keys: int, device: torch.devi
     is narrower than min_keys, else as many splits as keep the grid within blocks_per_sm (None:
     BLOCKS_PER_SM) blocks per SM, at most one per block-step (step_keys) of the widest possible context
     and at most max_splits. Within, not past: blocks past the target wait for a second wave, which
-    cost more than the split saved wherever bench.attention_cost timed it (data/results/README.md)."""
+    cost more than the split saved wherever tools/attention_cost.py timed it (data/results/README.md)."""
     target = (blocks_per_sm or BLOCKS_PER_SM) * interop.sm_count(device)
     if groups >= target or max_keys < min_keys:
         return 1

@@ -31,7 +31,7 @@ Fused forms, for a decoder layer's chain (model/layer_kernels.py, linear="mma_fu
       q goes to y [T, h * d], k and v straight into the paged cache (layer_ops.rope_and_cache's work).
   x_rows: token i's x row is x[x_rows[i]]: the embedding table gathered by token ids in the first
       layer's qkv, the rows whose logits are wanted in the LM head (there with a float32 y).
-linear/gemv_mma.py launches it (argument checks), linear/gemv_mma_twin.py is its torch twin, bench.gemv_cost times it."""
+linear/gemv_mma.py launches it (argument checks), linear/gemv_mma_twin.py is its torch twin, tools/gemv_cost.py times it."""
 from __future__ import annotations
 
 import functools

@@ -31,7 +31,6 @@ Waits: no block waits for another (arrivals.arrived_last says why the last-block
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 from numba import float32, int32, int64, uint64
@@ -217,7 +216,11 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     if target_probs.shape != (batch, k + 1, vocab):
         raise interop.KernelArgumentError(f"rejection_sample_fused: shapes do not fit B={batch}, k={k}: target_probs "
                                           f"{tuple(target_probs.shape)}")
-    out = RejectionBuffers.empty(batch, k, device)
+    # A call's outputs, new tensors each call (a captured graph keeps its own)
+    out_ids = torch.empty(batch, k + 1, dtype=torch.int64, device=device)      # [B, k + 1]
+    num_accepted = torch.empty(batch, dtype=torch.int64, device=device)        # [B]
+    masks = torch.empty(2, batch, k, dtype=torch.bool, device=device)          # [2, B, k] accepted, passed
+    commit = torch.empty(batch + 1, k + 3, dtype=torch.int64, device=device)   # [B + 1, k + 3] the rows, the flag
     span = span or span_for(batch, vocab, interop.sm_count(device))
     slices = span_groups(vocab, span)
     key = (batch, slices, device)
@@ -226,9 +229,12 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
                           torch.empty(batch, slices, 2, dtype=torch.int64, device=device),
                           torch.empty(batch, slices, dtype=torch.int32, device=device))
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
-            *out.kernel_args, *_partials[key], arrival_counters(device, batch, "rejection"), flag]
+            out_ids, num_accepted, masks[0], masks[1], commit, *_partials[key],
+            arrival_counters(device, batch, "rejection"), flag]
     interop.launch_tensors(_kernel(keyed, span), batch * slices, THREADS, args)
-    return out.result(error_flag is not None)
+    flagged = commit.view(-1)[: batch * (k + 3) + 1] if error_flag is not None else None
+    return RejectionOutput(out_ids, num_accepted, masks[0], masks[1], commit_columns=commit[:batch],
+                           commit_flagged=flagged)
 
 
 def _checked_inputs(draft_token_ids, draft_probs, uniforms, recovered_noise, bonus_noise, num_proposed, error_flag,
@@ -263,32 +269,6 @@ def _checked_inputs(draft_token_ids, draft_probs, uniforms, recovered_noise, bon
     flag = error_flag if error_flag is not None else _no_flag(device)
     check_tensor("error_flag", flag, torch.int32, 1, rows=1)
     return recovered_noise, bonus_noise, num_proposed, flag
-
-
-@dataclass
-class RejectionBuffers:
-    """A call's outputs (new tensors each call: a captured graph keeps its own)."""
-    out_ids: torch.Tensor       # [B, k + 1] int64
-    num_accepted: torch.Tensor  # [B] int64
-    masks: torch.Tensor         # [2, B, k] bool: accepted, passed
-    commit: torch.Tensor        # [B + 1, k + 3] int64: ids, accepted, passed per row; then the flag
-
-    @classmethod
-    def empty(cls, batch: int, k: int, device) -> "RejectionBuffers":
-        return cls(torch.empty(batch, k + 1, dtype=torch.int64, device=device),
-                   torch.empty(batch, dtype=torch.int64, device=device),
-                   torch.empty(2, batch, k, dtype=torch.bool, device=device),
-                   torch.empty(batch + 1, k + 3, dtype=torch.int64, device=device))
-
-    @property
-    def kernel_args(self) -> list:
-        return [self.out_ids, self.num_accepted, self.masks[0], self.masks[1], self.commit]
-
-    def result(self, flagged: bool) -> RejectionOutput:
-        batch, k = self.masks.shape[1:]
-        row = self.commit.view(-1)[: batch * (k + 3) + 1] if flagged else None
-        return RejectionOutput(self.out_ids, self.num_accepted, self.masks[0], self.masks[1],
-                               commit_columns=self.commit[:batch], commit_flagged=row)
 
 
 _no_flags: dict = {}  # device -> [1] int32 zero: the flag of a call that was given none (never written)

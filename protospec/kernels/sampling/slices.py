@@ -103,40 +103,11 @@ def span_winner(row, group, value, index, win_value, win_index, counters, best_v
 
 
 @cuda.jit(device=True)
-def span_probs(logits, row, group, span, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample, noise,
-               win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
-    """Slices group * span .. of `row`: p = exp(x/T - M/T) / sum (greedy: one-hot at `chosen`, the row's max
-    index) into probs_out[row, out_step]; with do_sample, the span's winner of p / noise into
-    win_value / win_index [R, G], counted at counters[row]. Returns whether this block arrived last
-    for the row: that one then calls combine_winners."""
-    vocab = logits.shape[1]
-    lo = group * span * VOCAB_PER_BLOCK
-    hi = min(lo + span * VOCAB_PER_BLOCK, vocab)
-    shift = row_max / t
-    cuda.syncthreads()
-    value, index = float32(-1.0), int64(vocab)
-    for v in range(lo + tid, hi, THREADS):  # ascending: a thread's ties go to its first entry
-        if greedy:
-            p = float32(1.0) if v == chosen else float32(0.0)
-        else:
-            p = math.exp(logits[row, v] / t - shift) / total
-        probs_out[row, out_step, v] = p
-        if do_sample and not greedy:
-            score = p / noise[row, out_step, v]
-            if score > value:
-                value, index = score, v
-    if not do_sample:
-        return False
-    return span_winner(row, group, value, index, win_value, win_index, counters, best_value, best_index, no_flags,
-                       last, tid)
-
-
-@cuda.jit(device=True)
 def prefetch_span(logits, row, group, span, greedy, do_sample, noise, out_step, xs, ns, tid):
     """This thread's logits and noise of slices group * span .. of `row` (entry lo + tid + j THREADS at
-    xs[j], ns[j], [span * PER_THREAD] f32), read before a dependent's wait where no running kernel
-    writes them; what span_probs would read, and nothing it would not (no logits on a greedy row, no
-    noise without sampling)."""
+    xs[j], ns[j], [span * PER_THREAD] f32), all loads first (before a dependent's wait, where no running
+    kernel writes them); nothing span_probs does not use (no logits on a greedy row, no noise without
+    sampling)."""
     vocab = logits.shape[1]
     lo = group * span * VOCAB_PER_BLOCK
     hi = min(lo + span * VOCAB_PER_BLOCK, vocab)
@@ -147,9 +118,12 @@ def prefetch_span(logits, row, group, span, greedy, do_sample, noise, out_step, 
 
 
 @cuda.jit(device=True)
-def span_probs_prefetched(row, group, span, vocab, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample,
-                          xs, ns, win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
-    """span_probs over prefetch_span's xs, ns: the same arithmetic and order, so the same bits."""
+def span_probs(row, group, span, vocab, t, greedy, row_max, chosen, total, probs_out, out_step, do_sample, xs, ns,
+               win_value, win_index, counters, best_value, best_index, no_flags, last, tid):
+    """Slices group * span .. of `row` from prefetch_span's xs, ns: p = exp(x/T - M/T) / sum (greedy:
+    one-hot at `chosen`, the row's max index) into probs_out[row, out_step]; with do_sample, the span's
+    winner of p / noise into win_value / win_index [R, G], counted at counters[row]. Returns whether
+    this block arrived last for the row: that one then calls combine_winners."""
     lo = group * span * VOCAB_PER_BLOCK
     hi = min(lo + span * VOCAB_PER_BLOCK, vocab)
     shift = row_max / t

@@ -15,8 +15,7 @@ one block a row was slower than torch at batch 1):
 The same float32 formula as the torch path for p; only the softmax sum's order and its rescaling by
 slice differ, so probabilities agree to a few ulps (tests bound it) and ids agree unless two scores tie
 to that precision. Rows with top-k / top-p filtering keep the torch path. EngineConfig.fused_sampling
-chooses these kernels over torch's (sampling/slices.py holds the arithmetic; one cooperative launch of it
-with a grid sync between the two halves measured slower and was retired: NOTES.md).
+chooses these kernels over torch's (sampling/slices.py holds the arithmetic).
 A draft step's sample that the decode inputs' advance follows writes the next step's inputs itself
 (sampling/advance.py): no advance_step launch after it.
 Waits: no block waits for another; the last slice block is found by a count each block passes once
@@ -39,7 +38,7 @@ from protospec.kernels.primitives.arrivals import arrival_counters
 from protospec.kernels.sampling.advance import finish_row, loads_for_advance
 from protospec.kernels.sampling.buffers import RowSettings, mirror_span, no_advance, scratch
 from protospec.kernels.sampling.slices import (PER_THREAD, THREADS, combine_stats, prefetch_span, span_for,
-                                               span_groups, span_probs, span_probs_prefetched)
+                                               span_groups, span_probs)
 from protospec.kernels.sampling.stats import launch_stats
 
 if TYPE_CHECKING:
@@ -84,27 +83,18 @@ def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as co
         no_flags = cuda.shared.array(THREADS, int64)
         last = cuda.shared.array(1, int32)
         greedy = is_greedy[seq]
+        xs = cuda.local.array(ENTRIES, float32)
+        ns = cuda.local.array(ENTRIES, float32)
+        prefetch_span(logits, row, group, SPAN, greedy, do_sample, noise, out_step, xs, ns, tid)
+        loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
         if DEPENDENT:
-            xs = cuda.local.array(ENTRIES, float32)
-            ns = cuda.local.array(ENTRIES, float32)
-            prefetch_span(logits, row, group, SPAN, greedy, do_sample, noise, out_step, xs, ns, tid)
-            loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
             wait_after_issued_loads(groups)  # kept below the loads above in the machine code
             allow_dependent_launch()
-            t = temperature[seq]
-            top, chosen, total = combine_stats(row, vocab, t, stat_max, stat_index, stat_sum, best_value,
-                                               best_index, no_flags, tid)
-            arrived = span_probs_prefetched(row, group, SPAN, vocab, t, greedy, top, chosen, total, probs_out,
-                                            out_step, do_sample, xs, ns, part_max, part_index, counters, best_value,
-                                            best_index, no_flags, last, tid)
-        else:
-            loaded = loads_for_advance(advance, row, num_queries, block_size, seq_lens, block_tables)
-            t = temperature[seq]
-            top, chosen, total = combine_stats(row, vocab, t, stat_max, stat_index, stat_sum, best_value,
-                                               best_index, no_flags, tid)
-            arrived = span_probs(logits, row, group, SPAN, t, greedy, top, chosen, total, probs_out, out_step,
-                                 do_sample, noise, part_max, part_index, counters, best_value, best_index, no_flags,
-                                 last, tid)
+        t = temperature[seq]
+        top, chosen, total = combine_stats(row, vocab, t, stat_max, stat_index, stat_sum, best_value,
+                                           best_index, no_flags, tid)
+        arrived = span_probs(row, group, SPAN, vocab, t, greedy, top, chosen, total, probs_out, out_step, do_sample,
+                             xs, ns, part_max, part_index, counters, best_value, best_index, no_flags, last, tid)
         if arrived:
             finish_row(row, vocab, greedy, chosen, part_max, part_index, ids_out, out_step, mirror, use_mirror,
                        best_value, best_index, no_flags, tid, advance, loaded, block_size, input_ids, positions,

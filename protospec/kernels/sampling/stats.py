@@ -112,10 +112,3 @@ def launch_stats(logits, st, rows_per_seq: int, space: str, dependent: bool) -> 
                            [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum],
                            dependent=dependent)
     return part_max, part_index, part_sum
-
-
-def slice_statistics(logits, st, rows_per_seq: int, dependent: bool = False) -> tuple:
-    """Each slice's (max, its index, sum of exp(x/T - max/T)) of logits [R, V]'s rows, [R, S] f32 / int64
-    / f32, for a kernel that combines them itself (slices.combine_stats at T): one launch of
-    the statistics kernel (dependent: as a programmatic dependent, where the step's kernels launch so)."""
-    return launch_stats(logits, st, rows_per_seq, "", dependent)

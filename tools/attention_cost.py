@@ -1,6 +1,6 @@
 """Device time of one paged-attention call against its bytes floor, by batch, queries and context.
 
-    python -m protospec.bench.attention_cost [--batch-sizes 1 16 64] [--queries 1 6] [--contexts 320 1024 2048]
+    python -m tools.attention_cost [--batch-sizes 1 16 64] [--queries 1 6] [--contexts 320 1024 2048]
                                              [--splits 1 2 4 8] [--torch] [--output-json PATH]
 
 Shapes: the model's attention (llama-160m: 12 heads of 64, MHA), float16 K/V in a paged cache with
@@ -20,7 +20,7 @@ import itertools
 
 import torch
 
-from protospec.bench.launch_cost import graph_replay_us
+from protospec.bench.kernel_census import copy_bandwidth_gbs, graph_replay_us
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.model.inputs import prepare_inputs
 from protospec.kernels.attention import paged_attention as kernel
@@ -30,16 +30,6 @@ from protospec.command_line import CommandParser, run_command
 
 L2_BYTES = 60 * 2**20  # the H200's L2; the rotation covers 4x this
 CALLS_PER_GRAPH = 20
-
-
-def copy_bandwidth_gbs(dev: torch.device, nbytes: int = 2**30) -> float:
-    """Device-to-device copy rate by a kernel (dst = src * 1 over float32), (read + written) bytes per
-    second / 1e9. A captured copy_ becomes a copy-engine memcpy node, which copies slower than a kernel
-    reads: the kernel's rate is the one an attention kernel competes with (and gives the lower floor)."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).normal_()
-    dst = torch.empty_like(src)
-    us = graph_replay_us(lambda: torch.mul(src, 1.0, out=dst), 5, 5) / 5
-    return 2 * nbytes / us / 1e3
 
 
 def cuda_and_copy_bandwidth(prog: str) -> tuple[torch.device, float]:
@@ -95,7 +85,7 @@ def time_calls(calls: list) -> float:
 
 
 def main(argv=None) -> dict:
-    p = CommandParser(prog="python -m protospec.bench.attention_cost", description=__doc__,
+    p = CommandParser(prog="python -m tools.attention_cost", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="JackFram/llama-160m", help="whose attention shape (default: %(default)s)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
@@ -111,7 +101,7 @@ def main(argv=None) -> dict:
     check_writable(args.output_json)
     dev, bandwidth = cuda_and_copy_bandwidth("attention_cost")
     cfg, _ = resolve_checkpoint(args.model, "dummy")
-    report = provenance(dev, argv, "protospec.bench.attention_cost") | {
+    report = provenance(dev, argv, "tools.attention_cost") | {
         "config": vars(args), "copy_bandwidth_gbs": bandwidth, "cases": []}
     print(f"{'batch':>5} {'queries':>7} {'context':>7} {'path':>16} {'splits':>6} {'MB':>7} {'floor us':>8} {'us':>8} {'x floor':>7}"
           + (f" {'torch us':>8}" if args.torch else ""))

@@ -1,6 +1,6 @@
 """Host cost of one advance_step launch, by launch path, against the CPU prepare it replaces.
 
-    python -m protospec.bench.launch_cost --output-json data/results/advance_step_launch_cost.json
+    python -m tools.launch_cost --output-json data/results/advance_step_launch_cost.json
 
 Host cost = wall time of N back-to-back calls / N, with no sync inside the loop (the GPU queue
 absorbs the kernels; this is what the draft loop pays on the CPU per step). Median of R repeats.
@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from protospec.bench.kernel_census import graph_replay_us
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.speculation.decode_state import DraftDecodeState
 from protospec.model.inputs import prepare_inputs
@@ -33,28 +34,6 @@ def host_us(fn, calls: int, repeats: int) -> float:
         samples.append((time.perf_counter() - start) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(samples)
-
-
-def graph_replay_us(fn, steps: int, replays: int) -> float:
-    """Capture `steps` launches in one CUDA graph; device time of one replay (CUDA events)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(steps):
-            fn()
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / replays
 
 
 def measure(batch: int, block_size: int, calls: int, repeats: int) -> dict:
@@ -110,7 +89,7 @@ def measure(batch: int, block_size: int, calls: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = CommandParser(prog="python -m protospec.bench.launch_cost", description=__doc__)
+    p = CommandParser(prog="python -m tools.launch_cost", description=__doc__)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--calls", type=int, default=2000)
@@ -120,7 +99,7 @@ def main(argv=None) -> dict:
     check_writable(args.output_json)
     if not torch.cuda.is_available():
         sys.exit("launch_cost measures a real GPU launch; no CUDA device here")
-    report = provenance(torch.device("cuda"), argv, "protospec.bench.launch_cost")
+    report = provenance(torch.device("cuda"), argv, "tools.launch_cost")
     report["results"] = [measure(b, args.block_size, args.calls, args.repeats) for b in args.batch_sizes]
     for r in report["results"]:
         cells = "  ".join(f"{k}={v:.1f}" for k, v in r["host_us"].items() if v is not None)

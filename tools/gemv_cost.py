@@ -2,7 +2,7 @@
 (kernels/linear/gemv_mma.py, key "mma") beside torch's (cuBLAS). A CUDA-core Numba GEMV was timed here too
 and lost at every shape; it was retired (NOTES.md names the commit it lived in).
 
-    python -m protospec.bench.gemv_cost [--shapes 768x2304 768x6144 3072x768 768x768 768x32000]
+    python -m tools.gemv_cost [--shapes 768x2304 768x6144 3072x768 768x768 768x32000]
                                         [--tokens 1 6] [--norm] [--output-json PATH]
 
 A shape KxN is nn.Linear(K, N): weight [N, K] float16, x [tokens, K] float16. Floor = (weight + x + y
@@ -20,7 +20,7 @@ import itertools
 
 import torch
 
-from protospec.bench.attention_cost import CALLS_PER_GRAPH, L2_BYTES, cuda_and_copy_bandwidth, time_calls
+from tools.attention_cost import CALLS_PER_GRAPH, L2_BYTES, cuda_and_copy_bandwidth, time_calls
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.kernels.linear import gemv_mma, layer_ops
 from protospec.command_line import CommandParser, run_command
@@ -34,7 +34,7 @@ def weight_copies(k: int, n: int, dev) -> list[torch.Tensor]:
 
 
 def main(argv=None) -> dict:
-    p = CommandParser(prog="python -m protospec.bench.gemv_cost", description=__doc__,
+    p = CommandParser(prog="python -m tools.gemv_cost", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="KxN (in x out features)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6], help="token rows (1 = decode, k + 1 = verify)")
@@ -43,7 +43,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     check_writable(args.output_json)
     dev, bandwidth = cuda_and_copy_bandwidth("gemv_cost")
-    report = provenance(dev, argv, "protospec.bench.gemv_cost") | {
+    report = provenance(dev, argv, "tools.gemv_cost") | {
         "config": vars(args), "copy_bandwidth_gbs": bandwidth, "cases": []}
     print(f"{'shape':>10} {'tokens':>6} {'floor us':>8} {'torch us':>8} {'x floor':>7} | numba: us (x floor)")
     for shape, tokens in itertools.product(args.shapes, args.tokens):
