@@ -74,8 +74,9 @@ def test_blocks_of_several_slices_match_the_reference(span):
     ragged: the same tokens, masks and commit row as the reference and as a block a slice."""
     from protospec.kernels.sampling.slices import VOCAB_PER_BLOCK
 
-    args = _case(10, 3, 4, 5 * VOCAB_PER_BLOCK + 37)
+    args = _case(10, 3, 4, 5 * VOCAB_PER_BLOCK + 37, uniforms=torch.tensor([[0.0] * 4, [0.9] * 4, [1.0] * 4]))
     ref = rejection_sample(*args)
+    assert 4 in ref.num_accepted.tolist() and min(ref.num_accepted.tolist()) < 4  # the bonus race and a residual one
     for given in (span, 1):
         got = rejection_sample_fused(*args, span=given)
         assert got.output_token_ids.tolist() == ref.output_token_ids.tolist()

@@ -1,13 +1,13 @@
 """A sampling block taking several vocabulary slices (a span) gives the bits of a block a slice: the
-slices' statistics, the probabilities, the samples, the rejection sampler's output. Simulator on CPU
-(its narrow blocks and 128-entry slices), the GPU where there is one; spans that cut the row unevenly."""
+slices' statistics, the probabilities, the samples (the rejection kernel's spans: test_rejection_kernel.py).
+Simulator on CPU (its narrow blocks and 128-entry slices), the GPU where there is one; spans that cut the
+row unevenly."""
 import pytest
 import torch
 
 from protospec.config import SamplingParams
 from protospec.kernels.launch.interop import KERNEL_DEVICE_TYPE, SIMULATOR
 from protospec.kernels.sampling import gumbel_sample, slices
-from protospec.kernels.sampling.rejection import rejection_sample_fused
 from protospec.kernels.sampling.softmax_sample import probs_into, sample_into
 from protospec.kernels.sampling.stats import launch_stats
 from protospec.speculation.sampler import SamplingTensors, exponential_noise
@@ -92,26 +92,3 @@ def test_samples_are_the_same_at_any_span(span):
     assert torch.equal(got[0][1], got[1][1])
     reference = gumbel_sample.gumbel_reference(logits, st.temperature, st.is_greedy, noise[:, step])
     assert got[0][2] == got[1][2] == reference.tolist()
-
-
-@pytest.mark.parametrize("span", SPANS[1:])
-def test_the_fused_rejection_sampler_is_the_same_at_any_span(span):
-    batch, k = 2, 2
-    params = [SamplingParams(temperature=t) for t in (1.0, 0.0)]
-    _, logits, vocab = _case([1.0] * (batch * (k + 1)), seed=2)
-    st = SamplingTensors.build(params, [torch.Generator(device=DEV).manual_seed(i) for i in range(batch)], vocab, DEV)
-    gen = torch.Generator().manual_seed(3)
-    draft_probs = torch.softmax(torch.randn(batch, k, vocab, generator=gen), -1).to(DEV)
-    draft_ids = torch.multinomial(draft_probs.view(-1, vocab).cpu(), 1, generator=gen).view(batch, k).to(DEV)
-    draft_probs[0, 1, draft_ids[0, 1]] = 1.0  # q(d) = 1 >= p(d): u = 1 rejects there (its residual race)
-    uniforms = torch.tensor([[0.0, 1.0], [0.0, 0.0]], device=DEV)
-    noise = exponential_noise((2 * k + 1, vocab), st.generators, DEV)
-    args = (draft_ids, draft_probs, uniforms, noise[:, :k].contiguous(), noise[:, k].contiguous())
-    probs_one = probs_into(logits, st, torch.empty_like(logits), k + 1, span=1).view(batch, k + 1, vocab)
-    out_one = rejection_sample_fused(draft_ids, draft_probs, probs_one, *args[2:], span=1)
-    one = {f: getattr(out_one, f).tolist() for f in ("output_token_ids", "num_accepted", "accepted_mask")}
-    probs = probs_into(logits, st, torch.empty_like(logits), k + 1, span=span).view(batch, k + 1, vocab)
-    out = rejection_sample_fused(draft_ids, draft_probs, probs, *args[2:], span=span)
-    assert torch.equal(probs, probs_one)
-    assert {f: getattr(out, f).tolist() for f in one} == one
-    assert one["num_accepted"][0] == 1
