@@ -83,7 +83,8 @@ def test_debugger_shows_the_overlapped_commits_device_built_first_step(tiny_targ
 def test_debugger_follows_the_graph_modes_launched_steps(tiny_target, tiny_draft, step_graph):
     """In the graph mode a launched step arrives with its whole draft loop (or, with the step graph,
     its verify and rejection too) already run: the trace still shows its device-built draft step 1
-    against the CPU twin, and the tokens are generate()'s."""
+    against the CPU twin, the step's probabilities are probabilities (the step graph writes none: made
+    on request), and the tokens are generate()'s."""
     params = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True, seed=5)
     prompts = random_prompts(2, seed=6)
     kw = dict(k=3, draft_loop="graph", device="cuda", block_size=4, spec_step_graph=step_graph)
@@ -93,7 +94,11 @@ def test_debugger_follows_the_graph_modes_launched_steps(tiny_target, tiny_draft
     launched = 0
     while dbg.engine.running:
         had_launch = dbg._launched is not None
-        trace = dbg.spec_step(overlap=True)
+        dbg.begin()
+        target, draft = dbg.verify(), dbg.state.draft_probs  # [B, k + 1, V], [B, k, V]
+        for probs in (target, draft):
+            assert torch.allclose(probs.sum(-1), torch.ones(()), atol=1e-3) and probs.min() >= 0
+        trace = dbg.commit(overlap=True)
         assert [d.path for d in trace.draft_steps] == (["gpu_first_step"] if had_launch else ["cpu_prepare"])
         for d in trace.draft_steps:
             assert d.differences == {"input_ids": 0, "positions": 0, "seq_lens": 0, "slot_mapping": 0}, d.path

@@ -265,3 +265,53 @@ def test_noise_drawn_from_the_keys_gives_the_tokens_of_the_filled_noise():
         rejection_sample_fused(*args[:4], None, None, noise_keys=keys[:, :1].contiguous())
     with pytest.raises(KernelArgumentError, match="shapes"):  # the draft's side is still checked without noise
         rejection_sample_fused(args[0], args[1][:, :, :50].contiguous(), *args[2:4], None, None, noise_keys=keys)
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_probabilities_formed_from_the_logits_give_the_written_ones_tokens(keyed):
+    """from_logits: the kernel reads logits and each row's finished statistics (stats.py's finish) and
+    forms p and q where it reads them; the same tokens, masks and commit row as over the probabilities
+    the probabilities kernel writes from those logits: the bonus race (u = 0), the residual race
+    (u = 1, a row each at T = 0.7, 1 and greedy) and random tests; and the finished statistics are
+    each row's max, its first index and its softmax sum."""
+    from types import SimpleNamespace
+
+    from protospec.kernels.randoms import counter_randoms
+    from protospec.kernels.sampling.softmax_sample import probs_into
+    from protospec.kernels.sampling.stats import launch_stats
+
+    batch, k, vocab = 3, 3, 300
+    gen = torch.Generator().manual_seed(21)
+    st = SimpleNamespace(temperature=torch.tensor([0.7, 1.0, 1.0], device=DEV), all_greedy=False, needs_filter=False,
+                         is_greedy=torch.tensor([False, False, True], device=DEV))
+    draft_logits = (torch.randn(batch, k, vocab, generator=gen) * 3).to(DEV)       # [B, k, V]
+    target_logits = (torch.randn(batch, k + 1, vocab, generator=gen) * 3).to(DEV)  # [B, k + 1, V]
+    q = probs_into(draft_logits.view(-1, vocab), st, torch.empty(batch * k, vocab, device=DEV), k).view(batch, k, vocab)
+    p = probs_into(target_logits.view(-1, vocab), st, torch.empty(batch * (k + 1), vocab, device=DEV),
+                   k + 1).view(batch, k + 1, vocab)
+    draft_ids = torch.multinomial(q.view(-1, vocab).cpu(), 1, generator=gen).view(batch, k).to(DEV)
+    draft_rows = launch_stats(draft_logits.view(-1, vocab), st, k, "", False, finish=True)
+    target_rows = launch_stats(target_logits.view(-1, vocab), st, k + 1, "", False, finish=True)
+    flat = target_logits.view(-1, vocab).cpu() / st.temperature.cpu().repeat_interleave(k + 1)[:, None]
+    assert torch.equal(target_rows[1].cpu(), flat.argmax(-1))
+    assert torch.allclose(target_rows[0][:, 0].cpu() / st.temperature.cpu().repeat_interleave(k + 1), flat.max(-1).values)
+    sums = torch.exp(flat - flat.max(-1, keepdim=True).values).sum(-1)
+    assert torch.allclose(target_rows[0][:4, 1].cpu(), sums[:4], rtol=1e-5)  # (greedy rows sum nothing)
+    keys = torch.tensor([counter_randoms.split_key(v) for v in (4, 5, 6)], dtype=torch.int64, device=DEV)
+    noise = torch.empty(batch, 2 * k + 1, vocab, device=DEV)
+    counter_randoms.fill_kernel(keys, noise, torch.empty(batch, k, device=DEV))
+    rejected = 0
+    for u in (torch.zeros(batch, k), torch.ones(batch, k), torch.rand(batch, k, generator=gen)):
+        u = u.to(DEV)
+        noises = (None, None) if keyed else (noise[:, k : 2 * k], noise[:, 2 * k])
+        keyed_args = {"noise_keys": keys} if keyed else {}
+        want = rejection_sample_fused(draft_ids, q, p, u, *noises, **keyed_args)
+        got = rejection_sample_fused(draft_ids, draft_logits, target_logits, u, *noises, **keyed_args,
+                                     from_logits=(st, draft_rows, target_rows))
+        for field in ("output_token_ids", "num_accepted", "accepted_mask", "passed_mask", "commit_columns"):
+            assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
+        rejected += (want.num_accepted < k).sum().item()
+    assert rejected >= 3  # the residual races ran
+    with pytest.raises(KernelArgumentError, match="target row_stats"):
+        rejection_sample_fused(draft_ids, draft_logits, target_logits, u, noise[:, k : 2 * k], noise[:, 2 * k],
+                               from_logits=(st, draft_rows, draft_rows))

@@ -272,4 +272,4 @@ def test_the_callers_dependent_argument_picks_the_form(dependent, monkeypatch):
     from protospec.kernels.sampling.stats import stats_kernel
 
     # statistics, probabilities: one slice a block on a one-row grid
-    assert [kernel for kernel, _ in launched] == [stats_kernel(dependent), sampling._kernel(dependent, 1)]
+    assert [kernel for kernel, _ in launched] == [stats_kernel(dependent, False), sampling._kernel(dependent, 1)]

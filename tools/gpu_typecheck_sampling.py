@@ -1,5 +1,6 @@
 """The sampling and rejection kernels' forms for gpu_typecheck (and the tools built on it): the sliced
-samplers in every form, the one-launch Gumbel sample, the rejection kernel (filled and keyed noise),
+samplers in every form, the one-launch Gumbel sample, the rejection kernel (filled and keyed noise, over
+probabilities or logits),
 the counter-based random fill and the n-gram matcher, on CPU tensors of
 shapes that reach each compile-time variant."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ def sampling_and_rejection_forms() -> None:
     from protospec.kernels.sampling import rejection, softmax_sample as sampling
     from protospec.kernels.sampling.gumbel_sample import gumbel_sample_into
     from protospec.kernels.sampling.slices import MAX_SPAN
+    from protospec.kernels.sampling.stats import launch_stats
     from protospec.config import SamplingParams
     from protospec.speculation.sampler import SamplingTensors
 
@@ -41,6 +43,10 @@ def sampling_and_rejection_forms() -> None:
     rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), draft[2], None, None,
                                      noise_keys=torch.zeros(batch, 2, dtype=torch.int64),
                                      span=MAX_SPAN)  # a keyed step graph's, several slices a block
+    rows = [launch_stats(torch.zeros(batch * n, vocab), st, n, "", True, finish=True) for n in (k, k + 1)]
+    rejection.rejection_sample_fused(draft[0], draft[1], torch.zeros(batch, k + 1, vocab), draft[2], None, None,
+                                     noise_keys=torch.zeros(batch, 2, dtype=torch.int64), span=MAX_SPAN,
+                                     from_logits=(st, *rows))  # ... over logits and the rows' finished statistics
     counter_randoms.fill_kernel(torch.zeros(batch, 2, dtype=torch.int64), torch.zeros(batch, 2 * k + 1, vocab),
                                 torch.zeros(batch, k))
     ngram_match.ngram_match(torch.zeros(batch, 40, dtype=torch.int64), torch.full((batch,), 30, dtype=torch.int64), 1, 3,

@@ -67,18 +67,20 @@ class RejectionSampling:
             self.sample = rejection_sample
 
     def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None,
-                 dependent: bool = False, noise_keys=None) -> RejectionOutput:
+                 dependent: bool = False, noise_keys=None, from_logits=None) -> RejectionOutput:
         """error_flag: [1] int32 the step's device-built inputs' flag, which the kernel copies into the
         commit's row (RejectionOutput.commit_flagged); the torch path leaves it to commit_row.
         dependent: the kernel before launches dependents (ModelRunner.launches_dependents). noise_keys
-        [B, 2] int64: the kernel draws the noise from the sequences' keys (a keyed spec step graph)."""
+        [B, 2] int64: the kernel draws the noise from the sequences' keys (a keyed spec step graph).
+        from_logits: the kernel's (draft_probs and target_probs are logits)."""
         if self.sample is rejection_sample:
-            if noise_keys is not None:
-                raise ValueError("noise_keys: only the fused rejection kernel draws its noise from keys")
+            if noise_keys is not None or from_logits is not None:
+                raise ValueError("noise_keys, from_logits: only the fused rejection kernel takes them")
             return rejection_sample(draft_ids, draft_probs, target_probs, randoms.uniforms, randoms.recovered_noise,
                                     randoms.bonus_noise, num_proposed)
         return self.sample(draft_ids, draft_probs, target_probs, randoms.uniforms, randoms.recovered_noise,
-                           randoms.bonus_noise, num_proposed, error_flag, dependent, noise_keys=noise_keys)
+                           randoms.bonus_noise, num_proposed, error_flag, dependent, noise_keys=noise_keys,
+                           from_logits=from_logits)
 
 
 class TypicalAcceptance:

@@ -69,14 +69,15 @@ class DraftLoopGraph:
 
     def steps(self, noise_block: torch.Tensor | None = None, noise_ready: torch.cuda.Event | None = None,
               tokens_to: torch.Tensor | None = None, join: bool = True,
-              noise_keys: torch.Tensor | None = None) -> None:
+              noise_keys: torch.Tensor | None = None, statistics: bool = False) -> None:
         """The captured work, issued once: steps 2..k (1..k with `first`) over the graph's buffers.
         A spec step graph's: noise_block [rows, >= k, V] the noise to sample with instead of the graph's
         own (filled inside its replay); noise_ready: an event the first sample waits for (that fill on
         another stream); tokens_to [rows, k + 1] int64: step j's ids also go to column j + 1 (the
         verify's tokens); join=False: the probabilities' branch (self.branch) is left for the caller
         to join before it reads draft_probs; noise_keys [rows, 2] int64: the samples draw their noise
-        from these counter keys (the sample-first sampler's; no noise block at all)."""
+        from these counter keys (the sample-first sampler's; no noise block at all); statistics: the
+        branch leaves the logits and makes each row's statistics (ProbsBranch.probabilities')."""
         decode, model, kv_caches = self.decode, self.runner.model, self.runner.kv_caches
         inputs = decode.inputs(self.rows, self.width)
         sampled = decode.sampled_ids[: self.rows]  # [rows] int64: each step's ids, read by advance_step
@@ -103,7 +104,7 @@ class DraftLoopGraph:
                               tokens_to=None if tokens_to is None else tokens_to[:, step + 1],
                               sample_first=self.branch is not None, noise_keys=keys)
         if self.branch is not None:  # the k steps' logits -> probabilities, beside what follows
-            self.branch.probabilities(self.draft_probs, self.st)
+            self.branch.probabilities(self.draft_probs, self.st, statistics)
             if join:
                 self.branch.join()
 

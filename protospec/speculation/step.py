@@ -110,6 +110,8 @@ class SpeculativeStep:
 
     def verify(self, s: StepState) -> torch.Tensor:
         """Target forward over k+1 positions per sequence -> target probs [B, k+1, V]."""
+        if s.target_probs is None and s.probs_on_request is not None:  # a step graph wrote no probabilities
+            s.draft_probs, s.target_probs = s.probs_on_request()
         if s.target_probs is not None:  # a step graph ran the verify already
             return s.target_probs
         batch, seqs, width = len(s.seqs), s.seqs, self.look.verify_len
@@ -166,7 +168,10 @@ class SpeculativeStep:
         with self.timer.phase("step_graph"):
             s.randoms = graph.randoms(s.st, self.commit_policy.kept_randoms(s.seqs))
             probs, result, s.commit_row = graph.run(s.st, s.randoms, batch)
-        s.target_probs = probs[:batch]
+        if probs is None:
+            s.probs_on_request = lambda: graph.probabilities(batch)
+        else:
+            s.target_probs = probs[:batch]
         s.result = RejectionOutput(result.output_token_ids[:batch], result.num_accepted[:batch],
                                    result.accepted_mask[:batch], result.passed_mask[:batch])
         s.step = self.k
@@ -233,8 +238,9 @@ class SpeculativeStep:
         state = self.begin(seqs, st, launch=True)
         with self.loop_guard(self.device):  # no host sync from here to the rejection sampler
             self.draft_loop.run_steps(state, self.draw_randoms)
-        self.verify(state)
-        self.reject(state)
+        if state.result is None:  # (a step graph's replay did both)
+            self.verify(state)
+            self.reject(state)
         self.queue_commit_copy(state)
         with self.loop_guard(self.device):  # the next step's draft step 1 needs no sync either
             self.launch_next(state, requests_waiting)

@@ -15,6 +15,12 @@ What only needs draft step 1's buffers goes on a branch of the replay of its own
 1's forward: that fill, and the verify's inputs but its draft tokens, which each draft step's sample
 writes into the verify's tokens itself. The first sample waits for the branch.
 
+Where the fused rejection kernel takes the step's rows and the draft samples first (the Gumbel
+kernel leaves each step's logits), no probabilities are written at all: the draft's and the target's
+logits get each row's statistics (a statistics kernel each, the draft's on the branch) and the
+rejection kernel forms p and q where it reads them, the same bits (kernels/sampling/rejection.py's
+from_logits). Those who want the probabilities (the lab) make them on request (`probabilities`).
+
 Everything lives in fixed buffers of `rows` (the batch padded to a bucket); the draft side shares
 the steps 1..k draft graph's buffers (settings, noise, draft ids and probabilities). The outputs
 (target probabilities, the rejection output, the commit's row) are the graph's own tensors,
@@ -38,6 +44,7 @@ from protospec.speculation.draft_sampling import target_probs
 from protospec import registry
 from protospec.kernels.randoms import counter_randoms
 from protospec.kernels.sampling.rejection import rejection_sample_fused
+from protospec.kernels.sampling.stats import launch_stats
 from protospec.speculation.randoms import SpecStepRandoms, batched_draws, force_acceptance
 from protospec.speculation.sampler import SamplingTensors
 from protospec.speculation.verify_inputs import build_verify_inputs
@@ -116,9 +123,13 @@ class SpecStepGraph:
         self.greedy_noise = (torch.ones(rows, k, vocab, device=device), torch.ones(rows, vocab, device=device)) \
             if self.greedy else None                                        # [rows, k, V], [rows, V] Exp(1) stand-ins
         self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
+        self.from_logits = fused_sampling and draft_graph.branch is not None and draws_from_keys(draft_graph.st,
+                                                                                                 acceptance)
+        self.logits: torch.Tensor | None = None  # [rows * (k + 1), V] the replays' verify logits
         self._side: torch.cuda.Stream | None = None  # the side branch's stream
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.outputs: tuple | None = None  # (target probs [rows, k+1, V], RejectionOutput, commit row) of the replays
+        self.outputs: tuple | None = None  # (target probs [rows, k+1, V] or None: from_logits, RejectionOutput,
+        #                                    commit row) of the replays
 
     def randoms(self, st: SamplingTensors, kept: list | None) -> SpecStepRandoms:
         """The step's random numbers (kept: as SpecStepRandoms.draw's): where the replay fills them,
@@ -166,7 +177,7 @@ class SpecStepGraph:
         d, rows, k = self.draft, self.rows, self.k
         tokens = self.verify.input_ids[: rows * (k + 1)].view(rows, k + 1)  # [rows, k + 1] the verify's
         d.steps(noise_block=self.noise, noise_ready=self._side_branch(), tokens_to=tokens, join=False,
-                noise_keys=self.keys if self.keyed else None)
+                noise_keys=self.keys if self.keyed else None, statistics=self.from_logits)
         v = self.verify.view(rows, self.width)
         logits = self.target.model(v.input_ids, v.positions, self.target.kv_caches, v.meta)  # [rows * (k+1), V]
         if self.greedy:
@@ -176,13 +187,28 @@ class SpecStepGraph:
         else:
             randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
         dependent = self.target.launches_dependents
-        probs = target_probs(logits, d.st, k + 1, self.fused, dependent).view(rows, k + 1, -1)  # [rows, k+1, V]
-        if d.branch is not None:  # the draft's probabilities (probs_branch.py) are read from here on
+        if self.from_logits:  # each row's statistics; the rejection kernel forms p and q from the logits
+            self.logits, probs = logits, logits.view(rows, k + 1, -1)  # [rows, k + 1, V] the logits
+            target_rows = launch_stats(logits, d.st, k + 1, "", dependent, finish=True)
+        else:
+            probs = target_probs(logits, d.st, k + 1, self.fused, dependent).view(rows, k + 1, -1)  # [rows, k+1, V]
+        if d.branch is not None:  # the draft's probabilities or statistics (probs_branch.py) are read from here on
             d.branch.join()
-        keyed = {"noise_keys": self.keys} if self.keyed else {}  # (keyed: the fused rejection kernel, which takes them)
+        kernel = {"noise_keys": self.keys} if self.keyed else {}  # (the fused rejection kernel's arguments)
+        if self.from_logits:
+            kernel["from_logits"] = (d.st, d.branch.rows, target_rows)
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row,
-                                 dependent=dependent, **keyed)
-        return probs, result, commit_row(result, None, self.error_row)
+                                 dependent=dependent, **kernel)
+        return None if self.from_logits else probs, result, commit_row(result, None, self.error_row)
+
+    def probabilities(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last replay's (draft [batch, k, V], target [batch, k + 1, V]) probabilities, made on request
+        from its logits where the replay wrote none (from_logits), as the probabilities kernel writes them."""
+        d, k, vocab = self.draft, self.k, self.target.vocab_size
+        draft = d.draft_probs[:batch].reshape(batch * k, vocab)
+        target = self.logits[: batch * (k + 1)]
+        return (target_probs(draft, d.st, k, self.fused).view(batch, k, vocab),
+                target_probs(target, d.st, k + 1, self.fused).view(batch, k + 1, vocab))
 
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
         """The step for the first `batch` rows (randoms: from self.randoms): (target probs, rejection

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -25,6 +26,8 @@ class StepState:
     first_inputs: ForwardInputs | None = None  # draft step 1's inputs when built ahead (the overlapped commit)
     step: int = 0                             # draft steps done
     target_probs: torch.Tensor | None = None  # [B, k+1, V] after verify
+    # (draft, target) probabilities made on request, where a step graph's replay wrote none (the lab's)
+    probs_on_request: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
     result: RejectionOutput | None = None     # after reject
     commit_row: torch.Tensor | None = None  # int64 [rows * (k + 3) + 1]: the commit's row, where a step graph made it
     commit_copy: tuple[torch.Tensor, torch.cuda.Event | None] | None = None  # (host int64 copy, its event): what commit reads

@@ -31,6 +31,7 @@ Waits: no block waits for another (arrivals.arrived_last says why the last-block
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from numba import float32, int32, int64, uint64
@@ -63,24 +64,56 @@ def keyed_noise(keys, unused, seq, i, v, k, vocab):  # noqa: ARG001
 
 
 @cuda.jit(device=True)
+def written_row(row_stats, row_index, temperature, is_greedy, seq, i):  # noqa: ARG001
+    """The probabilities are written: no row constants (written_prob's unused arguments)."""
+    return float32(1.0), float32(0.0), float32(1.0), int64(0), False
+
+
+@cuda.jit(device=True)
+def written_prob(values, seq, i, v, t, shift, total, chosen, greedy):  # noqa: ARG001
+    """p at v of row i (values [B, rows, V]: the probabilities)."""
+    return values[seq, i, v]
+
+
+@cuda.jit(device=True)
+def logits_row(row_stats, row_index, temperature, is_greedy, seq, i):
+    """Row i's constants of logits_prob from its statistics (row_stats [B, rows, 2] f32 max and sum,
+    row_index [B, rows] int64: stats.py's finish): (T, max / T, sum, argmax, greedy)."""
+    t = temperature[seq]
+    return t, row_stats[seq, i, 0] / t, row_stats[seq, i, 1], row_index[seq, i], is_greedy[seq]
+
+
+@cuda.jit(device=True)
+def logits_prob(values, seq, i, v, t, shift, total, chosen, greedy):
+    """p at v of row i from its logits (values [B, rows, V]): the probabilities kernel's formula
+    (slices.span_probs), so the bits it would have written."""
+    if greedy:
+        return float32(1.0) if v == chosen else float32(0.0)
+    return math.exp(values[seq, i, v] / t - shift) / total
+
+
+@cuda.jit(device=True)
 def _block_best(value, index, flag, best_value, best_index, flags, tid):
     """The block's best (value, index) (ties to the lowest index) and the OR of its flags, in every thread."""
     return block_argmax_or(value, index, flag, best_value, best_index, flags, tid, THREADS)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(KEYED: bool, SPAN: int):  # noqa: N803 (Numba freezes them as constants)
+def _kernel(KEYED: bool, SPAN: int, LOGITS: bool):  # noqa: N803 (Numba freezes them as constants)
     """SPAN: VOCAB_PER_BLOCK-entry slices a block. KEYED: recovered_noise is the sequences' counter keys
     [B, 2] (bonus_noise unused) and the kernel draws each number it reads from them: those
     counter_randoms.fill_kernel writes into a spec step's noise block, and only row n's, where the
-    filled form reads a [B, 2k + 1, V] block filled before it."""
+    filled form reads a [B, 2k + 1, V] block filled before it. LOGITS: draft_probs and target_probs
+    hold logits, each p formed where it is read from the rows' statistics (no probabilities written)."""
     noise_at = keyed_noise if KEYED else filled_noise
+    row_of, prob = (logits_row, logits_prob) if LOGITS else (written_row, written_prob)
     entries = VOCAB_PER_BLOCK * SPAN
 
     @cuda.jit
     def rejection_sample_kernel(draft_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise,
                                 num_proposed, out_ids, num_accepted, accepted_mask, passed_mask, commit,
-                                part_value, part_index, part_mass, counters, error_flag):
+                                part_value, part_index, part_mass, counters, error_flag, temperature, is_greedy,
+                                draft_stats, draft_index, target_stats, target_index):
         """
         draft_ids       [B, k] int64          draft_probs    [B, k, V] float32
         target_probs    [B, k + 1, V] float32 uniforms       [B, k] float32
@@ -95,6 +128,9 @@ def _kernel(KEYED: bool, SPAN: int):  # noqa: N803 (Numba freezes them as consta
                         (residual or bonus race, fallback race) winners and whether its residual had mass
         counters        [>= B] int32, zero between calls (the last block of a row resets its own)
         error_flag      [1] int32: the step's device-built inputs' flag (0 = none), copied into commit
+        LOGITS: temperature [B] f32, is_greedy [B] bool, and each row's statistics: draft_stats [B, k, 2] f32
+        (max, sum), draft_index [B, k] int64, target_stats [B, k + 1, 2], target_index [B, k + 1]
+        (logits_row's); else placeholders
         """
         slices = part_mass.shape[1]
         row, piece = block_row_and_part(slices)
@@ -112,12 +148,17 @@ def _kernel(KEYED: bool, SPAN: int):  # noqa: N803 (Numba freezes them as consta
         proposed = num_proposed[row]
         first = min(tid, k - 1)
         first_d = draft_ids[row, first]
-        first_uq = uniforms[row, first] * draft_probs[row, first, first_d]
+        t, shift, total, chosen, greedy = row_of(draft_stats, draft_index, temperature, is_greedy, row, first)
+        first_uq = uniforms[row, first] * prob(draft_probs, row, first, first_d, t, shift, total, chosen, greedy)
         failed, passes = int64(k), int64(0)
         for i in range(tid, k, THREADS):
             d = first_d if i == tid else draft_ids[row, i]
-            uq = first_uq if i == tid else uniforms[row, i] * draft_probs[row, i, d]
-            passed = i < proposed and uq < target_probs[row, i, d]
+            if i != tid:
+                t, shift, total, chosen, greedy = row_of(draft_stats, draft_index, temperature, is_greedy, row, i)
+            uq = first_uq if i == tid else uniforms[row, i] * prob(draft_probs, row, i, d, t, shift, total, chosen,
+                                                                   greedy)
+            t, shift, total, chosen, greedy = row_of(target_stats, target_index, temperature, is_greedy, row, i)
+            passed = i < proposed and uq < prob(target_probs, row, i, d, t, shift, total, chosen, greedy)
             if piece == 0:
                 passed_mask[row, i] = passed
             if passed:
@@ -135,17 +176,22 @@ def _kernel(KEYED: bool, SPAN: int):  # noqa: N803 (Numba freezes them as consta
         # The slice's races: max(0, p - q) / noise and p / noise at n (n < k), or p_k / bonus noise (n == k)
         value, index, mass = float32(-1.0), int64(vocab), int64(0)
         fallback_value, fallback_index = float32(-1.0), int64(vocab)
+        pt, pshift, ptotal, pchosen, pgreedy = row_of(target_stats, target_index, temperature, is_greedy, row,
+                                                      nn if n < k else k)
+        qt, qshift, qtotal, qchosen, qgreedy = row_of(draft_stats, draft_index, temperature, is_greedy, row, nn)
         for v in range(piece * entries + tid, min((piece + 1) * entries, vocab), THREADS):
             if n < k:
-                p, noise = target_probs[row, nn, v], noise_at(recovered_noise, bonus_noise, row, nn, v, k, vocab)
-                w = max(p - draft_probs[row, nn, v], zero)
+                p = prob(target_probs, row, nn, v, pt, pshift, ptotal, pchosen, pgreedy)
+                noise = noise_at(recovered_noise, bonus_noise, row, nn, v, k, vocab)
+                w = max(p - prob(draft_probs, row, nn, v, qt, qshift, qtotal, qchosen, qgreedy), zero)
                 if w > zero:
                     mass = 1
                 score = w / noise
                 if p / noise > fallback_value:
                     fallback_value, fallback_index = p / noise, v
             else:
-                score = target_probs[row, k, v] / noise_at(recovered_noise, bonus_noise, row, k, v, k, vocab)
+                score = prob(target_probs, row, k, v, pt, pshift, ptotal, pchosen, pgreedy) / noise_at(
+                    recovered_noise, bonus_noise, row, k, v, k, vocab)
             if score > value:
                 value, index = score, v
         value, index, mass = _block_best(value, index, mass, best_value, best_index, flags, tid)
@@ -186,7 +232,7 @@ _partials: dict[tuple, tuple] = {}  # (batch, slices, device) -> the slices' win
 
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
                            bonus_noise, num_proposed=None, error_flag=None, dependent=False,
-                           noise_keys=None, span: int | None = None) -> RejectionOutput:
+                           noise_keys=None, span: int | None = None, from_logits=None) -> RejectionOutput:
     """Same arguments and result as protospec.speculation.rejection.rejection_sample, in one kernel launch.
     error_flag: [1] int32 the step's device-built inputs' flag, or None; given, the result's
     commit_flagged is the commit's row with it (RejectionOutput). dependent: the kernel before it
@@ -194,7 +240,10 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
     so it starts once that kernel has ended. noise_keys [B, 2] int64: the sequences' counter keys, from
     which the kernel draws the numbers a spec step's noise block would hold (recovered_noise and
     bonus_noise then None). span: vocabulary slices a block (None: by the grid, slices.span_for; the
-    same results at any span)."""
+    same results at any span). from_logits: (settings, draft rows, target rows): draft_probs and
+    target_probs hold the logits, whose probabilities are formed where they are read, the same bits
+    (settings: RowSettings; each rows: stats.launch_stats' finished (row_stats [R, 2], row_index [R]),
+    R = B k and B (k + 1))."""
     batch, k = draft_token_ids.shape
     check_tensor("target_probs", target_probs, torch.float32, 3, rows=batch)
     keyed = noise_keys is not None
@@ -228,10 +277,24 @@ def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms,
         _partials[key] = (torch.empty(batch, slices, 2, dtype=torch.float32, device=device),
                           torch.empty(batch, slices, 2, dtype=torch.int64, device=device),
                           torch.empty(batch, slices, dtype=torch.int32, device=device))
+    if from_logits is not None:
+        settings, (draft_stats, draft_index), (target_stats, target_index) = from_logits
+        for name, t, dtype, ndim, count in (
+                ("temperature", settings.temperature, torch.float32, 1, batch), ("is_greedy", settings.is_greedy,
+                torch.bool, 1, batch), ("draft row_stats", draft_stats, torch.float32, 2, batch * k), ("draft row_index",
+                draft_index, torch.int64, 1, batch * k), ("target row_stats", target_stats, torch.float32, 2,
+                batch * (k + 1)), ("target row_index", target_index, torch.int64, 1, batch * (k + 1))):
+            check_tensor(name, t, dtype, ndim, rows=count)
+        rows = [draft_stats.view(batch, k, 2), draft_index.view(batch, k), target_stats.view(batch, k + 1, 2),
+                target_index.view(batch, k + 1)]
+        rows = [settings.temperature, settings.is_greedy] + rows
+    else:
+        rows = [placeholder(torch.float32, 1, device), placeholder(torch.bool, 1, device)] + [
+            placeholder(dtype, ndim, device) for dtype, ndim in ((torch.float32, 3), (torch.int64, 2)) * 2]
     args = [draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise, bonus_noise, num_proposed,
             out_ids, num_accepted, masks[0], masks[1], commit, *_partials[key],
-            arrival_counters(device, batch, "rejection"), flag]
-    interop.launch_tensors(_kernel(keyed, span), batch * slices, THREADS, args)
+            arrival_counters(device, batch, "rejection"), flag, *rows]
+    interop.launch_tensors(_kernel(keyed, span, from_logits is not None), batch * slices, THREADS, args)
     flagged = commit.view(-1)[: batch * (k + 3) + 1] if error_flag is not None else None
     return RejectionOutput(out_ids, num_accepted, masks[0], masks[1], commit_columns=commit[:batch],
                            commit_flagged=flagged)

@@ -2,7 +2,9 @@
 
 Slice s of row r (slices.VOCAB_PER_BLOCK entries): its max logit, that max's first index and its sum of
 exp(x/T - max/T). Every block of its successor, the probabilities kernel (sampling/softmax_sample.py),
-combines its row's slices itself (slices.combine_stats).
+combines its row's slices itself (slices.combine_stats). Where no probabilities are written at all
+(a spec step graph's rejection kernel reads p from the logits where it needs them), the row's last
+block to finish combines them once instead (`finish`): the row's (max, its index, sum), the same bits.
 
 A warp takes a slice, SLICE_WARPS slices a block, with no barrier: lane l plays threads l, l + 32, ...
 of a slices.THREADS-thread block summing the slice by tree_sum's tree (each thread's entries in
@@ -15,15 +17,17 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import float32, int64
+import torch
+from numba import float32, int32, int64
 
 from protospec.kernels.launch import interop
 from protospec.kernels.launch.dependent_launch import allow_dependent_launch, grid_dependency_wait
-from protospec.kernels.launch.interop import cuda
+from protospec.kernels.launch.interop import cuda, placeholder
+from protospec.kernels.primitives.arrivals import arrival_counters, arrived_last
 from protospec.kernels.primitives.divisions import block_row_and_part, divide32
 from protospec.kernels.primitives.reductions import WARP, better, xor_exchange
 from protospec.kernels.sampling.buffers import scratch
-from protospec.kernels.sampling.slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, span_groups
+from protospec.kernels.sampling.slices import PER_THREAD, THREADS, VOCAB_PER_BLOCK, combine_stats, span_groups
 
 VIRTUAL = THREADS // WARP     # the block's threads a lane plays (1 in the simulator, whose block is a warp)
 ENTRIES = VIRTUAL * PER_THREAD  # a lane's entries of its slice
@@ -34,16 +38,21 @@ SHUFFLES = WARP * SLICE_WARPS if interop.SIMULATOR else 1  # the simulator's exc
 
 
 @functools.lru_cache(maxsize=None)
-def stats_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
-    """DEPENDENT: launched as a programmatic dependent of the forward that wrote the logits."""
+def stats_kernel(DEPENDENT: bool, FINISH: bool):  # noqa: N803 (Numba freezes them as constants)
+    """DEPENDENT: launched as a programmatic dependent of the forward that wrote the logits. FINISH: the
+    row's last block combines the partials into row_stats / row_index."""
+    COMBINE = THREADS if FINISH else 1  # noqa: N806 (the combine's shared scratch: a constant size)
 
     @cuda.jit
-    def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum):
+    def row_stats_kernel(logits, temperature, is_greedy, rows_per_seq, part_max, part_index, part_sum, row_stats,
+                         row_index, counters):
         """
         logits [R, V] f32; temperature [B] f32 (1.0 on greedy rows); is_greedy [B] bool; row r belongs to
         sequence r // rows_per_seq. Out: part_max, part_sum [R, S] f32, part_index [R, S] int64: each
         slice's max, its index, its sum of exp(x/T - max/T). Grid: R x ceil(S / SLICE_WARPS) blocks of
-        SLICE_WARPS warps; warp w of block (r, g) takes slice g * SLICE_WARPS + w.
+        SLICE_WARPS warps; warp w of block (r, g) takes slice g * SLICE_WARPS + w. FINISH: also
+        row_stats [R, 2] f32 (max, sum) and row_index [R] int64 (slices.combine_stats'), counted at
+        counters [>= R] int32 (zero between calls); else those three are placeholders.
         """
         if DEPENDENT:
             grid_dependency_wait()
@@ -98,17 +107,34 @@ def stats_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant
             total += xor_exchange(total, WARP >> (level + 1), value_scratch, tid)
         if lane == 0 and piece < slices:
             part_max[row, piece], part_index[row, piece], part_sum[row, piece] = value, index, total
+        best_value = cuda.shared.array(COMBINE, float32)  # the finish's combine
+        best_index = cuda.shared.array(COMBINE, int64)
+        no_flags = cuda.shared.array(COMBINE, int64)
+        last = cuda.shared.array(1, int32)
+        if FINISH and arrived_last(counters, row, (slices + SLICE_WARPS - 1) // SLICE_WARPS, last, tid):
+            top, chosen, total = combine_stats(row, vocab, t, part_max, part_index, part_sum, best_value, best_index,
+                                               no_flags, tid)
+            if tid == 0:
+                row_stats[row, 0], row_stats[row, 1], row_index[row] = top, total, chosen
 
     return row_stats_kernel
 
 
-def launch_stats(logits, st, rows_per_seq: int, space: str, dependent: bool) -> tuple:
+def launch_stats(logits, st, rows_per_seq: int, space: str, dependent: bool, finish: bool = False) -> tuple:
     """The statistics kernel over logits [R, V] into the scratch named "stats" + space: its partials
-    (part_max, part_index, part_sum) [R, S]."""
+    (part_max, part_index, part_sum) [R, S]; finish: the rows' (row_stats [R, 2] f32: max and sum,
+    row_index [R] int64) instead, new tensors (a captured graph keeps its own)."""
     rows, vocab = logits.shape
     slices = span_groups(vocab, 1)
     part_max, part_index, part_sum = scratch(rows, slices, logits.device, "stats" + space)
-    interop.launch_tensors(stats_kernel(bool(dependent)), rows * -(-slices // SLICE_WARPS), WARP * SLICE_WARPS,
-                           [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum],
-                           dependent=dependent)
-    return part_max, part_index, part_sum
+    if finish:
+        row_stats = torch.empty(rows, 2, dtype=torch.float32, device=logits.device)  # [R, 2] max, sum
+        row_index = torch.empty(rows, dtype=torch.int64, device=logits.device)       # [R]
+        counters = arrival_counters(logits.device, rows, "stats" + space)
+    else:
+        row_stats, row_index, counters = (placeholder(dtype, ndim, logits.device)
+                                          for dtype, ndim in ((torch.float32, 2), (torch.int64, 1), (torch.int32, 1)))
+    interop.launch_tensors(stats_kernel(bool(dependent), finish), rows * -(-slices // SLICE_WARPS), WARP * SLICE_WARPS,
+                           [logits, st.temperature, st.is_greedy, int(rows_per_seq), part_max, part_index, part_sum,
+                            row_stats, row_index, counters], dependent=dependent)
+    return (row_stats, row_index) if finish else (part_max, part_index, part_sum)
