@@ -24,9 +24,6 @@ class KernelPlan:
     fused_rejection: bool
     # Fixed-shape forwards replayed as CUDA graphs, and uniform prefill layouts that repeat.
     cuda_graphs: bool
-    # A spec step's random numbers from one counter-based fill for the batch (kernels/randoms/), rather
-    # than per-request torch draws (cheaper on a CPU; two launches per request on a GPU). On CUDA.
-    batched_randoms: bool
 
     def as_record(self) -> dict:
         return asdict(self)

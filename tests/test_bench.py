@@ -191,10 +191,11 @@ def test_repeated_rounds_are_pooled(tiny_target, tiny_draft, tmp_path):
 
 
 def test_kernel_census_merges_overlapping_intervals():
-    from protospec.bench.kernel_census import merged_busy_us
+    from protospec.bench.kernel_census import uncovered_us
 
-    assert merged_busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17  # [0,12) + [20,25)
-    assert merged_busy_us([]) == 0
+    spans = [(0, 10, "a"), (5, 12, "b"), (20, 25, "a"), (21, 22, "c")]
+    assert sum(uncovered_us(spans).values()) == 17  # [0,12) + [20,25)
+    assert uncovered_us([]) == {}
 
 
 def test_kernel_census_counts_engine_steps_not_the_requests_steps():
@@ -220,35 +221,32 @@ def test_kernel_census_charges_each_idle_gap_to_the_phase_that_ended_it():
 
 
 def test_kernel_census_charges_each_kernel_to_the_innermost_phase_that_launched_it():
-    from protospec.bench.kernel_census import busy_by_phase, merged_busy_us
+    from protospec.bench.kernel_census import uncovered_us
 
     # (12, 20) starts while (10, 13) runs (a dependent launch): the overlap is charged once, to the first
-    kernels = [(0, 4), (10, 13), (12, 20), (50, 51), (90, 95), (91, 93)]
+    kernels = [(0, 4, "k"), (10, 13, "k"), (12, 20, "k"), (50, 51, "k"), (90, 95, "k"), (91, 93, "k")]
     ranges = [(0, 21, "draft_loop_graph"), (11, 21, "sampling"), (40, 60, "verify")]  # sampling nests in the graph
-    by_phase = busy_by_phase(kernels, ranges)
-    assert by_phase == {"draft_loop_graph": 4 + 3, "sampling": 7, "verify": 1, "outside_spec_step": 5}
-    assert sum(by_phase.values()) == merged_busy_us(kernels)
+    assert uncovered_us(kernels, ranges) == {("draft_loop_graph", "k"): 4 + 3, ("sampling", "k"): 7,
+                                             ("verify", "k"): 1, ("outside_spec_step", "k"): 5}
     # a phase whose first kernel also opens its parent's device range: the inner one (the shorter) wins
-    assert busy_by_phase([(0, 2), (5, 9)], [(0, 10, "draft_loop_graph"), (0, 4, "sampling")]) == {
-        "sampling": 2, "draft_loop_graph": 4}
+    assert uncovered_us([(0, 2, "k"), (5, 9, "k")], [(0, 10, "draft_loop_graph"), (0, 4, "sampling")]) == {
+        ("sampling", "k"): 2, ("draft_loop_graph", "k"): 4}
 
 
 def test_kernel_census_charges_each_kernel_name_only_its_uncovered_time():
-    from protospec.bench.kernel_census import merged_busy_us, uncovered_by_name
+    from protospec.bench.kernel_census import uncovered_us
 
     # a dependent (qkv) starts while attention runs; a copy hides inside a GEMV's span entirely
     kernels = [(0, 5, "attention"), (3, 9, "qkv"), (9, 12, "attention"), (20, 30, "gemv"), (22, 24, "copy")]
-    by_name = uncovered_by_name(kernels)
-    assert by_name == {"attention": 5 + 3, "qkv": 4, "gemv": 10}
-    assert sum(by_name.values()) == merged_busy_us([(s, e) for s, e, _ in kernels])
+    assert uncovered_us(kernels) == {"attention": 5 + 3, "qkv": 4, "gemv": 10}
 
 
 def test_kernel_census_splits_each_phases_uncovered_time_by_kernel_name():
-    from protospec.bench.kernel_census import top_by_phase, uncovered_by_name
+    from protospec.bench.kernel_census import top_by_phase, uncovered_us
 
     kernels = [(0, 5, "gemm"), (3, 9, "norm"), (9, 12, "gemm"), (20, 30, "gemv"), (22, 24, "copy"), (40, 41, "gemv")]
     ranges = [(0, 13, "prefill"), (20, 31, "step_graph")]  # (40, 41) runs in no phase
-    by_both = uncovered_by_name(kernels, ranges)
+    by_both = uncovered_us(kernels, ranges)
     assert by_both == {("prefill", "gemm"): 8, ("prefill", "norm"): 4, ("step_graph", "gemv"): 10,
                        ("outside_spec_step", "gemv"): 1}
     # per spec step (2 here), the largest first, at most per_phase names a phase

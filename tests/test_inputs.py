@@ -20,7 +20,6 @@ def test_prepare_inputs_ragged_batch_across_block_boundaries(monkeypatch, loop_m
     assert inp.positions.tolist() == [3, 4, 9]
     assert m.slot_mapping.tolist() == [7 * 4 + 3, 3 * 4 + 0, 2 * 4 + 1]
     assert m.seq_lens.tolist() == [5, 10]
-    assert m.query_start_loc.tolist() == [0, 2, 3]
     assert m.block_tables.tolist() == [[7, 3, NULL_BLOCK], [5, 9, 2]]
     assert m.padded_token_index.tolist() == [[0, 1], [2, 0]]
     assert m.token_grid_index.tolist() == [0, 1, 2]
@@ -39,7 +38,7 @@ def _fields(inputs) -> dict:
     m = inputs.meta
     return {"input_ids": inputs.input_ids, "positions": inputs.positions, "slot_mapping": m.slot_mapping,
             "token_grid_index": m.token_grid_index, "logits_indices": m.logits_indices,
-            "padded_token_index": m.padded_token_index, "query_start_loc": m.query_start_loc,
+            "padded_token_index": m.padded_token_index, 
             "seq_lens": m.seq_lens, "block_tables": m.block_tables}
 
 

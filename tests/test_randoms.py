@@ -120,16 +120,16 @@ def test_keyed_randoms_are_views_of_the_owners_buffers_and_draw_the_batched_keys
     assert torch.equal(drawn.uniforms.cpu(), filled_uniforms)
 
 
-def test_batched_draws_keep_the_modes_token_identical(tiny_target, tiny_draft):
-    """The batched fill (a GPU engine's KernelPlan.batched_randoms) run on a CPU engine's spec step."""
+def test_batched_draws_keep_the_modes_token_identical(tiny_target, tiny_draft, monkeypatch):
+    """The batched fill (a GPU engine's randoms) run on a CPU engine's spec step."""
     params = SamplingParams(temperature=1.0, top_k=50, max_tokens=24, ignore_eos=True, seed=3)
     outs = {}
     for mode in ("main", "sampler"):
         llm = tiny_llm(tiny_target, tiny_draft, k=3, device="cpu", draft_loop=mode)
-        assert llm.engine.plan.batched_randoms is False
-        llm.engine.spec_step.batched_randoms = True
+        monkeypatch.setattr(randoms, "batched_draws", lambda device, batched=None: True)
         outs[mode] = [o.token_ids for o in llm.generate(random_prompts(3), params)]
     assert outs["main"] == outs["sampler"]
+    monkeypatch.undo()
     per_request = [o.token_ids for o in tiny_llm(tiny_target, tiny_draft, k=3, device="cpu",
                                                  draft_loop="main").generate(random_prompts(3), params)]
     assert per_request != outs["main"]  # the batched fill really changed the stream

@@ -133,11 +133,11 @@ def run_mode(llm: LLM, setup: BenchSetup, mode: str, breakdown: bool, progress=N
 
 def run_peer(peer: str, setup: BenchSetup, spec_llm: LLM, progress=None, fastest: str | None = None) -> dict:
     on_cuda = spec_llm.engine.device.type == "cuda"
-    if peer == "unfused":
-        return _run_unfused(setup, spec_llm, fastest, progress)
-    if peer == "target_only":
-        llm = setup.llm(speculative=False)
-        entry = _time_target_only(llm, setup, progress)
+    if peer == "unfused":  # (target_only runs in every round of run_ablation, not here)
+        llm, skipped = _unfused_llm(setup, spec_llm, fastest)
+        if llm is None:
+            return skipped
+        entry = _time_unfused(llm, setup, fastest, spec_llm.engine.linear_kernel, progress)
         del llm
         _release_memory()
         return entry
@@ -179,20 +179,9 @@ def _time_target_only(llm: LLM, setup: BenchSetup, progress) -> dict:
     return entry
 
 
-def _run_unfused(setup: BenchSetup, spec_llm: LLM, fastest: str | None, progress) -> dict:
-    """The fastest mode on an engine with the fusion switched off (its own engine: the forwards and
-    their CUDA graphs are built per linear kernel)."""
-    llm, skipped = _unfused_llm(setup, spec_llm, fastest)
-    if llm is None:
-        return skipped
-    entry = _time_unfused(llm, setup, fastest, spec_llm.engine.linear_kernel, progress)
-    del llm
-    _release_memory()
-    return entry
-
-
 def _unfused_llm(setup: BenchSetup, spec_llm: LLM, fastest: str | None) -> tuple[LLM | None, dict]:
-    """The engine with the fusion off (linear_kernel="cublas"), or None and why it is skipped."""
+    """The engine with the fusion off (linear_kernel="cublas": its own engine, the forwards and their CUDA
+    graphs being built per linear kernel), or None and why it is skipped."""
     engine = spec_llm.engine
     if not runs_fused_linears(engine) or fastest is None:
         return None, {"skipped": f"nothing to switch off: no model runs fused linears (linear_kernel "

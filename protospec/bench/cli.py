@@ -136,13 +136,7 @@ def run_report(args, setup: BenchSetup, argv) -> dict:
     if caveat:
         report["note"] = caveat
         print(caveat)
-    try:
-        paths = write_report(report, args.output_dir, tag, record=args.record, force=args.force)
-    except FileExistsError as e:  # the numbers are not lost: print them whole before refusing
-        print(json.dumps(report, indent=2))
-        raise SystemExit(f"{e}; the report is printed above")
-    print("wrote " + ", ".join(paths.values()))
-    return report
+    return _write(write_report, report, args.output_dir, tag, record=args.record, force=args.force)
 
 
 def run_compare_report(args, argv) -> dict:
@@ -161,9 +155,13 @@ def run_compare_report(args, argv) -> dict:
     report = provenance(device, argv) | {"torch_threads": args.threads}
     report.update(run_compare(setup, progress_bar("prompts")))
     print(compare_table(report))
+    return _write(write_compare, report, args.output_dir, record=args.record, force=args.force)
+
+
+def _write(writer, report: dict, *args, **kwargs) -> dict:
     try:
-        paths = write_compare(report, args.output_dir, record=args.record, force=args.force)
-    except FileExistsError as e:
+        paths = writer(report, *args, **kwargs)
+    except FileExistsError as e:  # the numbers are not lost: print them whole before refusing
         print(json.dumps(report, indent=2))
         raise SystemExit(f"{e}; the report is printed above")
     print("wrote " + ", ".join(paths.values()))

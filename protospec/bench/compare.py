@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from protospec.bench.report import _fmt
 from protospec.config import SamplingParams
 from protospec.engine.llm import LLM
 from protospec.requests.metrics import RATE_KEYS, RequestMetrics
@@ -96,10 +97,6 @@ def run_compare(setup: CompareSetup, progress=None, log=print) -> dict:
         "num_prompts": len(setup.prompts), "temperatures": list(setup.temperatures), "seed": setup.seed,
         "repeats": setup.repeats,
         "engine": setup.engine}}
-
-
-def _fmt(value, spec=".3f") -> str:
-    return "—" if value is None else format(value, spec)
 
 
 def compare_table(report: dict) -> str:

@@ -79,18 +79,6 @@ def engine_spec_steps(phases: list[tuple[float, float, str]], request_steps: int
     return sum(1 for *_, name in phases if name in ("verify", "step_graph")) or request_steps
 
 
-def merged_busy_us(intervals: list[tuple[float, float]]) -> float:
-    """Total length of the union of [start, end) intervals (kernels of one stream do not overlap,
-    but copies and kernels may)."""
-    busy, end_so_far = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end <= end_so_far:
-            continue
-        busy += end - max(start, end_so_far)
-        end_so_far = end
-    return busy
-
-
 def innermost(ranges: list[tuple[float, float, str]]) -> str:
     """The name of the innermost of nested (start, end, name) ranges: the latest start, and of ranges
     starting together the earliest end (on the device a phase's first kernel may open its parent's
@@ -116,31 +104,13 @@ def idle_by_phase(kernels: list[tuple[float, float]], phases: list[tuple[float, 
     return gaps
 
 
-def busy_by_phase(kernels: list[tuple[float, float]], annotations: list[tuple[float, float, str]]) -> dict[str, float]:
-    """Device time (us) of each kernel charged to the host phase that launched it: the profiler
-    projects each phase's range onto the device (from its first kernel's start to its last one's end),
-    and a kernel belongs to the innermost projected range holding its start (latest start where they
-    nest); kernels outside every range are "outside_spec_step". A kernel is charged only the time no
-    earlier kernel covers, so the phases add up to the merged busy time: a programmatic dependent
-    starts (and waits) while the kernel before it still runs, and that overlap is counted once."""
-    out: dict[str, float] = {}
-    end_so_far = float("-inf")
-    for start, end in sorted(kernels):
-        if end <= end_so_far:
-            continue
-        covering = [a for a in annotations if a[0] <= start < a[1]]
-        name = innermost(covering)
-        out[name] = out.get(name, 0.0) + (end - max(start, end_so_far))
-        end_so_far = end
-    return out
-
-
-def uncovered_by_name(kernels: list[tuple[float, float, str]],
-                      annotations: list[tuple[float, float, str]] | None = None) -> dict:
-    """Device time (us) of each kernel name, each kernel charged only the time no earlier kernel
-    covers (as busy_by_phase): what removing that kernel could save, where its span alone would count
-    a dependent's wait on the kernel before it. With annotations (the phases' device ranges): keyed by
-    (phase, name) instead, the phase as busy_by_phase finds it."""
+def uncovered_us(kernels: list[tuple[float, float, str]], annotations=None) -> dict:
+    """Device time (us) of each kernel charged only the time no earlier kernel covers, so the parts add
+    up to the merged busy time (a programmatic dependent starts, and waits, while the kernel before it
+    runs: that overlap counts once): what removing the kernel could save. Keyed by its name, or with
+    annotations (the phases' (start, end, name) ranges projected onto the device) by (phase, name), the
+    phase the innermost range holding the kernel's start (latest start where they nest;
+    "outside_spec_step" in none)."""
     out: dict = {}
     end_so_far = float("-inf")
     for start, end, name in sorted(kernels):
@@ -153,7 +123,7 @@ def uncovered_by_name(kernels: list[tuple[float, float, str]],
 
 
 def top_by_phase(uncovered: dict[tuple[str, str], float], steps: int, per_phase: int = 8) -> dict[str, dict[str, float]]:
-    """Per phase its `per_phase` kernel labels (kernel_label) of most uncovered time, in us per spec step."""
+    """Per phase its `per_phase` kernel labels (kernel_label) of most uncovered time (uncovered_us), in us per spec step."""
     labelled: Counter = Counter()
     for (phase, name), us in uncovered.items():
         labelled[phase, kernel_label(name)] += us
@@ -213,17 +183,20 @@ def census(llm, setup: BenchSetup, mode: str | None) -> dict:
     on_device = [(e.time_range.start, e.time_range.end, e.name.removeprefix("phase:")) for e in events
                  if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("phase:")]
     spans = [(e.time_range.start, e.time_range.end) for e in kernels]
-    busy_us = merged_busy_us(spans)
+    named = [(e.time_range.start, e.time_range.end, e.name) for e in kernels]
+    by_both = uncovered_us(named, on_device)
+    busy_us = sum(by_both.values())
     steps = engine_spec_steps(phases, llm.metrics.num_spec_steps)
     idle = idle_by_phase(spans, phases)
-    by_phase = busy_by_phase(spans, on_device)
+    by_phase: Counter = Counter()
+    for (phase, _), us in by_both.items():
+        by_phase[phase] += us
     names, durations, uncovered = Counter(), Counter(), Counter()  # by kernel_label
     for e in kernels:
         label = kernel_label(e.name)
         names[label] += 1
         durations[label] += e.time_range.end - e.time_range.start
-    named = [(e.time_range.start, e.time_range.end, e.name) for e in kernels]
-    for name, us in uncovered_by_name(named).items():
+    for name, us in uncovered_us(named).items():
         uncovered[kernel_label(name)] += us
     top = {name: round(count / max(1, steps), 1) for name, count in names.most_common(20)}
     top_time = {name: {"ms": round(us / 1e3, 2), "calls": names[name], "us_per_call": round(us / names[name], 2),
@@ -236,7 +209,7 @@ def census(llm, setup: BenchSetup, mode: str | None) -> dict:
             "busy_ms_per_spec_step_by_phase": {k: round(v / 1e3 / max(1, steps), 4)
                                                for k, v in sorted(by_phase.items(), key=lambda kv: -kv[1])},
             "top_kernels_per_spec_step": top, "top_kernels_by_time": top_time,
-            "uncovered_us_per_spec_step_by_phase": top_by_phase(uncovered_by_name(named, on_device), steps)}
+            "uncovered_us_per_spec_step_by_phase": top_by_phase(by_both, steps)}
 
 
 def main(argv=None) -> dict:

@@ -28,7 +28,6 @@ import torch
 
 from protospec import LLM, SamplingParams, registry
 from protospec.bench.provenance import check_writable, provenance, write_report
-from protospec.errors import ProtospecError
 from protospec.command_line import CommandParser, run_command
 
 TARGET_ONLY = "target_only"
@@ -144,12 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 1 for n in args.requests) or args.max_num_seqs < 1:
         raise SystemExit("--requests and --max-num-seqs must be >= 1")
     common = engine_kwargs(args)
-    try:
-        spec = LLM(args.model, speculative_model=args.speculative_model, **common) \
-            if any(m != TARGET_ONLY for m in args.modes) else None
-        plain = LLM(args.model, **common) if TARGET_ONLY in args.modes else None
-    except ProtospecError as e:
-        raise SystemExit(f"{type(e).__name__}: {e}") from None
+    spec = LLM(args.model, speculative_model=args.speculative_model, **common) \
+        if any(m != TARGET_ONLY for m in args.modes) else None
+    plain = LLM(args.model, **common) if TARGET_ONLY in args.modes else None
     device = (spec or plain).engine.device
     vocab = (spec or plain).engine.vocab_size
     report = provenance(device, argv, "protospec.bench.load") | {"config": vars(args), "modes": {}}

@@ -22,7 +22,6 @@ from protospec import LLM, SamplingParams, registry
 from protospec.bench.load import add_engine_args, engine_kwargs
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.requests.sequence import Sequence
-from protospec.errors import ProtospecError
 from protospec.command_line import CommandParser, run_command
 
 SETUPS = ("draft", registry.NGRAM_MODEL)  # the proposers
@@ -100,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_writable(args.output_json)
     common = engine_kwargs(args, device_wait_timeout_s=args.device_wait_timeout_s)
-    try:
-        plain = LLM(args.model, **common)
-    except ProtospecError as e:
-        raise SystemExit(f"{type(e).__name__}: {e}") from None
+    plain = LLM(args.model, **common)
     report = provenance(plain.engine.device, argv, "protospec.bench.turnover") | {"config": vars(args), "setups": []}
     ok = True
     for i, proposer in enumerate(SETUPS):

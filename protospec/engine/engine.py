@@ -128,7 +128,7 @@ class Engine:
             dependent_launch=resolve_dependent_launch(cfg.dependent_launch, linear_kernel, layer_kernels, self.device),
             prefill_kernels=prefill_kernels, fused_sampling=self._resolve_kernel_flag("fused_sampling", fused_sampling),
             fused_rejection=cfg.fused_rejection if cfg.fused_rejection is not None else self.device.type == "cuda",
-            cuda_graphs=cuda_graphs, batched_randoms=self.device.type == "cuda")
+            cuda_graphs=cuda_graphs)
 
     # The plan's choices under the names the engine's users read.
     use_layer_kernels = property(lambda self: self.plan.layer_kernels)
@@ -190,7 +190,7 @@ class Engine:
                                      cfg.posterior_alpha)
         return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
                                fused_sampling=self.fused_sampling, wait_s=cfg.device_wait_timeout_s,
-                               forced_acceptance=self.forced_acceptance, batched_randoms=self.plan.batched_randoms,
+                               forced_acceptance=self.forced_acceptance,
                                step_graph=step_graph_applies(cfg.spec_step_graph, loop.kind.name, cfg.proposer,
                                                              commit.name))
 

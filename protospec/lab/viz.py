@@ -5,7 +5,7 @@ import numpy as np
 
 
 def plot_block_pool(num_blocks: int, block_size: int, block_tables: list[list[int]], written: dict[str, list[int]],
-                    ax=None, max_blocks: int | None = None):
+                    max_blocks: int | None = None):
     """Returns the Figure. One row per block, one cell per slot: colour = owning sequence (grey = free, black = null
     block); dots = slots written in the step (o draft, x target)."""
     from matplotlib import colormaps
@@ -19,8 +19,7 @@ def plot_block_pool(num_blocks: int, block_size: int, block_tables: list[list[in
         for block in table:
             if block < shown:
                 owner[block] = seq
-    if ax is None:
-        ax = Figure(figsize=(max(4, block_size * 0.45), max(3, shown * 0.3))).subplots()
+    ax = Figure(figsize=(max(4, block_size * 0.45), max(3, shown * 0.3))).subplots()
     colors = ["black", "0.85"] + [colormaps["tab10"](i % 10) for i in range(max(1, len(block_tables)))]
     ax.imshow(owner + 2, cmap=ListedColormap(colors), vmin=0, vmax=len(colors) - 1, aspect="auto",
               interpolation="nearest")

@@ -24,15 +24,13 @@ from protospec.layout import NULL_BLOCK
 class AttentionMetadata:
     """What one forward needs to find each token's K/V. All tensors live on the model's device.
 
-    Tokens of all sequences are flattened into one batch of T tokens; sequence s owns tokens
-    query_start_loc[s] : query_start_loc[s+1]. For attention the queries are scattered into a
-    padded [num_seqs, max_query_len] grid and gathered back.
+    Tokens of all sequences are flattened into one batch of T tokens, sequence by sequence. For
+    attention the queries are scattered into a padded [num_seqs, max_query_len] grid and gathered back.
     """
 
     slot_mapping: torch.Tensor        # [T] int64, -1 = do not write this token's K/V
     block_tables: torch.Tensor        # [num_seqs, max_blocks] int32, padded with NULL_BLOCK
     seq_lens: torch.Tensor            # [num_seqs] int32, context length after this forward
-    query_start_loc: torch.Tensor     # [num_seqs + 1] int32
     padded_token_index: torch.Tensor  # [num_seqs, max_query_len] int64, flat token per grid cell (pads -> 0)
     token_grid_index: torch.Tensor    # [T] int64, grid cell (s * max_query_len + i) of each flat token
     logits_indices: torch.Tensor      # [num_logits] int64, flat tokens whose logits the caller wants

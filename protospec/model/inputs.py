@@ -89,12 +89,11 @@ def prepare_inputs(
     for name, (values, shape) in fields.items():
         views[name] = staged[offset : offset + len(values)].view(shape)
         offset += len(values)
-    int32 = {name: views[name].to(torch.int32) for name in ("block_tables", "seq_lens", "query_start_loc")}
+    int32 = {name: views[name].to(torch.int32) for name in ("block_tables", "seq_lens")}
     meta = AttentionMetadata(
         slot_mapping=views["slot_mapping"],
         block_tables=int32["block_tables"],
         seq_lens=int32["seq_lens"],
-        query_start_loc=int32["query_start_loc"],
         padded_token_index=views["padded_token_index"],
         token_grid_index=views["token_grid_index"],
         logits_indices=views["logits_indices"],
@@ -116,7 +115,6 @@ Fields = dict  # name -> (flat int values, shape), in the order the staging copy
 def _layout_by_token(chunks, starts, lens, block_tables, block_size, logits_per, width, max_q) -> Fields:
     input_ids, positions, slots, grid_index, logits_indices, seq_lens = [], [], [], [], [], []
     padded_index = [0] * (len(chunks) * max_q)
-    query_start = [0]
     for s, (chunk, start, table) in enumerate(zip(chunks, starts, block_tables)):
         base = len(input_ids)
         for i, tok in enumerate(chunk):
@@ -128,13 +126,12 @@ def _layout_by_token(chunks, starts, lens, block_tables, block_size, logits_per,
             grid_index.append(s * max_q + i)
         end = base + len(chunk)
         logits_indices.extend(range(end - logits_per[s], end))
-        query_start.append(end)
         seq_lens.append(start + len(chunk))
     # Short rows are padded with the null block; attention masks those keys by position.
     tables = [b for table in block_tables for b in (*table, *[NULL_BLOCK] * (width - len(table)))]
     n, t = len(chunks), len(input_ids)
     return {"input_ids": (input_ids, (t,)), "positions": (positions, (t,)), "slot_mapping": (slots, (t,)),
-            "block_tables": (tables, (n, width)), "seq_lens": (seq_lens, (n,)), "query_start_loc": (query_start, (n + 1,)),
+            "block_tables": (tables, (n, width)), "seq_lens": (seq_lens, (n,)),
             "padded_token_index": (padded_index, (n, max_q)), "token_grid_index": (grid_index, (t,)),
             "logits_indices": (logits_indices, (len(logits_indices),))}
 
@@ -160,6 +157,6 @@ def _layout_by_arrays(chunks, starts, lens, block_tables, block_size, logits_per
                       - logit_start[seq_of_logit])
     input_ids = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, num_tokens)
     arrays = {"input_ids": input_ids, "positions": positions, "slot_mapping": slots, "block_tables": tables,
-              "seq_lens": starts + lens, "query_start_loc": query_start, "padded_token_index": padded_index,
+              "seq_lens": starts + lens, "padded_token_index": padded_index,
               "token_grid_index": seq_of * max_q + within, "logits_indices": logits_indices}
     return {name: (a.ravel(), a.shape) for name, a in arrays.items()}

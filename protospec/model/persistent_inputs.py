@@ -31,7 +31,6 @@ class PersistentInputs:
         self.grid = tokens.view(n, q)                                                           # [n, q] token of (row, i)
         # The last logits_per_seq tokens of each row, row by row: a prefix serves any row count.
         self._logits_index = self.grid[:, q - logits_per_seq:].reshape(-1).contiguous()         # [n * logits_per_seq]
-        self._query_start = torch.arange(0, n * q + 1, q, dtype=torch.int32, device=device)     # [n + 1]
         self.num_seqs = self.width = 0  # the batch last written (by a kernel or fill)
         self._views: dict[tuple[int, int], ForwardInputs] = {}
 
@@ -58,7 +57,6 @@ class PersistentInputs:
                 slot_mapping=self.slot_mapping[:tokens],
                 block_tables=self.block_tables[:b, :w],
                 seq_lens=self.seq_lens[:b],
-                query_start_loc=self._query_start[: b + 1],
                 padded_token_index=self.grid[:b],
                 token_grid_index=self.grid[:b].reshape(-1),
                 logits_indices=self._logits_index[: b * self.logits_per_seq],

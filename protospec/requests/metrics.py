@@ -68,10 +68,6 @@ class RequestMetrics:
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
 
     @property
-    def k(self) -> int:
-        return len(self.accepted_per_position)
-
-    @property
     def acceptance_rate(self) -> float | None:
         return self.num_passed_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 

@@ -67,10 +67,9 @@ class RejectionSampling:
             self.sample = rejection_sample
 
     def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None,
-                 dependent: bool = False, noise_keys=None, from_logits=None) -> RejectionOutput:
+                 noise_keys=None, from_logits=None) -> RejectionOutput:
         """error_flag: [1] int32 the step's device-built inputs' flag, which the kernel copies into the
-        commit's row (RejectionOutput.commit_flagged); the torch path leaves it to commit_row.
-        dependent: the kernel before launches dependents (ModelRunner.launches_dependents). noise_keys
+        commit's row (RejectionOutput.commit_flagged); the torch path leaves it to commit_row. noise_keys
         [B, 2] int64: the kernel draws the noise from the sequences' keys (a keyed spec step graph).
         from_logits: the kernel's (draft_probs and target_probs are logits)."""
         if self.sample is rejection_sample:
@@ -79,7 +78,7 @@ class RejectionSampling:
             return rejection_sample(draft_ids, draft_probs, target_probs, randoms.uniforms, randoms.recovered_noise,
                                     randoms.bonus_noise, num_proposed)
         return self.sample(draft_ids, draft_probs, target_probs, randoms.uniforms, randoms.recovered_noise,
-                           randoms.bonus_noise, num_proposed, error_flag, dependent, noise_keys=noise_keys,
+                           randoms.bonus_noise, num_proposed, error_flag, noise_keys=noise_keys,
                            from_logits=from_logits)
 
 
@@ -90,8 +89,7 @@ class TypicalAcceptance:
                  posterior_alpha: float = DEFAULT_POSTERIOR_ALPHA):
         self.posterior_threshold, self.posterior_alpha = posterior_threshold, posterior_alpha
 
-    def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None,
-                 dependent: bool = False) -> RejectionOutput:
+    def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None) -> RejectionOutput:
         return typical_acceptance(draft_ids, target_probs, self.posterior_threshold, self.posterior_alpha,
                                   randoms.recovered_noise, randoms.bonus_noise, num_proposed)
 

@@ -28,8 +28,7 @@ from protospec.speculation.sampler import SamplingTensors, exponential_noise
 def batched_draws(device, batched: bool | None = None) -> bool:
     """Whether a step's randoms come from one counter-based fill rather than two draws per request
     from its torch generator (cheap on a CPU, two launches per request on a GPU). None: batched on a
-    GPU, at every batch size (a request's stream must not depend on how many run beside it); an
-    engine passes its KernelPlan.batched_randoms."""
+    GPU, at every batch size (a request's stream must not depend on how many run beside it)."""
     return torch.device(device).type == "cuda" if batched is None else batched
 
 

@@ -43,7 +43,7 @@ class SpeculativeStep:
     def __init__(self, target: ModelRunner, draft_loop: DraftLoop, commit_policy: SyncedCommit,
                  block_manager: BlockManager, loop_guard=None, acceptance=None, fused_sampling: bool = False,
                  step_graph: bool = False, wait_s: float = DEFAULT_TIMEOUT_S,
-                 forced_acceptance: float | None = None, batched_randoms: bool | None = None):
+                 forced_acceptance: float | None = None):
         self.target, self.draft_loop, self.commit_policy = target, draft_loop, commit_policy
         self.block_manager = block_manager
         self.acceptance = acceptance or RejectionSampling()  # acceptance.py: which draft tokens are kept
@@ -60,7 +60,6 @@ class SpeculativeStep:
         self.wait_s = wait_s  # the bound on the host's waits for the device (device_wait.py)
         # For timing only (lab/forced_acceptance.py): each draft token kept with this probability.
         self.forced_acceptance = forced_acceptance
-        self.batched_randoms = batched_randoms  # randoms.batched_draws (None: by device); KernelPlan's
 
     @property
     def timer(self):
@@ -77,7 +76,7 @@ class SpeculativeStep:
     def draw_randoms(self, s: StepState) -> SpecStepRandoms:
         """The spec step's random numbers (those a discarded launched step drew for these requests kept)."""
         randoms = SpecStepRandoms.draw(s.st, self.k, self.target.vocab_size, self.device,
-                                       self.commit_policy.kept_randoms(s.seqs), batched=self.batched_randoms)
+                                       self.commit_policy.kept_randoms(s.seqs))
         if self.forced_acceptance is not None:
             check_forced_acceptance(s.st)
             force_acceptance(randoms.uniforms, self.forced_acceptance)
@@ -163,7 +162,7 @@ class SpeculativeStep:
         graph = self._step_graphs.get((draft_graph, self.forced_acceptance))
         if graph is None:
             graph = SpecStepGraph(draft_graph, self.target, self.acceptance, self.fused_sampling,
-                                  self.draft_loop.error_flag(), self.forced_acceptance, self.batched_randoms)
+                                  self.draft_loop.error_flag(), self.forced_acceptance)
             self._step_graphs[draft_graph, self.forced_acceptance] = graph
         with self.timer.phase("step_graph"):
             s.randoms = graph.randoms(s.st, self.commit_policy.kept_randoms(s.seqs))

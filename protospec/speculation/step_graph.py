@@ -45,7 +45,7 @@ from protospec import registry
 from protospec.kernels.randoms import counter_randoms
 from protospec.kernels.sampling.rejection import rejection_sample_fused
 from protospec.kernels.sampling.stats import launch_stats
-from protospec.speculation.randoms import SpecStepRandoms, batched_draws, force_acceptance
+from protospec.speculation.randoms import SpecStepRandoms, force_acceptance
 from protospec.speculation.sampler import SamplingTensors
 from protospec.speculation.verify_inputs import build_verify_inputs
 
@@ -90,12 +90,11 @@ def commit_row(result: RejectionOutput, num_proposed: torch.Tensor | None, error
 
 class SpecStepGraph:
     def __init__(self, draft_graph: DraftLoopGraph, target: ModelRunner, acceptance, fused_sampling: bool,
-                 error_row: torch.Tensor, forced_acceptance: float | None = None, batched_randoms: bool | None = None):
+                 error_row: torch.Tensor, forced_acceptance: float | None = None):
         """draft_graph: the steps 1..k graph (its `first` buffers set); acceptance: the step's rule
         (speculation/acceptance.py), called on the padded batch; error_row: [1] int32 the step's device-built
         inputs flag a bad position in; forced_acceptance: for timing only, each draft token kept with
-        this probability (randoms.force_acceptance, applied to the uniforms inside the replay);
-        batched_randoms: the engine's KernelPlan.batched_randoms (None: by device)."""
+        this probability (randoms.force_acceptance, applied to the uniforms inside the replay)."""
         self.forced_acceptance = forced_acceptance
         if draft_graph.first is None:
             raise ValueError("a spec step graph starts at draft step 1: its draft graph needs the first-step buffers")
@@ -109,13 +108,12 @@ class SpecStepGraph:
         # block in rows > 1, inside the replay).
         self.greedy = draft_graph.st.all_greedy
         self.uniforms = torch.zeros(rows, k, device=device)                 # [rows, k] U[0, 1)
-        # Filled inside the replay from the requests' keys where draws are batched (a GPU's default),
-        # else copied in from the requests' own generators' draws. Keyed: the draft samples and the
+        # Filled inside the replay from the requests' keys (a step graph runs on a GPU, where draws are
+        # batched: randoms.batched_draws). Keyed: the draft samples and the
         # verify's rejection sampler draw the noise from the keys themselves (the sample-first draft
         # sampler and the fused rejection kernel can), so only the uniforms are filled and no
         # [rows, 2k + 1, V] block is filled or read.
-        self.fills = not self.greedy and batched_draws(device, batched_randoms)
-        self.keyed = self.fills and fused_sampling and draft_graph.branch is not None \
+        self.keyed = not self.greedy and fused_sampling and draft_graph.branch is not None \
             and draws_from_keys(draft_graph.st, acceptance)
         self.noise = torch.ones(rows, 2 * k + 1, vocab, device=device) \
             if not self.greedy and not self.keyed else None  # [rows, 2k + 1, V]
@@ -134,21 +132,15 @@ class SpecStepGraph:
     def randoms(self, st: SamplingTensors, kept: list | None) -> SpecStepRandoms:
         """The step's random numbers (kept: as SpecStepRandoms.draw's): where the replay fills them,
         the keys only (the numbers as views of the graph's buffers, valid until the next replay; a
-        discarded step keeps the keys); else drawn here, outside the replay."""
+        discarded step keeps the keys)."""
         batch = len(st.generators)
         if self.greedy:  # no draw, nothing kept
             return SpecStepRandoms(self.uniforms[:batch], *(n[:batch] for n in self.greedy_noise), noise_block=None)
-        if not self.fills:
-            randoms = SpecStepRandoms.draw(st, self.k, self.target.vocab_size, self.target.device, kept,
-                                           batched=False)  # a batched fill would run inside the replay
-            if self.forced_acceptance is not None:
-                force_acceptance(randoms.uniforms, self.forced_acceptance)
-            return randoms
         return SpecStepRandoms.keyed(st, self.k, self.uniforms[:batch], None if self.keyed else self.noise[:batch], kept)
 
     def _fill(self) -> None:
-        """The step's numbers from the keys, inside the replay (where draws are batched)."""
-        if not self.fills:
+        """The step's numbers from the keys, inside the replay."""
+        if self.greedy:
             return
         if self.keyed:  # the numbers after the 2k + 1 noise rows
             counter_randoms.fill_kernel(self.keys, self._no_noise, self.uniforms,
@@ -197,8 +189,7 @@ class SpecStepGraph:
         kernel = {"noise_keys": self.keys} if self.keyed else {}  # (the fused rejection kernel's arguments)
         if self.from_logits:
             kernel["from_logits"] = (d.st, d.branch.rows, target_rows)
-        result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row,
-                                 dependent=dependent, **kernel)
+        result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row, **kernel)
         return None if self.from_logits else probs, result, commit_row(result, None, self.error_row)
 
     def probabilities(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,12 +204,9 @@ class SpecStepGraph:
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
         """The step for the first `batch` rows (randoms: from self.randoms): (target probs, rejection
         output, commit row), each of the padded batch; rows past `batch` are padding."""
-        if self.fills:  # one small copy; the replay fills the numbers from the keys
+        if not self.greedy:  # one small copy; the replay fills the numbers from the keys
             keys = torch.tensor([split_key(key) for key in randoms.keys], dtype=torch.int64)  # [batch, 2]
             self.keys[:batch].copy_(keys.pin_memory(), non_blocking=True)
-        elif not self.greedy:
-            self.uniforms[:batch].copy_(randoms.uniforms)
-            self.noise[:batch].copy_(randoms.noise_block)
         self.draft.load(st, None, batch)  # the settings: the noise is this graph's
         if self.graph is not None:
             self.graph.replay()

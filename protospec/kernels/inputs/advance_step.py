@@ -57,14 +57,6 @@ def advance_stores(row, token, real, pos, block, block_size, input_ids, position
         slot_mapping[row] = PAD_SLOT_ID
 
 
-@cuda.jit(device=True)
-def advance_row(row, token, num_queries, block_size, input_ids, positions, seq_lens, slot_mapping, block_tables,
-                error_row):
-    """One row of the advance: `token` is the id the draft just sampled for it."""
-    real, pos, block = advance_loads(row, num_queries, block_size, seq_lens, block_tables)
-    advance_stores(row, token, real, pos, block, block_size, input_ids, positions, seq_lens, slot_mapping, error_row)
-
-
 @functools.lru_cache(maxsize=None)
 def _advance_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a constant)
     """The kernel; DEPENDENT: launched as a programmatic dependent of the sampling before it, it waits
@@ -90,8 +82,9 @@ def _advance_kernel(DEPENDENT: bool):  # noqa: N803 (Numba freezes it as a const
         row = cuda.grid(1)
         if row >= input_ids.shape[0]:
             return
-        advance_row(row, sampled_ids[row], num_queries, block_size, input_ids, positions, seq_lens, slot_mapping,
-                    block_tables, error_row)
+        real, pos, block = advance_loads(row, num_queries, block_size, seq_lens, block_tables)
+        advance_stores(row, sampled_ids[row], real, pos, block, block_size, input_ids, positions, seq_lens,
+                       slot_mapping, error_row)
 
     return advance_step_kernel
 

@@ -23,7 +23,7 @@ class RowSettings(Protocol):
 
 
 def no_advance(device: torch.device) -> list:
-    """advance_row's arguments where the kernel advances nothing (never written)."""
+    """advance_step_kernel's row arguments where the kernel advances nothing (never written)."""
     i32, i64 = (placeholder(dtype, 1, device) for dtype in (torch.int32, torch.int64))
     return [i32, 0, i64, i64, i32, i64, placeholder(torch.int32, 2, device), i32]
 

@@ -231,13 +231,12 @@ _partials: dict[tuple, tuple] = {}  # (batch, slices, device) -> the slices' win
 
 
 def rejection_sample_fused(draft_token_ids, draft_probs, target_probs, uniforms, recovered_noise,
-                           bonus_noise, num_proposed=None, error_flag=None, dependent=False,
-                           noise_keys=None, span: int | None = None, from_logits=None) -> RejectionOutput:
+                           bonus_noise, num_proposed=None, error_flag=None, noise_keys=None,
+                           span: int | None = None, from_logits=None) -> RejectionOutput:
     """Same arguments and result as protospec.speculation.rejection.rejection_sample, in one kernel launch.
     error_flag: [1] int32 the step's device-built inputs' flag, or None; given, the result's
-    commit_flagged is the commit's row with it (RejectionOutput). dependent: the kernel before it
-    launches dependents (ModelRunner.launches_dependents); this kernel is an ordinary launch after it,
-    so it starts once that kernel has ended. noise_keys [B, 2] int64: the sequences' counter keys, from
+    commit_flagged is the commit's row with it (RejectionOutput); an ordinary launch (never a
+    programmatic dependent). noise_keys [B, 2] int64: the sequences' counter keys, from
     which the kernel draws the numbers a spec step's noise block would hold (recovered_noise and
     bonus_noise then None). span: vocabulary slices a block (None: by the grid, slices.span_for; the
     same results at any span). from_logits: (settings, draft rows, target rows): draft_probs and

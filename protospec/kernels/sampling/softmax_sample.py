@@ -69,7 +69,7 @@ def _kernel(DEPENDENT: bool, SPAN: int):  # noqa: N803 (Numba freezes them as co
         mirror int64 at [r * use_mirror] where use_mirror > 0, its stride). part_max, part_index [R, G]:
         the spans' race winners (not the statistics' partials: other blocks still read those);
         counters [>= R] int32, zero between calls.
-        advance: 1 = also advance each sampled row's decode inputs (advance_step.advance_row's arguments
+        advance: 1 = also advance each sampled row's decode inputs (advance_step_kernel's arguments
         follow: num_queries [1] int32, block_size, input_ids, positions, slot_mapping [>= R] int64,
         seq_lens [>= R] int32, block_tables [>= R, W] int32, error_row [1] int32), 0 = they are placeholders.
         """
