@@ -23,7 +23,6 @@ class DraftLoopKind:
     on_device: bool             # inputs built by Numba kernels (the simulator on a CPU)
     needs_cuda_graphs: bool     # replays steps 2..k as a CUDA graph
     host_sync_per_step: bool    # copies each draft step's ids to the host
-    builds_first_step: bool = False  # can build the next draft step 1 on the device (the overlapped commit)
 
 
 DRAFT_LOOPS: dict[str, DraftLoopKind] = {kind.name: kind for kind in (
@@ -34,9 +33,9 @@ DRAFT_LOOPS: dict[str, DraftLoopKind] = {kind.name: kind for kind in (
     DraftLoopKind(GPU, "the advance_step kernel for steps 2..k, no sync; with the overlapped commit, draft step 1 is "
                   "built on the device by the first_draft_step kernel and launched before the commit's host sync "
                   "(synced: draft step 1 CPU-prepared after the sync, as vLLM's change did)",
-                  on_device=True, needs_cuda_graphs=False, host_sync_per_step=False, builds_first_step=True),
+                  on_device=True, needs_cuda_graphs=False, host_sync_per_step=False),
     DraftLoopKind(GRAPH, "as gpu, with steps 2..k (advance, forward, sampling) replayed as one CUDA graph",
-                  on_device=True, needs_cuda_graphs=True, host_sync_per_step=False, builds_first_step=True),
+                  on_device=True, needs_cuda_graphs=True, host_sync_per_step=False),
 )}
 AUTO_DOC = ("graph on CUDA with cuda_graphs on, gpu on CUDA without them, main on a CPU (where the kernels would "
             "only run in Numba's simulator)")
@@ -67,7 +66,7 @@ def resolve(name: str, device_type: str, cuda_graphs: bool) -> tuple[str, str]:
 
 def commit_policy_for(kind: DraftLoopKind, overlap_commit: bool) -> str:
     """The overlapped commit needs draft step 1 built on the device: only the device loops have it."""
-    return OVERLAPPED if overlap_commit and kind.builds_first_step else SYNCED
+    return OVERLAPPED if overlap_commit and kind.on_device else SYNCED
 
 
 @dataclass(frozen=True)

@@ -217,13 +217,14 @@ def _outside_global_writes(path: Path, known: set[str]) -> list[str]:
 
 
 # Set from outside on purpose, each for a stated reason: sizes a test shrinks so the simulator reaches a
-# multi-block or multi-chunk branch in seconds; the GPU build check, which reroutes every launch of the
-# package to Numba's compiler on a machine without a GPU.
+# multi-block or multi-chunk branch in seconds, or a GPU test reaches a batch-size branch with a small
+# batch; the GPU build check, which reroutes every launch of the package to Numba's compiler on a
+# machine without a GPU.
 SET_FROM_OUTSIDE = {
     "protospec.kernels.sampling.rejection.THREADS", "protospec.kernels.primitives.reductions.SHUFFLE_LANES",
     "protospec.kernels.sampling.gumbel_sample.THREADS", "protospec.kernels.sampling.gumbel_sample.VOCAB_PER_BLOCK",
     "protospec.model.inputs.LOOP_MAX_TOKENS", "protospec.model.layer_kernels.MAX_QUERY_LEN",
-    "protospec.model.graphs.MAX_PREFILL_GRAPHS",
+    "protospec.model.graphs.MAX_PREFILL_GRAPHS", "protospec.speculation.step_graph.LOGITS_MIN_ROWS",
     "protospec.kernels.launch.interop.KERNEL_DEVICE_TYPE",
 }
 

@@ -99,7 +99,7 @@ def test_sweep_writes_a_plot(tiny_target, tiny_draft, tmp_path):
     assert next(tmp_path.glob("*_sweep_*.png")).stat().st_size > 10_000  # sweep-only: date_device_sweep_commit_time.png
     # A sweep alone still records its configuration, so the plot's title names the pair, not "None".
     assert (report["config"]["model"], report["config"]["speculative_model"]) == (tiny_target, tiny_draft)
-    title = report_mod.sweep_title(report)
+    title = report_mod.config_title(report, sweep=True)
     assert tiny_target in title and "None" not in title
 
 

@@ -135,7 +135,7 @@ def test_the_verify_draws_from_keys_with_the_fused_rejection_kernel_only():
 
     assert draws_from_keys(settings(), RejectionSampling(fused=True))
     assert not draws_from_keys(settings(), RejectionSampling(fused=False))
-    assert not draws_from_keys(settings(), TypicalAcceptance())
+    assert not draws_from_keys(settings(), TypicalAcceptance(0.09, 0.3))
     assert not draws_from_keys(settings(top_k=5), RejectionSampling(fused=True))
 
 
@@ -173,3 +173,26 @@ def test_step_graph_gives_the_stage_by_stage_tokens_while_batches_change(tiny_ta
         assert counters[None]["launched_rows_past_an_end"] >= 3 and "launched_rows_past_an_end" not in counters[False]
 
 
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
+@pytest.mark.parametrize("temperatures", [(1.0, 0.0), (0.0,)], ids=["mixed", "greedy"])
+def test_probabilities_formed_from_the_logits_give_the_written_ones_tokens(tiny_target, tiny_draft, temperatures,
+                                                                          monkeypatch):
+    """From LOGITS_MIN_ROWS rows the step graph writes no probabilities (the rejection kernel forms p
+    and q from the logits and each row's statistics): the tokens of the graphs that write them, with
+    keyed noise at T = 1 beside greedy rows, and in all-greedy graphs."""
+    from protospec.speculation import step_graph
+
+    prompts = random_prompts(5, seed=7)
+    params = [SamplingParams(temperature=temperatures[i % len(temperatures)], max_tokens=n, seed=30 + i,
+                             ignore_eos=True) for i, n in enumerate((40, 61, 33, 18, 29))]
+    outs = {}
+    for min_rows in (1, 1 << 20):
+        monkeypatch.setattr(step_graph, "LOGITS_MIN_ROWS", min_rows)
+        llm = tiny_llm(tiny_target, tiny_draft, k=4, device="cuda", dtype="float16", draft_loop="graph",
+                       max_num_seqs=8, check_no_sync=True)
+        outs[min_rows] = [o.token_ids for o in llm.generate(prompts, params)]
+        graphs = llm.engine.spec_step._step_graphs.values()
+        assert graphs and all(g.from_logits == (min_rows == 1) for g in graphs)
+    assert outs[1] == outs[1 << 20]

@@ -75,7 +75,7 @@ class _BuildOnly:
     def __init__(self, kernel, num_threads: int, args: list, dependent: bool = False):  # noqa: ARG002
         build(kernel, args)
 
-    def __call__(self, stream_handle=None) -> None:  # noqa: ARG002
+    def __call__(self) -> None:
         pass
 
 

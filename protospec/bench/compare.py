@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -144,20 +143,3 @@ def plot_compare(report: dict):
                  + config_title(report | {"config": {}}).strip(), fontsize=9)
     return fig
 
-
-def write_compare(report: dict, out_dir: str | Path, record: bool = False, force: bool = False) -> dict[str, str]:
-    """JSON, markdown and PNG under out_dir; never over an existing file unless force."""
-    import json
-
-    from protospec.bench.report import report_stem
-
-    stem = Path(out_dir) / report_stem(report, "compare", record)
-    paths = {"json": f"{stem}.json", "md": f"{stem}.md", "png": f"{stem}.png"}
-    existing = [p for p in paths.values() if Path(p).exists()]
-    if existing and not force:
-        raise FileExistsError(f"refusing to overwrite {', '.join(existing)} (pass --force to replace it)")
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    Path(paths["json"]).write_text(json.dumps(report, indent=2))
-    Path(paths["md"]).write_text(compare_table(report))
-    plot_compare(report).savefig(paths["png"], dpi=110)
-    return paths

@@ -29,14 +29,9 @@ def add_engine_flags(p) -> None:
                         "phase's kernels apart)")
 
 
-def auto_as_none(choice: str) -> str | None:
-    """--linear-kernel as EngineConfig takes it: "auto" is None, the engine's choice."""
-    return None if choice == "auto" else choice
-
-
 def engine_switches(args: argparse.Namespace) -> dict:
     """The settings the flags chose, as BenchSetup's keywords."""
     return dict(layer_kernels=ON_OFF[args.layer_kernels],
-                linear_kernel=auto_as_none(args.linear_kernel),
+                linear_kernel=None if args.linear_kernel == "auto" else args.linear_kernel,  # None: the engine's choice
                 fused_sampling=ON_OFF[args.fused_sampling], prefill_kernels=ON_OFF[args.prefill_kernels],
                 dependent_launch=ON_OFF[args.dependent_launch], spec_step_graph=ON_OFF[args.spec_step_graph])

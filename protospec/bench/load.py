@@ -53,11 +53,6 @@ def mixed_requests(n: int, vocab_size: int, seed: int, max_prompt_len: int = 300
     return prompts, params
 
 
-def deterministic(params: SamplingParams) -> bool:
-    """Greedy or seeded: its tokens must not depend on what else runs in its batch."""
-    return params.greedy or params.seed is not None
-
-
 def timed_call(llm: LLM, prompts, params) -> tuple[float, list[list[int]]]:
     """One generate() (it waits for the device before returning): seconds and each request's tokens."""
     start = time.perf_counter()
@@ -65,23 +60,17 @@ def timed_call(llm: LLM, prompts, params) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - start, [o.token_ids for o in outputs]
 
 
-def in_small_calls(llm: LLM, prompts, params, indices: list[int], size: int = 8) -> dict[int, list[int]]:
-    """The requests at `indices` again, `size` per generate() call: index -> tokens."""
-    tokens = {}
-    for start in range(0, len(indices), size):
-        chunk = indices[start : start + size]
-        for index, out in zip(chunk, llm.generate([prompts[i] for i in chunk], [params[i] for i in chunk])):
-            tokens[index] = out.token_ids
-    return tokens
-
-
 def check_against_small_calls(llm: LLM, prompts, params, tokens: list[list[int]], sample: int,
                               seed: int) -> dict:
-    """Rerun a random sample of the deterministic requests 8 at a time; the indices whose tokens differ."""
-    candidates = [i for i, p in enumerate(params) if deterministic(p)]
+    """Rerun a random sample of the deterministic requests (greedy or seeded: their tokens must not depend
+    on what else runs in their batch) 8 at a time; the indices whose tokens differ."""
+    candidates = [i for i, p in enumerate(params) if p.greedy or p.seed is not None]
     chosen = sorted(random.Random(seed).sample(candidates, min(sample, len(candidates))))
-    again = in_small_calls(llm, prompts, params, chosen)
-    differ = [i for i in chosen if again[i] != tokens[i]]
+    differ = []
+    for start in range(0, len(chosen), 8):
+        chunk = chosen[start : start + 8]
+        outs = llm.generate([prompts[i] for i in chunk], [params[i] for i in chunk])
+        differ += [i for i, out in zip(chunk, outs) if out.token_ids != tokens[i]]
     return {"checked": len(chosen), "deterministic": len(candidates), "differ": differ}
 
 

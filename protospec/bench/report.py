@@ -23,11 +23,13 @@ def mode_color(name: str) -> str:
     return MODE_COLORS.get(name, "#8c564b")
 
 
-def config_title(report: dict) -> str:
-    """Configuration, device, date and commit: the first line of every plot's title."""
+def config_title(report: dict, sweep: bool = False) -> str:
+    """Configuration, device, date and commit: the first line of every plot's title (a sweep's leaves
+    out k and batch, its plot's axes)."""
     cfg = report.get("config", {})
-    what = (f"{cfg['model']} + {cfg['speculative_model']}, k={cfg['num_speculative_tokens']}, batch {cfg['batch_size']}, "
-            f"in {cfg['input_len']} / out {cfg['output_len']}" if "model" in cfg else "")
+    shape = "" if sweep else f", k={cfg.get('num_speculative_tokens')}, batch {cfg.get('batch_size')}"
+    what = f"{cfg['model']} + {cfg['speculative_model']}{shape}, in {cfg['input_len']} / out {cfg['output_len']}" \
+        if "model" in cfg else ""
     return f"{what}\n{report['device']} · {report['date'][:10]} · {report['git_commit'][:8]}"
 
 
@@ -171,13 +173,6 @@ def plot_breakdown(report: dict):
     return fig
 
 
-def sweep_title(report: dict) -> str:
-    """The sweep plot's title: the pair and lengths (k and batch are its axes), device, date, commit."""
-    cfg = report["config"]
-    what = f"{cfg['model']} + {cfg['speculative_model']}, in {cfg['input_len']} / out {cfg['output_len']}"
-    return f"p50 per mode · {what}\n{report['device']} · {report['date'][:10]} · {report['git_commit'][:8]}"
-
-
 def plot_sweep(sweep: dict, title: str):
     """p50 per mode against batch size, one panel per k, all panels on one y scale."""
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
@@ -214,12 +209,13 @@ def report_stem(report: dict, tag: str, record: bool = False) -> str:
 
 def write_report(report: dict, out_dir: str | Path, tag: str = "ablation", record: bool = False,
                  force: bool = False) -> dict[str, str]:
-    """JSON, markdown and PNGs under out_dir. Refuses (FileExistsError, before writing anything) to
-    replace an existing file unless force: a run of record is never overwritten by accident."""
+    """JSON, markdown and PNGs under out_dir (an ablation's, a sweep's or a --compare's). Refuses
+    (FileExistsError, before writing anything) to replace an existing file unless force: a run of
+    record is never overwritten by accident."""
     out = Path(out_dir)
     stem = out / report_stem(report, tag, record)
     paths = {"json": f"{stem}.json"}
-    if report.get("modes"):
+    if report.get("modes") or report.get("compare"):
         paths.update(md=f"{stem}.md", png=f"{stem}.png")
     breakdown = plot_breakdown(report) if report.get("modes") else None
     if breakdown is not None:
@@ -237,6 +233,12 @@ def write_report(report: dict, out_dir: str | Path, tag: str = "ablation", recor
         plot_latency(report).savefig(paths["png"], dpi=110)
         if breakdown is not None:
             breakdown.savefig(paths["breakdown_png"], dpi=110)
+    if report.get("compare"):
+        from protospec.bench.compare import compare_table, plot_compare  # (compare.py imports this module)
+
+        Path(paths["md"]).write_text(compare_table(report))
+        plot_compare(report).savefig(paths["png"], dpi=110)
     if report.get("sweep"):
-        plot_sweep(report["sweep"], sweep_title(report)).savefig(paths["sweep_png"], dpi=110)
+        title = "p50 per mode · " + config_title(report, sweep=True)
+        plot_sweep(report["sweep"], title).savefig(paths["sweep_png"], dpi=110)
     return paths

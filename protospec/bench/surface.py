@@ -29,7 +29,6 @@ from protospec.bench.ablation import BenchSetup, _release_memory
 from protospec.bench.latency import time_generate
 from protospec.bench.provenance import check_writable, provenance, write_report
 from protospec.lab.forced_acceptance import force_acceptance
-from protospec import registry
 from protospec.command_line import CommandParser, run_command
 
 PAIRS = {
@@ -63,9 +62,8 @@ def run_pair(name: str, setup: BenchSetup, alphas=ALPHAS, ks=KS, log=print) -> d
     target_step_s = target_p50 / setup.output_len
     log(f"  {name}: target-only p50 {target_p50 * 1e3:.2f} ms ({target_step_s * 1e6:.1f} us a token)")
     points, spec_step_s = [], {}
-    draft_loop = registry.AUTO  # the fastest way the device allows: graph where CUDA graphs run
-    for k in ks:
-        llm = replace(setup, num_speculative_tokens=k).llm(draft_loop=draft_loop)
+    for k in ks:  # draft loop auto (BenchSetup.llm's): the fastest way the device allows
+        llm = replace(setup, num_speculative_tokens=k).llm()
         timed = {}
         for alpha in dict.fromkeys([CALIBRATION_ALPHA, *alphas]):  # the calibration first, each alpha once
             force_acceptance(llm, alpha)

@@ -23,9 +23,8 @@ from dataclasses import replace
 
 
 from protospec.bench.ablation import BenchSetup, _release_memory
-from protospec.bench.latency import time_generate
 from protospec.bench.provenance import write_report
-from protospec.bench.surface import PAIRS, forced_acceptance_command, start_report
+from protospec.bench.surface import PAIRS, _timed, forced_acceptance_command, start_report
 from protospec.command_line import run_command
 from protospec.lab.forced_acceptance import force_acceptance
 
@@ -46,8 +45,7 @@ def crossover(batch_sizes: list[int], target_only: dict[int, float], spec: dict[
 def run_batch(setup: BenchSetup, alphas, log=print) -> dict:
     """One batch size of one pair: target-only, then the spec engine at each alpha."""
     target_only = setup.llm(speculative=False)
-    p50 = time_generate(target_only, setup.prompts(target_only.engine.vocab_size), setup.params(),
-                        setup.num_iters_warmup, setup.num_iters).summary()["p50_s"]
+    p50, _ = _timed(target_only, setup)
     del target_only
     _release_memory()
     point = {"batch_size": setup.batch_size, "target_only_p50_s": p50, "target_only_tokens_per_s": tokens_per_s(setup, p50),
@@ -55,11 +53,9 @@ def run_batch(setup: BenchSetup, alphas, log=print) -> dict:
     llm = setup.llm()
     for alpha in alphas:
         force_acceptance(llm, alpha)
-        result = time_generate(llm, setup.prompts(llm.engine.vocab_size), setup.params(), setup.num_iters_warmup,
-                               setup.num_iters).summary()
-        point["spec"][str(alpha)] = {"p50_s": result["p50_s"], "tokens_per_s": tokens_per_s(setup, result["p50_s"]),
-                                     "measured_acceptance": llm.metrics.acceptance_rate,
-                                     "spec_steps_per_request": llm.metrics.num_spec_steps / setup.batch_size}
+        p50, steps = _timed(llm, setup)
+        point["spec"][str(alpha)] = {"p50_s": p50, "tokens_per_s": tokens_per_s(setup, p50),
+                                     "measured_acceptance": llm.metrics.acceptance_rate, "spec_steps_per_request": steps}
     point["mode"], point["kernel_plan"] = llm.engine.draft_loop, llm.engine.plan.as_record()
     del llm
     _release_memory()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protospec.device_wait import DEFAULT_TIMEOUT_S, copy_to_host, wait_for
+from protospec.device_wait import copy_to_host, wait_for
 from protospec.requests.block_manager import BlockManager
 from protospec.requests.sequence import Sequence
 from protospec.errors import AdvanceStepError
@@ -94,10 +94,8 @@ class DecodeRows:
         state = torch.zeros(rows, 5, dtype=torch.int64)  # [rows, 5] token, position, slot, remaining, stop id
         state[:, 2] = PAD_SLOT_ID
         state[:, 4] = NO_STOP
-        tables = torch.full((batch, self.inputs.max_blocks), NULL_BLOCK, dtype=torch.int32)
         for i, seq in enumerate(seqs):
             pos = seq.num_tokens - 1
-            tables[i, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
             state[i] = torch.tensor([seq.last_token_id, pos, seq.block_table[pos // bs] * bs + pos % bs,
                                      seq.num_remaining, stop_ids[i]])
         base = torch.zeros(rows, 2, dtype=torch.int64)                 # [rows, 2] key halves
@@ -113,7 +111,7 @@ class DecodeRows:
         self.stop_ids.copy_(packed[:, 4])
         self.base_keys.copy_(packed[:, 5:7])
         self.step_keys.copy_(packed[:, 7:9])
-        self.load_tables(tables)
+        self.load_tables(seqs)
         for mine, theirs, pad in ((self.temperature, st.temperature, 1.0), (self.is_greedy, st.is_greedy, False),
                                   (self.top_k, st.top_k, self.top_k.new_tensor(self.vocab)),
                                   (self.top_p, st.top_p, 1.0)):
@@ -121,10 +119,12 @@ class DecodeRows:
             mine[batch:].fill_(pad)
         inp.num_seqs = batch
 
-    def load_tables(self, tables: torch.Tensor) -> None:
-        """[batch, max_blocks] int32 block tables (NULL_BLOCK past each row's blocks) into the rows."""
-        self.inputs.block_tables[: tables.shape[0]].copy_(host_to_device(tables.numpy(), torch.int32,
-                                                                         self.sampled.device))
+    def load_tables(self, seqs: list[Sequence]) -> None:
+        """The requests' block tables into their rows (NULL_BLOCK past each row's blocks)."""
+        tables = torch.full((len(seqs), self.inputs.max_blocks), NULL_BLOCK, dtype=torch.int32)
+        for i, seq in enumerate(seqs):
+            tables[i, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
+        self.inputs.block_tables[: len(seqs)].copy_(host_to_device(tables.numpy(), torch.int32, self.sampled.device))
 
     def record(self, target: ModelRunner, st: SamplingTensors, width: int, fused: bool) -> None:
         """The replay's work, issued once: STEPS x (forward, sample, decode_advance); the noise filled
@@ -186,10 +186,9 @@ class MultiStepDecode:
     """Target-only decode steps for the engine's running batch (module docstring)."""
 
     def __init__(self, target: ModelRunner, block_manager: BlockManager, max_rows: int, max_blocks: int,
-                 fused_sampling: bool, eos_token_id: int | None, graphs: bool, wait_s: float = DEFAULT_TIMEOUT_S,
-                 steps: int = STEPS_PER_REPLAY):
+                 fused_sampling: bool, eos_token_id: int | None, graphs: bool, wait_s: float):
         self.target, self.block_manager = target, block_manager
-        self.max_rows, self.max_blocks, self.steps = max_rows, max_blocks, steps
+        self.max_rows, self.max_blocks, self.steps = max_rows, max_blocks, STEPS_PER_REPLAY
         self.fused, self.eos_token_id, self.graphs, self.wait_s = fused_sampling, eos_token_id, graphs, wait_s
         self._rows: dict[int, DecodeRows] = {}          # rows bucket -> its state
         self._graphs: dict[tuple, ReplayGraph] = {}     # (rows, width, flags) -> its replay
@@ -247,12 +246,6 @@ class MultiStepDecode:
             grew |= len(seq.block_table) != before
         return grew
 
-    def _tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        tables = torch.full((len(seqs), self.max_blocks), NULL_BLOCK, dtype=torch.int32)
-        for i, seq in enumerate(seqs):
-            tables[i, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
-        return tables
-
     def _launch(self, seqs: list[Sequence], st: SamplingTensors, upload: bool) -> Launched:
         batch = len(seqs)
         if upload:
@@ -272,7 +265,7 @@ class MultiStepDecode:
             state, _ = self._current
             # The queued replay may use its whole budget of steps; this one follows it.
             if self._extend_tables(seqs, 2):
-                state.load_tables(self._tables(seqs))
+                state.load_tables(seqs)
         width = bucket(max(len(s.block_table) for s in seqs), self.max_blocks, smallest=8)
         key = (state.rows, width, st.all_greedy, st.any_greedy, st.needs_filter)
         graph = self._graphs.get(key)

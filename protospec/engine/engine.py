@@ -188,7 +188,7 @@ class Engine:
         guard = forbid_host_sync if cfg.check_no_sync else None
         acceptance = make_acceptance(cfg.acceptance, self.plan.fused_rejection, cfg.posterior_threshold,
                                      cfg.posterior_alpha)
-        return SpeculativeStep(self.target, loop, commit, self.block_manager, guard, acceptance=acceptance,
+        return SpeculativeStep(self.target, loop, commit, self.block_manager, acceptance, guard,
                                fused_sampling=self.fused_sampling, wait_s=cfg.device_wait_timeout_s,
                                forced_acceptance=self.forced_acceptance,
                                step_graph=step_graph_applies(cfg.spec_step_graph, loop.kind.name, cfg.proposer,
@@ -212,10 +212,6 @@ class Engine:
     @property
     def draft_loop(self) -> str | None:
         return self.spec_step.draft_loop.name if self.spec_step is not None else None
-
-    @property
-    def commit_policy(self) -> str | None:
-        return self.spec_step.commit_policy.name if self.spec_step is not None else None
 
     # ---- admission -------------------------------------------------------------------------
     def blocks_for_request(self, num_prompt_tokens: int, max_tokens: int) -> int:

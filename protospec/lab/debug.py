@@ -185,7 +185,7 @@ class DraftLoopDebugger:
                                  f"has with overlap_commit on (draft loop {spec.draft_loop.name!r}, commit policy "
                                  f"{spec.commit_policy.name!r})")
             spec.queue_commit_copy(self.state)
-            spec.launch_next(self.state)
+            spec.commit_policy.launch_next(spec, self.state)
         spec.commit(self.state)
         eng.retire_finished()
         pending = spec.commit_policy.pending

@@ -23,10 +23,6 @@ from protospec.speculation.rejection import output_ids, rejection_sample
 from protospec.layout import RejectionOutput
 from protospec.speculation.sampler import sample_from_probs
 
-DEFAULT_POSTERIOR_THRESHOLD = 0.09  # vLLM's defaults
-DEFAULT_POSTERIOR_ALPHA = 0.3
-
-
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """-sum p log p over the last dim (0 log 0 = 0), in nats: [..., V] -> [...]."""
     return -torch.special.xlogy(probs, probs).sum(-1)
@@ -85,8 +81,7 @@ class RejectionSampling:
 class TypicalAcceptance:
     name = registry.TYPICAL
 
-    def __init__(self, posterior_threshold: float = DEFAULT_POSTERIOR_THRESHOLD,
-                 posterior_alpha: float = DEFAULT_POSTERIOR_ALPHA):
+    def __init__(self, posterior_threshold: float, posterior_alpha: float):
         self.posterior_threshold, self.posterior_alpha = posterior_threshold, posterior_alpha
 
     def __call__(self, draft_ids, draft_probs, target_probs, randoms, num_proposed=None, error_flag=None) -> RejectionOutput:

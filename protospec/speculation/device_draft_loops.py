@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from protospec.device_wait import DEFAULT_TIMEOUT_S
 from protospec.requests.sequence import Sequence
 from protospec.model.graphs import bucket
 from protospec.model.inputs import ForwardInputs
@@ -31,7 +30,7 @@ class DeviceAdvanceLoop(DraftLoop):
     kind = registry.DRAFT_LOOPS[registry.GPU]
 
     def __init__(self, draft: ModelRunner, look: Lookahead, max_num_seqs: int, max_blocks: int,
-                 fused_sampling: bool = False, fallback_reason: str = "", wait_s: float = DEFAULT_TIMEOUT_S):
+                 fused_sampling: bool, fallback_reason: str, wait_s: float):
         super().__init__(draft, look, fused_sampling, fallback_reason, wait_s)
         self.advances = look.k > 1  # k = 1 has no step 2 to advance
         error_row = torch.zeros(1, dtype=torch.int32, device=self.device)  # [1] shared: read at each commit

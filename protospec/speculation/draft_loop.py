@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from protospec.device_wait import DEFAULT_TIMEOUT_S, read_back
+from protospec.device_wait import read_back
 from protospec.model.inputs import ForwardInputs
 from protospec.model.runner import ModelRunner
 from protospec import registry
@@ -38,8 +38,7 @@ class DraftLoop:
 
     kind: registry.DraftLoopKind
 
-    def __init__(self, draft: ModelRunner, look: Lookahead, fused_sampling: bool = False,
-                 fallback_reason: str = "disabled_by_user", wait_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, draft: ModelRunner, look: Lookahead, fused_sampling: bool, fallback_reason: str, wait_s: float):
         self.draft, self.look = draft, look
         self.wait_s = wait_s  # the bound on a host wait for a draft step's ids (device_wait.py)
         self.fused_sampling = fused_sampling  # kernels/sampling/softmax_sample.py: two launches per draft sample

@@ -23,7 +23,6 @@ from protospec.speculation.draft_sampling import target_probs
 from protospec.speculation.lookahead import Lookahead
 from protospec.speculation.phase_timer import NULL_TIMER
 from protospec.speculation.randoms import SpecStepRandoms, force_acceptance
-from protospec.speculation.acceptance import RejectionSampling
 from protospec.layout import PLACEHOLDER_TOKEN_ID, RejectionOutput
 from protospec.speculation.sampler import SamplingTensors
 from protospec.speculation.step_graph import SpecStepGraph, commit_row
@@ -41,12 +40,12 @@ class SpeculativeStep:
     happens there). `timer` observes the stages (a PhaseTimer for the bench's --breakdown)."""
 
     def __init__(self, target: ModelRunner, draft_loop: DraftLoop, commit_policy: SyncedCommit,
-                 block_manager: BlockManager, loop_guard=None, acceptance=None, fused_sampling: bool = False,
+                 block_manager: BlockManager, acceptance, loop_guard=None, fused_sampling: bool = False,
                  step_graph: bool = False, wait_s: float = DEFAULT_TIMEOUT_S,
                  forced_acceptance: float | None = None):
         self.target, self.draft_loop, self.commit_policy = target, draft_loop, commit_policy
         self.block_manager = block_manager
-        self.acceptance = acceptance or RejectionSampling()  # acceptance.py: which draft tokens are kept
+        self.acceptance = acceptance  # acceptance.py: which draft tokens are kept
         self.look: Lookahead = draft_loop.look
         self.k = self.look.k
         self.loop_guard = loop_guard or (lambda device: contextlib.nullcontext())
@@ -193,11 +192,6 @@ class SpeculativeStep:
             wait_for(done, "a prefill's tokens", self.wait_s)
         return host.tolist()
 
-    def launch_next(self, s: StepState, requests_waiting: bool = False) -> None:
-        """The commit policy's chance to queue the next spec step's work before the host sync
-        (requests_waiting: requests wait to join the batch when one ends)."""
-        self.commit_policy.launch_next(self, s, requests_waiting)
-
     def commit(self, s: StepState) -> None:
         if s.commit_copy is None:
             self.queue_commit_copy(s)
@@ -242,6 +236,6 @@ class SpeculativeStep:
             self.reject(state)
         self.queue_commit_copy(state)
         with self.loop_guard(self.device):  # the next step's draft step 1 needs no sync either
-            self.launch_next(state, requests_waiting)
+            self.commit_policy.launch_next(self, state, requests_waiting)
         self.commit(state)
         return state.result

@@ -16,10 +16,10 @@ What only needs draft step 1's buffers goes on a branch of the replay of its own
 writes into the verify's tokens itself. The first sample waits for the branch.
 
 Where the fused rejection kernel takes the step's rows and the draft samples first (the Gumbel
-kernel leaves each step's logits), no probabilities are written at all: the draft's and the target's
-logits get each row's statistics (a statistics kernel each, the draft's on the branch) and the
-rejection kernel forms p and q where it reads them, the same bits (kernels/sampling/rejection.py's
-from_logits). Those who want the probabilities (the lab) make them on request (`probabilities`).
+kernel leaves each step's logits), from LOGITS_MIN_ROWS rows no probabilities are written at all:
+the draft's and the target's logits get each row's statistics (a statistics kernel each, the draft's
+on the branch) and the rejection kernel forms p and q where it reads them, the same bits
+(kernels/sampling/rejection.py's from_logits). Those who want the probabilities (the lab) make them on request (`probabilities`).
 
 Everything lives in fixed buffers of `rows` (the batch padded to a bucket); the draft side shares
 the steps 1..k draft graph's buffers (settings, noise, draft ids and probabilities). The outputs
@@ -48,6 +48,12 @@ from protospec.kernels.sampling.stats import launch_stats
 from protospec.speculation.randoms import SpecStepRandoms, force_acceptance
 from protospec.speculation.sampler import SamplingTensors
 from protospec.speculation.verify_inputs import build_verify_inputs
+
+# Rows from which the step writes no probabilities (from_logits). Below, each row's statistics kernel
+# finishing its row (its last block's combine) and the rejection kernel's exponentials cost more
+# latency than the probabilities kernels they replace, which overlap their predecessors as dependents
+# (NOTES.md has the timings).
+LOGITS_MIN_ROWS = 16
 
 
 
@@ -113,16 +119,15 @@ class SpecStepGraph:
         # verify's rejection sampler draw the noise from the keys themselves (the sample-first draft
         # sampler and the fused rejection kernel can), so only the uniforms are filled and no
         # [rows, 2k + 1, V] block is filled or read.
-        self.keyed = not self.greedy and fused_sampling and draft_graph.branch is not None \
-            and draws_from_keys(draft_graph.st, acceptance)
+        keys_apply = fused_sampling and draft_graph.branch is not None and draws_from_keys(draft_graph.st, acceptance)
+        self.keyed = keys_apply and not self.greedy
+        self.from_logits = keys_apply and rows >= LOGITS_MIN_ROWS
         self.noise = torch.ones(rows, 2 * k + 1, vocab, device=device) \
             if not self.greedy and not self.keyed else None  # [rows, 2k + 1, V]
         self._no_noise = torch.empty(rows, 0, vocab, device=device)  # [rows, 0, V]: a uniforms-only fill's
         self.greedy_noise = (torch.ones(rows, k, vocab, device=device), torch.ones(rows, vocab, device=device)) \
             if self.greedy else None                                        # [rows, k, V], [rows, V] Exp(1) stand-ins
         self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
-        self.from_logits = fused_sampling and draft_graph.branch is not None and draws_from_keys(draft_graph.st,
-                                                                                                 acceptance)
         self.logits: torch.Tensor | None = None  # [rows * (k + 1), V] the replays' verify logits
         self._side: torch.cuda.Stream | None = None  # the side branch's stream
         self.graph: torch.cuda.CUDAGraph | None = None

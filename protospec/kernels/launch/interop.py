@@ -140,9 +140,8 @@ class BoundLaunch:
         self._params = (ctypes.c_void_p * len(self._values))(*[ctypes.addressof(v) for v in self._values])
         self._device = next(a for a in tensors_and_scalars if isinstance(a, torch.Tensor)).device
 
-    def __call__(self, stream_handle: int | None = None) -> None:
-        if stream_handle is None:
-            stream_handle = torch.cuda.current_stream(self._device).cuda_stream
+    def __call__(self) -> None:
+        stream_handle = torch.cuda.current_stream(self._device).cuda_stream
         _cu_launch(self._function, self.grid, self.block, stream_handle, self._params, self._dependent)
 
 
