@@ -6,6 +6,8 @@
 # with that sed expression applied to that file: a constant changed) or a directory holding another
 # version's protospec/ (a `git archive` copy carried with the call); ARMS lists them separated by `;;`.
 # Census arguments follow (the default: the spec graph at batch 64). JSONs go to $OUT/census_ab.tar.
+# A directory arm's records name the commit given for it in ARM_COMMITS (space-separated, in the
+# directory arms' order), or none (provenance then hashes its protospec/); sed arms name this tree's.
 #   PROTOSPEC_GIT_COMMIT=<sha> ARMS='protospec/kernels/sampling/slices.py:s/^MAX_SPAN = 8 /MAX_SPAN = 4 /' \
 #     bash scripts/device/census_ab.sh --modes graph --batch-size 64
 set -uo pipefail
@@ -15,23 +17,25 @@ rounds=${ROUNDS:-1}
 run_limit=${RUN_LIMIT:-150}
 (($# > 0)) || set -- --modes graph --batch-size 64
 runs=/tmp/census_ab && rm -rf "$runs" && mkdir -p "$runs"
-names=(tree) dirs=("$PWD")
-i=0
+names=(tree) dirs=("$PWD") commits=("${PROTOSPEC_GIT_COMMIT:-}")
+read -ra arm_commits <<< "${ARM_COMMITS:-}"
+i=0 d=0
 while IFS= read -r arm; do
   [ -z "$arm" ] && continue
   i=$((i + 1))
   if [ -d "$arm" ]; then
-    names+=("$(basename "$arm" | tr -d .)") dirs+=("$(cd "$arm" && pwd)")
+    names+=("$(basename "$arm" | tr -d .)") dirs+=("$(cd "$arm" && pwd)") commits+=("${arm_commits[d]:-}")
+    d=$((d + 1))
     continue
   fi
   dir=/tmp/census_ab_arm$i
   echo "arm$i:"
   sed_arm "$dir" "${arm%%:*}" "${arm#*:}" || exit 2
-  names+=("arm$i") dirs+=("$dir")
+  names+=("arm$i") dirs+=("$dir") commits+=("${PROTOSPEC_GIT_COMMIT:-}")
 done < <(printf '%s\n' "${ARMS//;;/$'\n'}")
 for ((r = 1; r <= rounds; r++)); do
   for j in "${!names[@]}"; do
-    (cd "${dirs[j]}" && PYTHONPATH=/tmp/site:${dirs[j]} timeout "$run_limit" python3 -m protospec.bench.kernel_census "$@" \
+    (cd "${dirs[j]}" && PYTHONPATH=/tmp/site:${dirs[j]} PROTOSPEC_GIT_COMMIT=${commits[j]} timeout "$run_limit" python3 -m protospec.bench.kernel_census "$@" \
       --output-json "$runs/${names[j]}_r$r.json" > "$runs/${names[j]}_r$r.log" 2>&1)
     echo "round $r [${names[j]}] rc $?"
   done
