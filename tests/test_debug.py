@@ -80,12 +80,16 @@ def test_debugger_shows_the_overlapped_commits_device_built_first_step(tiny_targ
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the graph mode replays CUDA graphs")
 @pytest.mark.parametrize("step_graph", [False, None], ids=["stage_by_stage", "step_graph"])
-def test_debugger_follows_the_graph_modes_launched_steps(tiny_target, tiny_draft, step_graph):
+def test_debugger_follows_the_graph_modes_launched_steps(tiny_target, tiny_draft, step_graph, monkeypatch):
     """In the graph mode a launched step arrives with its whole draft loop (or, with the step graph,
     its verify and rejection too) already run: the trace still shows its device-built draft step 1
-    against the CPU twin, the step's probabilities are probabilities (the step graph writes none: made
-    on request), and the tokens are generate()'s."""
-    params = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True, seed=5)
+    against the CPU twin, the step's probabilities are the step's (the step graph, here forming them
+    from the logits at every batch, writes none: made on request; the greedy request's tokens are their
+    argmax), and the tokens are generate()'s."""
+    from protospec.speculation import step_graph as step_graph_module
+
+    monkeypatch.setattr(step_graph_module, "LOGITS_MIN_ROWS", 1)
+    params = [SamplingParams(temperature=t, max_tokens=30, ignore_eos=True, seed=5) for t in (0.0, 1.0)]
     prompts = random_prompts(2, seed=6)
     kw = dict(k=3, draft_loop="graph", device="cuda", block_size=4, spec_step_graph=step_graph)
     reference = [o.token_ids for o in tiny_llm(tiny_target, tiny_draft, **kw).generate(prompts, params)]
@@ -98,6 +102,11 @@ def test_debugger_follows_the_graph_modes_launched_steps(tiny_target, tiny_draft
         target, draft = dbg.verify(), dbg.state.draft_probs  # [B, k + 1, V], [B, k, V]
         for probs in (target, draft):
             assert torch.allclose(probs.sum(-1), torch.ones(()), atol=1e-3) and probs.min() >= 0
+        dbg.reject()
+        for row in [i for i, seq in enumerate(dbg.state.seqs) if seq.params.temperature == 0.0]:
+            n, emitted = dbg.state.result.num_accepted[row].item(), dbg.state.result.output_token_ids[row]
+            assert torch.equal(draft[row].argmax(-1), dbg.state.draft_ids[row])
+            assert torch.equal(target[row, : n + 1].argmax(-1), emitted[: n + 1])
         trace = dbg.commit(overlap=True)
         assert [d.path for d in trace.draft_steps] == (["gpu_first_step"] if had_launch else ["cpu_prepare"])
         for d in trace.draft_steps:

@@ -166,8 +166,8 @@ class SpeculativeStep:
         with self.timer.phase("step_graph"):
             s.randoms = graph.randoms(s.st, self.commit_policy.kept_randoms(s.seqs))
             probs, result, s.commit_row = graph.run(s.st, s.randoms, batch)
-        if probs is None:
-            s.probs_on_request = lambda: graph.probabilities(batch)
+        if graph.from_logits:  # the verify's logits: no probabilities were written
+            s.probs_on_request = lambda: graph.probabilities(probs, batch)
         else:
             s.target_probs = probs[:batch]
         s.result = RejectionOutput(result.output_token_ids[:batch], result.num_accepted[:batch],

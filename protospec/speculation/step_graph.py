@@ -128,11 +128,10 @@ class SpecStepGraph:
         self.greedy_noise = (torch.ones(rows, k, vocab, device=device), torch.ones(rows, vocab, device=device)) \
             if self.greedy else None                                        # [rows, k, V], [rows, V] Exp(1) stand-ins
         self.keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)  # [rows, 2] each key's halves
-        self.logits: torch.Tensor | None = None  # [rows * (k + 1), V] the replays' verify logits
         self._side: torch.cuda.Stream | None = None  # the side branch's stream
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.outputs: tuple | None = None  # (target probs [rows, k+1, V] or None: from_logits, RejectionOutput,
-        #                                    commit row) of the replays
+        # (target probs [rows, k+1, V], or from_logits its logits; RejectionOutput; commit row) of the replays
+        self.outputs: tuple | None = None
 
     def randoms(self, st: SamplingTensors, kept: list | None) -> SpecStepRandoms:
         """The step's random numbers (kept: as SpecStepRandoms.draw's): where the replay fills them,
@@ -185,7 +184,7 @@ class SpecStepGraph:
             randoms = SpecStepRandoms(self.uniforms, self.noise[:, k : 2 * k], self.noise[:, 2 * k], noise_block=self.noise)
         dependent = self.target.launches_dependents
         if self.from_logits:  # each row's statistics; the rejection kernel forms p and q from the logits
-            self.logits, probs = logits, logits.view(rows, k + 1, -1)  # [rows, k + 1, V] the logits
+            probs = logits.view(rows, k + 1, -1)  # [rows, k + 1, V] the logits
             target_rows = launch_stats(logits, d.st, k + 1, "", dependent, finish=True)
         else:
             probs = target_probs(logits, d.st, k + 1, self.fused, dependent).view(rows, k + 1, -1)  # [rows, k+1, V]
@@ -195,20 +194,22 @@ class SpecStepGraph:
         if self.from_logits:
             kernel["from_logits"] = (d.st, d.branch.rows, target_rows)
         result = self.acceptance(d.draft_ids, d.draft_probs, probs, randoms, error_flag=self.error_row, **kernel)
-        return None if self.from_logits else probs, result, commit_row(result, None, self.error_row)
+        return probs, result, commit_row(result, None, self.error_row)
 
-    def probabilities(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last replay's (draft [batch, k, V], target [batch, k + 1, V]) probabilities, made on request
-        from its logits where the replay wrote none (from_logits), as the probabilities kernel writes them."""
+    def probabilities(self, logits: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the step wrote none (from_logits), the (draft [batch, k, V], target [batch, k + 1, V])
+        probabilities of the last run, made on request as the probabilities kernel writes them, from the
+        draft's logits in its buffer and the verify's (logits: run's first output, [rows, k + 1, V])."""
         d, k, vocab = self.draft, self.k, self.target.vocab_size
         draft = d.draft_probs[:batch].reshape(batch * k, vocab)
-        target = self.logits[: batch * (k + 1)]
+        target = logits[:batch].reshape(batch * (k + 1), vocab)
         return (target_probs(draft, d.st, k, self.fused).view(batch, k, vocab),
                 target_probs(target, d.st, k + 1, self.fused).view(batch, k + 1, vocab))
 
     def run(self, st, randoms: SpecStepRandoms, batch: int) -> tuple[torch.Tensor, RejectionOutput, torch.Tensor]:
-        """The step for the first `batch` rows (randoms: from self.randoms): (target probs, rejection
-        output, commit row), each of the padded batch; rows past `batch` are padding."""
+        """The step for the first `batch` rows (randoms: from self.randoms): (target probs, or from_logits
+        the verify's logits; rejection output; commit row), each of the padded batch; rows past `batch`
+        are padding."""
         if not self.greedy:  # one small copy; the replay fills the numbers from the keys
             keys = torch.tensor([split_key(key) for key in randoms.keys], dtype=torch.int64)  # [batch, 2]
             self.keys[:batch].copy_(keys.pin_memory(), non_blocking=True)
