@@ -267,25 +267,27 @@ def test_noise_drawn_from_the_keys_gives_the_tokens_of_the_filled_noise():
         rejection_sample_fused(args[0], args[1][:, :, :50].contiguous(), *args[2:4], None, None, noise_keys=keys)
 
 
-@pytest.mark.parametrize("keyed", [False, True])
-def test_probabilities_formed_from_the_logits_give_the_written_ones_tokens(keyed):
+def test_probabilities_formed_from_the_logits_give_the_written_ones_tokens():
     """from_logits: the kernel reads logits and each row's finished statistics (stats.py's finish) and
     forms p and q where it reads them; the same tokens, masks and commit row as over the probabilities
-    the probabilities kernel writes from those logits: the bonus race (u = 0), the residual race
-    (u = 1, a row each at T = 0.7, 1 and greedy) and random tests; and the finished statistics are
-    each row's max, its first index and its softmax sum."""
+    the probabilities kernel writes from those logits: the bonus race (u = 0) and random tests with
+    filled noise, the residual race (u = 1, a row each at T = 0.7, 1 and greedy) with keyed noise; and
+    the finished statistics are each row's max, its first index and its softmax sum."""
     from types import SimpleNamespace
 
     from protospec.kernels.randoms import counter_randoms
     from protospec.kernels.sampling.softmax_sample import probs_into
     from protospec.kernels.sampling.stats import launch_stats
 
-    batch, k, vocab = 3, 3, 300
+    batch, k, vocab = 3, 2, 200  # two slices a row in the simulator
     gen = torch.Generator().manual_seed(21)
     st = SimpleNamespace(temperature=torch.tensor([0.7, 1.0, 1.0], device=DEV), all_greedy=False, needs_filter=False,
                          is_greedy=torch.tensor([False, False, True], device=DEV))
-    draft_logits = (torch.randn(batch, k, vocab, generator=gen) * 3).to(DEV)       # [B, k, V]
-    target_logits = (torch.randn(batch, k + 1, vocab, generator=gen) * 3).to(DEV)  # [B, k + 1, V]
+    # [B, k, V] and [B, k + 1, V]; each row shifted by its own constant (the same probabilities, another
+    # max): a row read with another row's statistics would be off by e^(shift difference / T)
+    draft_logits = (torch.randn(batch, k, vocab, generator=gen) * 3 + 4 * torch.arange(batch * k).view(batch, k, 1)).to(DEV)
+    target_logits = (torch.randn(batch, k + 1, vocab, generator=gen) * 3
+                     - 4 * torch.arange(batch * (k + 1)).view(batch, k + 1, 1)).to(DEV)
     q = probs_into(draft_logits.view(-1, vocab), st, torch.empty(batch * k, vocab, device=DEV), k).view(batch, k, vocab)
     p = probs_into(target_logits.view(-1, vocab), st, torch.empty(batch * (k + 1), vocab, device=DEV),
                    k + 1).view(batch, k + 1, vocab)
@@ -301,7 +303,8 @@ def test_probabilities_formed_from_the_logits_give_the_written_ones_tokens(keyed
     noise = torch.empty(batch, 2 * k + 1, vocab, device=DEV)
     counter_randoms.fill_kernel(keys, noise, torch.empty(batch, k, device=DEV))
     rejected = 0
-    for u in (torch.zeros(batch, k), torch.ones(batch, k), torch.rand(batch, k, generator=gen)):
+    for u, keyed in ((torch.zeros(batch, k), False), (torch.ones(batch, k), True),
+                     (torch.rand(batch, k, generator=gen), False)):
         u = u.to(DEV)
         noises = (None, None) if keyed else (noise[:, k : 2 * k], noise[:, 2 * k])
         keyed_args = {"noise_keys": keys} if keyed else {}
