@@ -23,7 +23,7 @@ import torch
 from protospec.bench.ablation import BenchSetup, run_ablation, run_mode, run_sweep
 from protospec.bench.args import (RUNS_DIR, TRAINED_PAIR, build_parser, check_args, draft_loop_of, resolve_args,
                                   setup_from)
-from protospec.bench.compare import CompareSetup, compare_table, run_compare
+from protospec.bench.compare import CompareSetup, compare_table, plot_compare, run_compare
 from protospec.bench.latency import PERCENTILES, time_generate
 from protospec.bench.provenance import check_writable, provenance
 from protospec.bench.report import markdown_table, write_report
@@ -155,7 +155,8 @@ def run_compare_report(args, argv) -> dict:
     report = provenance(device, argv) | {"torch_threads": args.threads}
     report.update(run_compare(setup, progress_bar("prompts")))
     print(compare_table(report))
-    return _write(write_report, report, args.output_dir, "compare", record=args.record, force=args.force)
+    return _write(write_report, report, args.output_dir, "compare", record=args.record, force=args.force,
+                  render=(compare_table, plot_compare))
 
 
 def _write(writer, report: dict, *args, **kwargs) -> dict:

@@ -208,14 +208,16 @@ def report_stem(report: dict, tag: str, record: bool = False) -> str:
 
 
 def write_report(report: dict, out_dir: str | Path, tag: str = "ablation", record: bool = False,
-                 force: bool = False) -> dict[str, str]:
-    """JSON, markdown and PNGs under out_dir (an ablation's, a sweep's or a --compare's). Refuses
-    (FileExistsError, before writing anything) to replace an existing file unless force: a run of
-    record is never overwritten by accident."""
+                 force: bool = False, render: tuple | None = None) -> dict[str, str]:
+    """JSON, markdown and PNGs under out_dir (an ablation's, a sweep's, or with render, the (markdown
+    table, figure) functions of another report: a --compare's). Refuses (FileExistsError, before
+    writing anything) to replace an existing file unless force: a run of record is never overwritten
+    by accident."""
     out = Path(out_dir)
     stem = out / report_stem(report, tag, record)
     paths = {"json": f"{stem}.json"}
-    if report.get("modes") or report.get("compare"):
+    render = render or ((markdown_table, plot_latency) if report.get("modes") else None)
+    if render is not None:
         paths.update(md=f"{stem}.md", png=f"{stem}.png")
     breakdown = plot_breakdown(report) if report.get("modes") else None
     if breakdown is not None:
@@ -228,16 +230,12 @@ def write_report(report: dict, out_dir: str | Path, tag: str = "ablation", recor
     out.mkdir(parents=True, exist_ok=True)
     with open(paths["json"], "w") as f:
         json.dump(report, f, indent=2)
-    if report.get("modes"):
-        Path(paths["md"]).write_text(markdown_table(report))
-        plot_latency(report).savefig(paths["png"], dpi=110)
-        if breakdown is not None:
-            breakdown.savefig(paths["breakdown_png"], dpi=110)
-    if report.get("compare"):
-        from protospec.bench.compare import compare_table, plot_compare  # (compare.py imports this module)
-
-        Path(paths["md"]).write_text(compare_table(report))
-        plot_compare(report).savefig(paths["png"], dpi=110)
+    if render is not None:
+        table, figure = render
+        Path(paths["md"]).write_text(table(report))
+        figure(report).savefig(paths["png"], dpi=110)
+    if breakdown is not None:
+        breakdown.savefig(paths["breakdown_png"], dpi=110)
     if report.get("sweep"):
         title = "p50 per mode · " + config_title(report, sweep=True)
         plot_sweep(report["sweep"], title).savefig(paths["sweep_png"], dpi=110)
