@@ -19,7 +19,8 @@ Where the fused rejection kernel takes the step's rows and the draft samples fir
 kernel leaves each step's logits), from LOGITS_MIN_ROWS rows no probabilities are written at all:
 the draft's and the target's logits get each row's statistics (a statistics kernel each, the draft's
 on the branch) and the rejection kernel forms p and q where it reads them, the same bits
-(kernels/sampling/rejection.py's from_logits). Those who want the probabilities (the lab) make them on request (`probabilities`).
+(kernels/sampling/rejection.py's from_logits). Who wants the probabilities (the lab) makes them on
+request (`probabilities`).
 
 Everything lives in fixed buffers of `rows` (the batch padded to a bucket); the draft side shares
 the steps 1..k draft graph's buffers (settings, noise, draft ids and probabilities). The outputs
